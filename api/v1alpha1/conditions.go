@@ -1,0 +1,64 @@
+package v1alpha1
+
+// Condition types shared by the kinds of this group.
+const (
+	// ReadyCondition: KVMHost answers and its pool serves; KVMImage is
+	// verified on every host that needs it; Proxy serves traffic.
+	ReadyCondition = "Ready"
+
+	// InstanceProvisionedCondition (Proxy): the provider instance exists and
+	// runs with an address.
+	InstanceProvisionedCondition = "InstanceProvisioned"
+
+	// ProxyHealthyCondition (Proxy): the proxy port answers (TCP connect) or,
+	// with --proxy-probe-url, a request through the proxy succeeds.
+	ProxyHealthyCondition = "ProxyHealthy"
+
+	// DeletionBlockedCondition (Proxy): deletion cannot converge without an
+	// operator, e.g. a same-named domain that is not this Proxy's.
+	DeletionBlockedCondition = "DeletionBlocked"
+)
+
+// KVMHost Ready reasons. The dial-stage reasons name where the connection
+// failed, so `kubectl get kvmhosts` says what to fix.
+const (
+	HostReadyReason            = "Ready"
+	HostSSHMaterialMissing     = "SSHMaterialMissing"
+	HostSSHMaterialInvalid     = "SSHMaterialInvalid"
+	HostTCPUnreachable         = "TCPUnreachable"
+	HostSSHHandshakeFailed     = "SSHHandshakeFailed"
+	HostLibvirtConnectFailed   = "LibvirtConnectFailed"
+	HostPoolMissing            = "PoolMissing"
+	HostPoolInactive           = "PoolInactive"
+	HostTimeout                = "Timeout"
+	HostProbeFailed            = "ProbeFailed"
+	HostProxiesRemainingReason = "ProxiesRemaining"
+)
+
+// Proxy condition reasons.
+const (
+	ProxyReadyReason            = "Ready"
+	ProxyProvisioningReason     = "Provisioning"
+	ProxyWaitingForHostReason   = "WaitingForHost"
+	ProxyWaitingForImageReason  = "WaitingForImage"
+	ProxyWaitingForAddress      = "WaitingForAddress"
+	ProxyTransientErrorReason   = "TransientError"
+	ProxyPermanentErrorReason   = "PermanentError"
+	ProxyProviderDisabledReason = "ProviderNotEnabled"
+	ProxyInstanceMissingReason  = "InstanceMissing"
+	ProxyNotProbedReason        = "PortOpenProxyNotProbed"
+	ProxyProbeSucceededReason   = "ProbeSucceeded"
+	ProxyProbeFailedReason      = "ProbeFailed"
+	ProxyPortClosedReason       = "PortClosed"
+	ProxyForeignInstanceReason  = "ForeignInstance"
+	ProxyDeletingReason         = "Deleting"
+)
+
+// KVMImage Ready reasons.
+const (
+	ImageVerifiedReason    = "Verified"
+	ImagePendingReason     = "Pending"
+	ImageFailedReason      = "Failed"
+	ImageNoHostsReason     = "NoHosts"
+	ImageDownloadingReason = "Downloading"
+)

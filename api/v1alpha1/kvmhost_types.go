@@ -1,0 +1,180 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const (
+	// DefaultLibvirtSocket is libvirt's system socket on the hypervisor.
+	DefaultLibvirtSocket = "/var/run/libvirt/libvirt-sock"
+	// DefaultStoragePool is libvirt's conventional pool name.
+	DefaultStoragePool = "default"
+	// DefaultNetwork is libvirt's conventional NAT network name.
+	DefaultNetwork = "default"
+	// SSHPrivateKeyKey and KnownHostsKey are the keys read from the SSH Secret.
+	SSHPrivateKeyKey = "ssh-privatekey"
+	KnownHostsKey    = "known_hosts"
+)
+
+// NetworkMode says what KVMHostSpec.Network names.
+// +kubebuilder:validation:Enum=network;bridge
+type NetworkMode string
+
+const (
+	NetworkModeNetwork NetworkMode = "network"
+	NetworkModeBridge  NetworkMode = "bridge"
+)
+
+// DomainType is the libvirt domain type VMs are defined with.
+// +kubebuilder:validation:Enum=kvm;qemu
+type DomainType string
+
+const (
+	// DomainTypeKVM uses hardware virtualisation.
+	DomainTypeKVM DomainType = "kvm"
+	// DomainTypeQEMU uses TCG emulation, for hypervisors without usable KVM
+	// (e.g. nested virtualisation that lacks features).
+	DomainTypeQEMU DomainType = "qemu"
+)
+
+// SecretReference names a Secret in a namespace (KVMHost is cluster-scoped).
+type SecretReference struct {
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+	// +kubebuilder:validation:MinLength=1
+	Namespace string `json:"namespace"`
+}
+
+// KVMHostSpec describes how to reach a hypervisor and where its VMs live.
+type KVMHostSpec struct {
+	// Address is host[:port] of the hypervisor's SSH server (port 22 when
+	// omitted).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=261
+	Address string `json:"address"`
+
+	// User is the SSH user; it must be allowed to open the libvirt socket.
+	// +kubebuilder:default=root
+	// +optional
+	User string `json:"user,omitempty"`
+
+	// SSHKeySecretRef names a Secret with keys `ssh-privatekey` and
+	// `known_hosts`. Host keys are checked strictly against known_hosts.
+	// When omitted, the manager's --ssh-key-dir (a mounted Secret) is used.
+	// +optional
+	SSHKeySecretRef *SecretReference `json:"sshKeySecretRef,omitempty"`
+
+	// SocketPath is libvirt's unix socket on the hypervisor, forwarded
+	// through the SSH session.
+	// +optional
+	SocketPath string `json:"socketPath,omitempty"`
+
+	// StoragePool is the libvirt storage pool for images, disks and seeds.
+	// +kubebuilder:default=default
+	// +optional
+	StoragePool string `json:"storagePool,omitempty"`
+
+	// Network is the libvirt network (networkMode network) or host bridge
+	// (networkMode bridge) the VMs' NIC attaches to.
+	// +kubebuilder:default=default
+	// +optional
+	Network string `json:"network,omitempty"`
+
+	// NetworkMode says whether Network is a libvirt network or a bridge.
+	// +kubebuilder:default=network
+	// +optional
+	NetworkMode NetworkMode `json:"networkMode,omitempty"`
+
+	// DomainType is kvm (hardware virtualisation) or qemu (TCG emulation).
+	// +kubebuilder:default=kvm
+	// +optional
+	DomainType DomainType `json:"domainType,omitempty"`
+
+	// CheckInterval between health checks; the manager's
+	// --provider-check-interval when omitted.
+	// +optional
+	CheckInterval *metav1.Duration `json:"checkInterval,omitempty"`
+
+	// CheckTimeout bounds one health check. Unset or 0 derives
+	// min(15s, checkInterval). It must not exceed checkInterval.
+	// +optional
+	CheckTimeout *metav1.Duration `json:"checkTimeout,omitempty"`
+}
+
+// PoolStatus is the storage pool as last seen.
+type PoolStatus struct {
+	Name            string `json:"name,omitempty"`
+	CapacityBytes   int64  `json:"capacityBytes,omitempty"`
+	AllocationBytes int64  `json:"allocationBytes,omitempty"`
+	AvailableBytes  int64  `json:"availableBytes,omitempty"`
+	// Available is AvailableBytes for people, e.g. "37.2Gi".
+	Available string `json:"available,omitempty"`
+}
+
+// KVMHostStatus is the observed health of a hypervisor.
+type KVMHostStatus struct {
+	// Conditions: Ready says whether the host answers over SSH+libvirt and
+	// its pool runs; its reason names what failed.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// LibvirtVersion reported by the daemon, e.g. "9.0.0".
+	// +optional
+	LibvirtVersion string `json:"libvirtVersion,omitempty"`
+
+	// Hostname reported by the daemon.
+	// +optional
+	Hostname string `json:"hostname,omitempty"`
+
+	// Pool is the storage pool as last seen.
+	// +optional
+	Pool *PoolStatus `json:"pool,omitempty"`
+
+	// LastCheckTime is when the last health check finished.
+	// +optional
+	LastCheckTime *metav1.Time `json:"lastCheckTime,omitempty"`
+
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// KVMHost is a hypervisor on the LAN, reached over SSH with the libvirt unix
+// socket forwarded through the session.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,categories=proxies
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
+// +kubebuilder:printcolumn:name="Libvirt",type=string,JSONPath=`.status.libvirtVersion`
+// +kubebuilder:printcolumn:name="Pool Free",type=string,JSONPath=`.status.pool.available`
+// +kubebuilder:printcolumn:name="Last Check",type=date,JSONPath=`.status.lastCheckTime`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type KVMHost struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   KVMHostSpec   `json:"spec,omitempty"`
+	Status KVMHostStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// KVMHostList contains a list of KVMHost.
+type KVMHostList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []KVMHost `json:"items"`
+}
+
+// GetConditions returns the conditions (for condition helpers).
+func (h *KVMHost) GetConditions() []metav1.Condition { return h.Status.Conditions }
+
+// SetConditions sets the conditions (for condition helpers).
+func (h *KVMHost) SetConditions(c []metav1.Condition) { h.Status.Conditions = c }
+
+func init() {
+	SchemeBuilder.Register(&KVMHost{}, &KVMHostList{})
+}

@@ -1,0 +1,210 @@
+package v1alpha1
+
+import (
+	"context"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+)
+
+// Smallest sizes a squid guest boots with.
+var (
+	minMemory = resource.MustParse("128Mi")
+	minDisk   = resource.MustParse("1Gi")
+)
+
+// SetupProxyWebhookWithManager registers the Proxy webhooks.
+func SetupProxyWebhookWithManager(mgr ctrl.Manager) error {
+	w := &ProxyWebhook{}
+	return ctrl.NewWebhookManagedBy(mgr, &crawlv1.Proxy{}).WithDefaulter(w).WithValidator(w).Complete()
+}
+
+// +kubebuilder:webhook:path=/mutate-crawl-example-com-v1alpha1-proxy,mutating=true,failurePolicy=fail,sideEffects=None,groups=crawl.example.com,resources=proxies,verbs=create;update,versions=v1alpha1,name=mproxy.crawl.example.com,admissionReviewVersions=v1
+// +kubebuilder:webhook:path=/validate-crawl-example-com-v1alpha1-proxy,mutating=false,failurePolicy=fail,sideEffects=None,groups=crawl.example.com,resources=proxies,verbs=create;update,versions=v1alpha1,name=vproxy.crawl.example.com,admissionReviewVersions=v1
+
+// ProxyWebhook defaults and validates Proxies.
+type ProxyWebhook struct{}
+
+func (w *ProxyWebhook) Default(_ context.Context, p *crawlv1.Proxy) error {
+	DefaultProxy(p)
+	return nil
+}
+
+// DefaultProxy applies Proxy defaults in place.
+func DefaultProxy(p *crawlv1.Proxy) {
+	s := &p.Spec
+	if s.InstallGuestAgent == nil {
+		s.InstallGuestAgent = ptr.To(true)
+	}
+	if s.Port == 0 {
+		s.Port = crawlv1.DefaultProxyPort
+	}
+	if s.Resources.CPUs == 0 {
+		s.Resources.CPUs = 1
+	}
+	if s.Resources.Memory == nil {
+		s.Resources.Memory = ptr.To(resource.MustParse("512Mi"))
+	}
+	if s.Resources.Disk == nil {
+		s.Resources.Disk = ptr.To(resource.MustParse("10Gi"))
+	}
+	// A KVMImage carries its own firmware and format; a URL image gets the
+	// same defaults a KVMImage would.
+	if s.Provider == crawlv1.ProviderKVM && IsImageURL(s.Placement.Image) {
+		if s.Placement.Firmware == "" {
+			s.Placement.Firmware = crawlv1.FirmwareUEFI
+		}
+		if s.Placement.ImageFormat == "" {
+			s.Placement.ImageFormat = crawlv1.ImageFormatQCOW2
+		}
+	}
+}
+
+// IsImageURL reports whether a placement image is a URL rather than a
+// KVMImage name (names cannot contain "://").
+func IsImageURL(image string) bool {
+	return strings.Contains(image, "://")
+}
+
+func (w *ProxyWebhook) ValidateCreate(_ context.Context, p *crawlv1.Proxy) (admission.Warnings, error) {
+	return nil, toInvalid(p, ValidateProxy(p))
+}
+
+func (w *ProxyWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Proxy) (admission.Warnings, error) {
+	errs := ValidateProxy(p)
+	errs = append(errs, ValidateProxyUpdate(old, p)...)
+	return nil, toInvalid(p, errs)
+}
+
+func (w *ProxyWebhook) ValidateDelete(context.Context, *crawlv1.Proxy) (admission.Warnings, error) {
+	return nil, nil
+}
+
+// ValidateProxyUpdate rejects changes to fields that would need a new
+// instance: the provider and the placement (host, image, firmware).
+func ValidateProxyUpdate(old, p *crawlv1.Proxy) field.ErrorList {
+	spec := field.NewPath("spec")
+	var errs field.ErrorList
+	if old.Spec.Provider != p.Spec.Provider {
+		errs = append(errs, field.Forbidden(spec.Child("provider"), "provider is immutable"))
+	}
+	op, np := old.Spec.Placement, p.Spec.Placement
+	pl := spec.Child("placement")
+	immutable := []struct {
+		name     string
+		old, new any
+	}{
+		{"host", op.Host, np.Host},
+		{"hostSelector", op.HostSelector, np.HostSelector},
+		{"image", op.Image, np.Image},
+		{"imageChecksum", op.ImageChecksum, np.ImageChecksum},
+		{"imageFormat", op.ImageFormat, np.ImageFormat},
+		{"firmware", op.Firmware, np.Firmware},
+		{"project", op.Project, np.Project},
+		{"zone", op.Zone, np.Zone},
+		{"machineType", op.MachineType, np.MachineType},
+	}
+	for _, f := range immutable {
+		if !equality.Semantic.DeepEqual(f.old, f.new) {
+			errs = append(errs, field.Forbidden(pl.Child(f.name), f.name+" is immutable: delete the Proxy and create another"))
+		}
+	}
+	return errs
+}
+
+// ValidateProxy returns every problem of p, each naming its field.
+func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
+	spec := field.NewPath("spec")
+	pl := spec.Child("placement")
+	s := &p.Spec
+	var errs field.ErrorList
+
+	// The name becomes the guest's hostname and part of the libvirt domain
+	// and GCE instance names, so it must be a DNS label.
+	for _, msg := range validation.IsDNS1123Label(p.Name) {
+		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), p.Name, msg))
+	}
+
+	switch s.Provider {
+	case crawlv1.ProviderKVM:
+		errs = append(errs, validateKVMPlacement(pl, &s.Placement)...)
+	case crawlv1.ProviderKubernetes, crawlv1.ProviderGCP:
+		if s.Placement.Host != "" {
+			errs = append(errs, field.Forbidden(pl.Child("host"), "only the kvm provider places on a KVMHost"))
+		}
+		if s.Placement.HostSelector != nil {
+			errs = append(errs, field.Forbidden(pl.Child("hostSelector"), "only the kvm provider places on a KVMHost"))
+		}
+		if s.Provider == crawlv1.ProviderKubernetes && s.Placement.Image != "" {
+			errs = append(errs, field.Forbidden(pl.Child("image"), "the kubernetes provider runs the manager's --squid-image"))
+		}
+	case "":
+		errs = append(errs, field.Required(spec.Child("provider"), "one of kvm, kubernetes, gcp"))
+	default:
+		errs = append(errs, field.NotSupported(spec.Child("provider"), s.Provider, []string{"kvm", "kubernetes", "gcp"}))
+	}
+
+	if s.Port != 0 && (s.Port < 1 || s.Port > 65535) {
+		errs = append(errs, field.Invalid(spec.Child("port"), s.Port, "must be from 1 to 65535"))
+	}
+	res := spec.Child("resources")
+	if s.Resources.CPUs < 0 || s.Resources.CPUs > 64 {
+		errs = append(errs, field.Invalid(res.Child("cpus"), s.Resources.CPUs, "must be from 1 to 64"))
+	}
+	if m := s.Resources.Memory; m != nil && m.Cmp(minMemory) < 0 {
+		errs = append(errs, field.Invalid(res.Child("memory"), m.String(), "must be at least 128Mi"))
+	}
+	if d := s.Resources.Disk; d != nil && d.Cmp(minDisk) < 0 {
+		errs = append(errs, field.Invalid(res.Child("disk"), d.String(), "must be at least 1Gi"))
+	}
+	ci := spec.Child("cloudInit")
+	if s.CloudInit.UserData != "" && len(s.CloudInit.UserDataBase64) > 0 {
+		errs = append(errs, field.Forbidden(ci.Child("userDataBase64"), "set userData or userDataBase64, not both"))
+	}
+	return errs
+}
+
+func validateKVMPlacement(pl *field.Path, p *crawlv1.ProxyPlacement) field.ErrorList {
+	var errs field.ErrorList
+	switch {
+	case p.Host == "" && p.HostSelector == nil:
+		errs = append(errs, field.Required(pl.Child("host"), "kvm needs a KVMHost name (host) or a hostSelector"))
+	case p.Host != "" && p.HostSelector != nil:
+		errs = append(errs, field.Forbidden(pl.Child("hostSelector"), "set host or hostSelector, not both"))
+	case p.Host != "":
+		for _, msg := range validation.IsDNS1123Subdomain(p.Host) {
+			errs = append(errs, field.Invalid(pl.Child("host"), p.Host, msg))
+		}
+	}
+	switch {
+	case p.Image == "":
+		errs = append(errs, field.Required(pl.Child("image"), "a KVMImage name or an http(s) URL"))
+	case IsImageURL(p.Image):
+		errs = append(errs, validateImageURL(pl.Child("image"), p.Image)...)
+		errs = append(errs, validateChecksum(pl.Child("imageChecksum"), p.ImageChecksum, true)...)
+		errs = append(errs, validateFormat(pl.Child("imageFormat"), p.ImageFormat)...)
+		errs = append(errs, validateFirmware(pl.Child("firmware"), p.Firmware)...)
+	default:
+		for _, msg := range validation.IsDNS1123Subdomain(p.Image) {
+			errs = append(errs, field.Invalid(pl.Child("image"), p.Image, "not a KVMImage name ("+msg+") nor an http(s) URL"))
+		}
+		if p.ImageChecksum != "" {
+			errs = append(errs, field.Forbidden(pl.Child("imageChecksum"), "a KVMImage carries its own checksum"))
+		}
+		if p.Firmware != "" {
+			errs = append(errs, field.Forbidden(pl.Child("firmware"), "a KVMImage carries its own firmware"))
+		}
+		if p.ImageFormat != "" {
+			errs = append(errs, field.Forbidden(pl.Child("imageFormat"), "a KVMImage carries its own format"))
+		}
+	}
+	return errs
+}

@@ -1,0 +1,97 @@
+// Package virt is the narrow seam between the KVM provider and libvirt.
+//
+// Client is the subset of *libvirt.Libvirt (github.com/digitalocean/go-libvirt)
+// the provider uses, with go-libvirt's own signatures so the real client
+// satisfies it unchanged. Tests use the in-memory fake in virt/fake; the
+// tracing decorator in this package wraps either.
+package virt
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"github.com/digitalocean/go-libvirt"
+)
+
+// Client is the libvirt API the provider needs.
+type Client interface {
+	// Daemon.
+	ConnectGetLibVersion() (uint64, error)
+	ConnectGetHostname() (string, error)
+
+	// Domains.
+	ConnectListAllDomains(needResults int32, flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error)
+	DomainLookupByName(name string) (libvirt.Domain, error)
+	DomainLookupByUUID(uuid libvirt.UUID) (libvirt.Domain, error)
+	DomainDefineXMLFlags(xml string, flags libvirt.DomainDefineFlags) (libvirt.Domain, error)
+	DomainCreate(dom libvirt.Domain) error
+	DomainDestroyFlags(dom libvirt.Domain, flags libvirt.DomainDestroyFlagsValues) error
+	DomainUndefineFlags(dom libvirt.Domain, flags libvirt.DomainUndefineFlagsValues) error
+	DomainGetState(dom libvirt.Domain, flags uint32) (state int32, reason int32, err error)
+	DomainGetXMLDesc(dom libvirt.Domain, flags libvirt.DomainXMLFlags) (string, error)
+	DomainGetMetadata(dom libvirt.Domain, typ int32, uri libvirt.OptString, flags libvirt.DomainModificationImpact) (string, error)
+	DomainInterfaceAddresses(dom libvirt.Domain, source uint32, flags uint32) ([]libvirt.DomainInterface, error)
+
+	// Storage.
+	StoragePoolLookupByName(name string) (libvirt.StoragePool, error)
+	StoragePoolGetInfo(pool libvirt.StoragePool) (state uint8, capacity, allocation, available uint64, err error)
+	StoragePoolRefresh(pool libvirt.StoragePool, flags uint32) error
+	StorageVolLookupByName(pool libvirt.StoragePool, name string) (libvirt.StorageVol, error)
+	StorageVolCreateXML(pool libvirt.StoragePool, xml string, flags libvirt.StorageVolCreateFlags) (libvirt.StorageVol, error)
+	StorageVolDelete(vol libvirt.StorageVol, flags libvirt.StorageVolDeleteFlags) error
+	StorageVolGetPath(vol libvirt.StorageVol) (string, error)
+	StorageVolGetInfo(vol libvirt.StorageVol) (typ int8, capacity, allocation uint64, err error)
+	StorageVolUpload(vol libvirt.StorageVol, body io.Reader, offset, length uint64, flags libvirt.StorageVolUploadFlags) error
+
+	// Networks (address fallback: DHCP leases).
+	NetworkLookupByName(name string) (libvirt.Network, error)
+	NetworkGetDhcpLeases(net libvirt.Network, mac libvirt.OptString, needResults int32, flags uint32) ([]libvirt.NetworkDhcpLease, uint32, error)
+
+	// Events. The channel closes when ctx ends or the connection drops.
+	LifecycleEvents(ctx context.Context) (<-chan libvirt.DomainEventLifecycleMsg, error)
+}
+
+// Compile-time proof that the real client fits the seam.
+var _ Client = (*libvirt.Libvirt)(nil)
+
+// ErrorCode returns the libvirt error number carried by err, and whether err
+// is a libvirt error at all (as opposed to a transport failure).
+func ErrorCode(err error) (libvirt.ErrorNumber, bool) {
+	var le libvirt.Error
+	if errors.As(err, &le) {
+		return libvirt.ErrorNumber(le.Code), true
+	}
+	var lep *libvirt.Error
+	if errors.As(err, &lep) && lep != nil {
+		return libvirt.ErrorNumber(lep.Code), true
+	}
+	return 0, false
+}
+
+// IsCode reports whether err is a libvirt error with one of codes.
+func IsCode(err error, codes ...libvirt.ErrorNumber) bool {
+	c, ok := ErrorCode(err)
+	if !ok {
+		return false
+	}
+	for _, want := range codes {
+		if c == want {
+			return true
+		}
+	}
+	return false
+}
+
+// IsNotFound reports whether err says the domain, volume, pool, network or
+// metadata element does not exist.
+func IsNotFound(err error) bool {
+	return IsCode(err, libvirt.ErrNoDomain, libvirt.ErrNoStorageVol, libvirt.ErrNoStoragePool,
+		libvirt.ErrNoNetwork, libvirt.ErrNoDomainMetadata)
+}
+
+// NewError builds a libvirt error the way the daemon reports it; the fake and
+// tests use it so error handling is exercised with real codes.
+func NewError(code libvirt.ErrorNumber, msg string) error {
+	return libvirt.Error{Code: uint32(code), Message: msg}
+}
