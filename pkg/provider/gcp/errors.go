@@ -1,0 +1,160 @@
+package gcp
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"google.golang.org/api/compute/v1"
+	"google.golang.org/api/googleapi"
+
+	"crawl.example.com/proxy-operator/pkg/provider"
+)
+
+// Reasons (googleapi.ErrorItem.Reason) that decide a class regardless of the
+// HTTP code. Compute Engine answers both an exhausted quota and an API rate
+// limit with 403; only the reason tells "wait a second" from "raise the
+// quota".
+var (
+	transientReasons = map[string]bool{
+		"rateLimitExceeded":     true,
+		"userRateLimitExceeded": true,
+		"backendError":          true,
+		"internalError":         true,
+		// An instance mid-transition (e.g. being deleted) refuses another
+		// mutation with 400 resourceNotReady; it clears by itself.
+		"resourceNotReady":               true,
+		"resourceInUseByAnotherResource": true,
+	}
+	permanentReasons = map[string]bool{
+		"quotaExceeded":       true,
+		"limitExceeded":       true,
+		"forbidden":           true,
+		"accessNotConfigured": true,
+		"invalid":             true,
+		"required":            true,
+		"badRequest":          true,
+	}
+)
+
+// classify wraps err from the Compute API with the class the controller acts
+// on. what names the call, for the message.
+func classify(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if provider.HasClass(err) {
+		return err
+	}
+	wrapped := fmt.Errorf("gcp: %s: %w", what, err)
+	var ge *googleapi.Error
+	if !errors.As(err, &ge) {
+		// Transport failures, token refresh failures, context deadlines:
+		// nothing says retrying is futile.
+		return provider.Transient(wrapped)
+	}
+	if ge.Code == http.StatusNotFound {
+		return provider.NotFound(wrapped)
+	}
+	for _, it := range ge.Errors {
+		if transientReasons[it.Reason] {
+			return provider.Transient(wrapped)
+		}
+	}
+	for _, it := range ge.Errors {
+		if permanentReasons[it.Reason] {
+			return provider.Permanent(wrapped)
+		}
+	}
+	return classifyHTTP(ge.Code, wrapped)
+}
+
+// classifyHTTP classes by status code alone.
+func classifyHTTP(code int, err error) error {
+	switch {
+	case code == http.StatusNotFound:
+		return provider.NotFound(err)
+	case code == http.StatusTooManyRequests, code == http.StatusRequestTimeout,
+		code == http.StatusConflict, code == http.StatusPreconditionFailed,
+		code >= 500, code == 0:
+		return provider.Transient(err)
+	case code >= 400:
+		// 400 invalid, 401 bad credentials, 403 denied: the same request
+		// will be refused again.
+		return provider.Permanent(err)
+	default:
+		return provider.Transient(err)
+	}
+}
+
+// isAlreadyExists reports a 409 on insert.
+func isAlreadyExists(err error) bool {
+	var ge *googleapi.Error
+	if !errors.As(err, &ge) || ge.Code != http.StatusConflict {
+		return false
+	}
+	if len(ge.Errors) == 0 {
+		return true
+	}
+	for _, it := range ge.Errors {
+		if it.Reason == "alreadyExists" {
+			return true
+		}
+	}
+	return false
+}
+
+// Operation error codes (compute.OperationErrorErrors.Code) that are worth
+// retrying: capacity and rate, not the request itself.
+var transientOpCodes = map[string]bool{
+	"ZONE_RESOURCE_POOL_EXHAUSTED":              true,
+	"ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": true,
+	"RESOURCE_NOT_READY":                        true,
+	"RESOURCE_OPERATION_RATE_EXCEEDED":          true,
+	"RATE_LIMIT_EXCEEDED":                       true,
+	"INTERNAL_ERROR":                            true,
+	"SERVICE_UNAVAILABLE":                       true,
+	"UNAVAILABLE":                               true,
+	"TIMEOUT":                                   true,
+}
+
+var permanentOpCodes = map[string]bool{
+	"QUOTA_EXCEEDED":        true,
+	"INVALID_FIELD_VALUE":   true,
+	"INVALID_USAGE":         true,
+	"BAD_REQUEST":           true,
+	"PERMISSIONS_ERROR":     true,
+	"FORBIDDEN":             true,
+	"UNSUPPORTED_OPERATION": true,
+}
+
+// operationError returns the classified error of a DONE operation, or nil.
+func operationError(op *compute.Operation) error {
+	if op.Error == nil || len(op.Error.Errors) == 0 {
+		return nil
+	}
+	var codes, msgs []string
+	for _, e := range op.Error.Errors {
+		codes = append(codes, e.Code)
+		msgs = append(msgs, e.Message)
+	}
+	err := fmt.Errorf("gcp: operation %s (%s %s) failed: %s: %s",
+		op.Name, op.OperationType, lastSegment(op.TargetLink), strings.Join(codes, ","), strings.Join(msgs, "; "))
+	for _, c := range codes {
+		if c == "RESOURCE_NOT_FOUND" {
+			return provider.NotFound(err)
+		}
+	}
+	for _, c := range codes {
+		if transientOpCodes[c] {
+			return provider.Transient(err)
+		}
+	}
+	for _, c := range codes {
+		if permanentOpCodes[c] {
+			return provider.Permanent(err)
+		}
+	}
+	return classifyHTTP(int(op.HttpErrorStatusCode), err)
+}

@@ -1,0 +1,123 @@
+package gcp
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"crawl.example.com/proxy-operator/pkg/provider"
+)
+
+// Label keys written on every instance (and its boot disk). They are the
+// tag contract: ListByTag filters on LabelTag, ownership checks compare
+// LabelUID, garbage collection reads the owner back.
+const (
+	LabelManagedBy = "managed-by"
+	LabelTag       = "proxy-tag"
+	LabelUID       = "proxy-uid"
+	LabelNamespace = "proxy-namespace"
+	LabelName      = "proxy-name"
+
+	// ManagedBy is the value of LabelManagedBy.
+	ManagedBy = "proxy-operator"
+)
+
+// Metadata keys. GCE labels are lossy (lowercase, 63 characters, a small
+// alphabet), so the exact owner is also kept in metadata, which takes any
+// string; the labels remain what filters and identity checks use.
+const (
+	MetadataUserData         = "user-data"
+	MetadataUserDataEncoding = "user-data-encoding"
+	MetadataNamespace        = "proxy-namespace"
+	MetadataName             = "proxy-name"
+)
+
+const maxNameLen = 63
+
+// InstanceName is the Compute Engine instance name for a Proxy:
+// "proxy-<namespace>-<name>" sanitized and cut so that, with "-" and the
+// first 8 hex digits of sha256(uid), it fits GCE's rule
+// [a-z]([-a-z0-9]{0,61}[a-z0-9])?. The uid hash keeps two Proxies whose
+// names sanitize or truncate to the same prefix apart, and gives a Proxy
+// recreated under the same name a fresh instance instead of a collision with
+// the one its predecessor left behind.
+func InstanceName(namespace, name, uid string) string {
+	sum := sha256.Sum256([]byte(uid))
+	suffix := "-" + hex.EncodeToString(sum[:])[:8]
+	base := sanitizeName("proxy-" + namespace + "-" + name)
+	if max := maxNameLen - len(suffix); len(base) > max {
+		base = strings.TrimRight(base[:max], "-")
+	}
+	return base + suffix
+}
+
+// sanitizeName lowercases s and turns every run of characters outside
+// [a-z0-9] into one '-'.
+func sanitizeName(s string) string {
+	var b strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(s) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+			dash = false
+			continue
+		}
+		if !dash && b.Len() > 0 {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	return strings.TrimRight(b.String(), "-")
+}
+
+// LabelValue makes s a valid GCE label value: lowercase, only [a-z0-9_-],
+// at most 63 characters. Other characters become '-'. It is deterministic,
+// so the same input always compares equal to what was written at create.
+func LabelValue(s string) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > 63 {
+		b = b[:63]
+	}
+	return string(b)
+}
+
+// TagFilter is the list filter selecting instances that carry tag.
+func TagFilter(tag string) string {
+	return fmt.Sprintf("labels.%s = %q", LabelTag, LabelValue(tag))
+}
+
+// FormatProviderID returns gce://<project>/<zone>/<instance>.
+func FormatProviderID(project, zone, instance string) string {
+	return provider.ProviderID{Scheme: provider.SchemeGCE, Location: project + "/" + zone, ID: instance}.String()
+}
+
+// ParseProviderID splits a gce provider ID.
+func ParseProviderID(s string) (project, zone, instance string, err error) {
+	p, err := provider.ParseProviderID(s)
+	if err != nil {
+		return "", "", "", err
+	}
+	if p.Scheme != provider.SchemeGCE {
+		return "", "", "", fmt.Errorf("provider ID %q: scheme %q is not %q", s, p.Scheme, provider.SchemeGCE)
+	}
+	project, zone, ok := strings.Cut(p.Location, "/")
+	if !ok || project == "" || zone == "" || strings.Contains(zone, "/") {
+		return "", "", "", fmt.Errorf("provider ID %q: want gce://<project>/<zone>/<instance>", s)
+	}
+	return project, zone, p.ID, nil
+}
+
+// lastSegment returns what follows the last '/' of a resource URL
+// ("https://…/zones/us-central1-a" → "us-central1-a").
+func lastSegment(s string) string {
+	if i := strings.LastIndex(s, "/"); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
