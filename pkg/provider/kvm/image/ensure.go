@@ -1,0 +1,587 @@
+package image
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/go-logr/logr"
+	"libvirt.org/go/libvirtxml"
+
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+)
+
+// DefaultStallTimeout is Cache.StallTimeout when unset.
+const DefaultStallTimeout = 2 * time.Minute
+
+// Result describes the cached image.
+type Result struct {
+	// VolumeName is the image volume in the pool.
+	VolumeName string
+	// Path is the volume's path on the host, for backing stores.
+	Path string
+	// Bytes is how many bytes this call uploaded; 0 when Cached.
+	Bytes int64
+	// Checksum is the verified "sha256:<hex>", lower case.
+	Checksum string
+	// Cached is true when the verified volume was already there.
+	Cached bool
+}
+
+// Cache downloads images into storage pools. The zero value is ready to use
+// and safe for concurrent use; use one Cache per process (it is what keeps
+// two reconciles from uploading the same volume at once) and do not copy it.
+type Cache struct {
+	// HTTPClient fetches images when Fetch is nil. Default: a shared client
+	// without an overall timeout (see Fetcher).
+	HTTPClient *http.Client
+	// Fetch, when set, replaces HTTP fetching (tests, other transports).
+	Fetch Fetcher
+	// Now is the clock for progress pacing and timing logs. Default time.Now.
+	Now func() time.Time
+	// StallTimeout aborts a download when the source sends nothing for this
+	// long; the error is transient. Zero means DefaultStallTimeout, negative
+	// disables it.
+	StallTimeout time.Duration
+	// ProgressInterval is the least time between two progress calls (the
+	// final call is always made). Zero reports every read.
+	ProgressInterval time.Duration
+
+	mu       sync.Mutex
+	inflight map[uploadKey]struct{}
+}
+
+// uploadKey names one volume on one host: pool UUIDs are random per pool,
+// so they tell hosts apart where pool names ("default") do not.
+type uploadKey struct {
+	pool   libvirt.UUID
+	name   string
+	volume string
+}
+
+// spec is an image request, checked.
+type spec struct {
+	img    provider.Image
+	digest string
+	names
+}
+
+func newSpec(img provider.Image) (spec, error) {
+	digest, err := ParseChecksum(img.Checksum)
+	if err != nil {
+		return spec{}, err
+	}
+	if err := checkURL(img.URL); err != nil {
+		return spec{}, err
+	}
+	n, err := newNames(img, digest)
+	if err != nil {
+		return spec{}, err
+	}
+	return spec{img: img, digest: digest, names: n}, nil
+}
+
+func (s spec) checksum() string { return Algorithm + ":" + s.digest }
+
+// label names the image in logs and errors.
+func (s spec) label() string {
+	if s.img.Name != "" {
+		return s.img.Name
+	}
+	return RedactURL(s.img.URL)
+}
+
+// Ensure makes a verified copy of img exist in pool and returns it.
+//
+// When the image volume and its marker both exist it returns at once, after
+// three RPCs (two lookups and the path). Otherwise it deletes whatever
+// unverified volume or orphaned marker holds the names, uploads the image
+// and verifies it. progress, if not nil, is called with the bytes uploaded so
+// far and the total (-1 when unknown), from the goroutine streaming the
+// upload; it must return quickly.
+//
+// Errors are classified: a wrong URL, checksum mismatch, unusable image or
+// missing pool are permanent; network, server and most libvirt trouble are
+// transient, as is "upload in progress" when another call is already
+// uploading the same volume.
+func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.StoragePool, img provider.Image, progress func(done, total int64)) (Result, error) {
+	s, err := newSpec(img)
+	if err != nil {
+		return Result{}, err
+	}
+	log := logr.FromContextOrDiscard(ctx).WithValues("image", s.label(), "pool", pool.Name, "volume", s.volume)
+
+	st, err := lookup(lv, pool, s)
+	if err != nil {
+		return Result{}, err
+	}
+	if st.ready() {
+		return cached(lv, pool, s, st)
+	}
+
+	release, ok := c.acquire(pool, s.volume)
+	if !ok {
+		return Result{}, provider.Transientf("image %s: upload of volume %s to pool %s is in progress", s.label(), s.volume, pool.Name)
+	}
+	defer release()
+	// A call that held the slot may have finished since the lookup; its
+	// fresh volume must not be taken for a stale one.
+	if st, err = lookup(lv, pool, s); err != nil {
+		return Result{}, err
+	}
+	if st.ready() {
+		return cached(lv, pool, s, st)
+	}
+	return c.fetch(ctx, log, lv, pool, s, st, progress)
+}
+
+// state is what the pool holds under an image's names.
+type state struct {
+	vol, marker *libvirt.StorageVol
+}
+
+func (st state) ready() bool { return st.vol != nil && st.marker != nil }
+
+// lookup finds the image volume, then its marker. The order matters: a
+// re-upload deletes the marker before it creates the volume, so a marker
+// seen after the volume vouches for a volume that is complete.
+func lookup(lv virt.Client, pool libvirt.StoragePool, s spec) (state, error) {
+	vol, err := find(lv, pool, s.volume)
+	if err != nil {
+		return state{}, err
+	}
+	marker, err := find(lv, pool, s.marker)
+	if err != nil {
+		return state{}, err
+	}
+	return state{vol: vol, marker: marker}, nil
+}
+
+// find looks a volume up; nil when it does not exist.
+func find(lv virt.Client, pool libvirt.StoragePool, name string) (*libvirt.StorageVol, error) {
+	v, err := lv.StorageVolLookupByName(pool, name)
+	switch {
+	case err == nil:
+		return &v, nil
+	case virt.IsCode(err, libvirt.ErrNoStorageVol):
+		return nil, nil
+	default:
+		return nil, virtError("looking up volume", name, pool, err)
+	}
+}
+
+func cached(lv virt.Client, pool libvirt.StoragePool, s spec, st state) (Result, error) {
+	path, err := lv.StorageVolGetPath(*st.vol)
+	if err != nil {
+		return Result{}, virtError("getting path of volume", s.volume, pool, err)
+	}
+	return Result{VolumeName: s.volume, Path: path, Checksum: s.checksum(), Cached: true}, nil
+}
+
+// acquire claims the upload of volume in pool for this process.
+func (c *Cache) acquire(pool libvirt.StoragePool, volume string) (release func(), ok bool) {
+	k := uploadKey{pool: pool.UUID, name: pool.Name, volume: volume}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, busy := c.inflight[k]; busy {
+		return nil, false
+	}
+	if c.inflight == nil {
+		c.inflight = make(map[uploadKey]struct{})
+	}
+	c.inflight[k] = struct{}{}
+	return func() {
+		c.mu.Lock()
+		delete(c.inflight, k)
+		c.mu.Unlock()
+	}, true
+}
+
+// busy reports whether this process is uploading volume in pool.
+func (c *Cache) busy(pool libvirt.StoragePool, volume string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.inflight[uploadKey{pool: pool.UUID, name: pool.Name, volume: volume}]
+	return ok
+}
+
+// fetch is the slow path; the caller holds the upload slot.
+func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool libvirt.StoragePool, s spec, st state, progress func(done, total int64)) (Result, error) {
+	start := c.now()
+
+	// Open the source before touching the pool: a wrong URL costs nothing.
+	src, err := c.open(ctx, s)
+	if err != nil {
+		return Result{}, err
+	}
+	defer src.close()
+	head, err := src.br.Peek(sniffLen)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return Result{}, src.readError(ctx, s, err)
+	}
+	capacity, err := sniff(s.img.Format, head, src.size)
+	if err != nil {
+		return Result{}, fmt.Errorf("image %s: %w", s.label(), err)
+	}
+
+	// Clear the names. The marker goes first so no moment shows a marker
+	// next to a volume that is not complete.
+	if st.marker != nil {
+		log.Info("Deleting marker whose image volume is missing")
+		if err := deleteVolume(lv, *st.marker); err != nil {
+			return Result{}, virtError("deleting stale marker", s.marker, pool, err)
+		}
+	}
+	if st.vol != nil {
+		// Left by an interrupted or failed upload: it was never verified.
+		log.Info("Deleting unverified image volume")
+		if err := deleteVolume(lv, *st.vol); err != nil {
+			return Result{}, virtError("deleting unverified volume", s.volume, pool, err)
+		}
+	}
+
+	xml, err := volumeXML(s.volume, s.img.Format, capacity)
+	if err != nil {
+		return Result{}, provider.Permanentf("image %s: building volume XML: %w", s.label(), err)
+	}
+	vol, err := lv.StorageVolCreateXML(pool, xml, 0)
+	if virt.IsCode(err, libvirt.ErrStorageVolExist) {
+		// Someone outside this process created it since the lookup, so an
+		// upload is under way; its outcome decides the next reconcile.
+		return Result{}, provider.Transientf("image %s: volume %s in pool %s appeared meanwhile; upload in progress elsewhere", s.label(), s.volume, pool.Name)
+	}
+	if err != nil {
+		return Result{}, virtError("creating volume", s.volume, pool, err)
+	}
+	log.Info("Uploading image", "url", RedactURL(s.img.URL), "bytes", src.size, "capacity", capacity)
+
+	up := &uploadReader{
+		src:      src,
+		hash:     sha256.New(),
+		total:    src.size,
+		progress: progress,
+		every:    c.ProgressInterval,
+		now:      c.now,
+	}
+	// The length makes libvirt refuse a longer stream; 0 means "until EOF".
+	upErr := lv.StorageVolUpload(vol, up, 0, uint64(max(src.size, 0)), 0)
+	n, sum, readErr := up.finish()
+
+	var fail error
+	switch {
+	case readErr != nil:
+		fail = src.readError(ctx, s, readErr)
+	case upErr != nil:
+		fail = virtError("uploading to volume", s.volume, pool, upErr)
+	case src.size >= 0 && n != src.size:
+		fail = provider.Transientf("image %s: source sent %d of %d bytes", s.label(), n, src.size)
+	case sum != s.digest:
+		fail = provider.Permanentf("image %s: checksum mismatch: expected %s, got %s:%s (%d bytes from %s)",
+			s.label(), s.checksum(), Algorithm, sum, n, RedactURL(s.img.URL))
+	}
+	if fail != nil {
+		discard(log, lv, vol)
+		return Result{}, fail
+	}
+
+	if err := commit(log, lv, pool, s); err != nil {
+		discard(log, lv, vol)
+		return Result{}, err
+	}
+	path, err := lv.StorageVolGetPath(vol)
+	if err != nil {
+		// Verified and marked: the next call takes the fast path.
+		return Result{}, virtError("getting path of volume", s.volume, pool, err)
+	}
+	elapsed := c.now().Sub(start)
+	log.Info("Image cached", "bytes", n, "elapsed", elapsed.Round(time.Millisecond).String(), "bytesPerSecond", rate(n, elapsed))
+	return Result{VolumeName: s.volume, Path: path, Bytes: n, Checksum: s.checksum()}, nil
+}
+
+// volumeXML describes a new volume of capacity bytes, not preallocated.
+//
+// Why the capacity is what it is: upload writes the stream verbatim from
+// offset 0, and libvirt checks it against the upload length, never against
+// the declared capacity. Creating the volume only has to make a file libvirt
+// knows about; for qcow2 that is a fresh qcow2 (qemu-img create) whose header
+// and tables the upload overwrites. (A qcow2 image smaller than that fresh
+// file, a few hundred KiB, would leave its tail behind, unreferenced by the
+// uploaded header and so unused by qemu.) libvirt thus does not need the real
+// virtual size to store the image. The capacity only decides what libvirt
+// reports until it re-reads the file: on a pool refresh (attempted after each
+// upload, skipped if a volume is being built in the pool just then) or, going
+// by the declared format, on vol-info. We declare the virtual size from the
+// image header so every view is right from creation on and overlays can be
+// sized from it; the download size would understate it several times over.
+// For raw the two are one: the Content-Length, or 0 when unknown (a
+// directory pool's file grows as written).
+func volumeXML(name, format string, capacity uint64) (string, error) {
+	v := libvirtxml.StorageVolume{
+		Name:       name,
+		Capacity:   &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: capacity},
+		Allocation: &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: 0},
+		Target:     &libvirtxml.StorageVolumeTarget{Format: &libvirtxml.StorageVolumeTargetFormat{Type: format}},
+	}
+	return v.Marshal()
+}
+
+// commit creates the marker for a verified image volume. Its creation is
+// what counts; the content (a sha256sum line) is for people.
+func commit(log logr.Logger, lv virt.Client, pool libvirt.StoragePool, s spec) error {
+	content := s.digest + "  " + s.volume + "\n"
+	xml, err := volumeXML(s.marker, FormatRaw, uint64(len(content)))
+	if err != nil {
+		return provider.Permanentf("image %s: building marker XML: %w", s.label(), err)
+	}
+	m, err := lv.StorageVolCreateXML(pool, xml, 0)
+	if virt.IsCode(err, libvirt.ErrStorageVolExist) {
+		// Another process verified the same digest under the same name.
+		return nil
+	}
+	if err != nil {
+		return virtError("creating marker", s.marker, pool, err)
+	}
+	if err := lv.StorageVolUpload(m, strings.NewReader(content), 0, uint64(len(content)), 0); err != nil {
+		log.Error(err, "Writing marker content failed; the marker's name still records the digest", "marker", s.marker)
+	}
+	return nil
+}
+
+func deleteVolume(lv virt.Client, v libvirt.StorageVol) error {
+	err := lv.StorageVolDelete(v, libvirt.StorageVolDeleteNormal)
+	if virt.IsCode(err, libvirt.ErrNoStorageVol) {
+		return nil
+	}
+	return err
+}
+
+// discard deletes a volume that failed verification or upload. Failing to
+// is logged only: without a marker the volume is never used, and the next
+// attempt deletes it.
+func discard(log logr.Logger, lv virt.Client, v libvirt.StorageVol) {
+	if err := deleteVolume(lv, v); err != nil {
+		log.Error(err, "Deleting unverified image volume failed; the next attempt replaces it")
+	}
+}
+
+// virtError classifies a libvirt failure. Only what cannot change by
+// waiting is permanent: a missing pool, an unsupported operation, refused
+// access, XML libvirt rejects. Everything else (connection trouble, a full
+// pool, a busy volume) is worth retrying.
+func virtError(op, name string, pool libvirt.StoragePool, err error) error {
+	wrapped := fmt.Errorf("%s %s in pool %s: %w", op, name, pool.Name, err)
+	switch {
+	case virt.IsCode(err, libvirt.ErrNoStoragePool):
+		return provider.Permanentf("storage pool %s not found: %w", pool.Name, err)
+	case virt.IsCode(err, libvirt.ErrNoSupport, libvirt.ErrOperationUnsupported, libvirt.ErrArgumentUnsupported,
+		libvirt.ErrInvalidArg, libvirt.ErrXMLError, libvirt.ErrXMLDetail, libvirt.ErrXMLInvalidSchema,
+		libvirt.ErrOperationDenied, libvirt.ErrAccessDenied):
+		return provider.Permanent(wrapped)
+	default:
+		return provider.Transient(wrapped)
+	}
+}
+
+func (c *Cache) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+func (c *Cache) fetcher() Fetcher {
+	switch {
+	case c.Fetch != nil:
+		return c.Fetch
+	case c.HTTPClient != nil:
+		return httpFetcher(c.HTTPClient)
+	default:
+		return httpFetcher(defaultHTTPClient)
+	}
+}
+
+func (c *Cache) stallTimeout() time.Duration {
+	if c.StallTimeout == 0 {
+		return DefaultStallTimeout
+	}
+	return c.StallTimeout
+}
+
+func rate(n int64, d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(float64(n) / d.Seconds())
+}
+
+// errStalled and errDone are the causes source cancels its fetch with.
+var (
+	errStalled = errors.New("source stalled")
+	errDone    = errors.New("upload finished")
+)
+
+// source is an open download.
+type source struct {
+	body   io.ReadCloser
+	size   int64
+	br     *bufio.Reader
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stall  time.Duration
+	timer  *time.Timer // nil when stall detection is off
+	once   sync.Once
+}
+
+func (c *Cache) open(ctx context.Context, s spec) (*source, error) {
+	fctx, cancel := context.WithCancelCause(ctx)
+	body, size, err := c.fetcher()(fctx, s.img.URL)
+	if err != nil {
+		cancel(nil)
+		if !provider.HasClass(err) {
+			err = provider.Transient(err)
+		}
+		return nil, fmt.Errorf("image %s: %w", s.label(), err)
+	}
+	src := &source{body: body, size: size, ctx: fctx, cancel: cancel, stall: c.stallTimeout()}
+	if src.stall > 0 {
+		src.timer = time.AfterFunc(time.Hour, func() { cancel(errStalled) })
+		src.timer.Stop()
+	}
+	src.br = bufio.NewReaderSize(watched{src}, 64<<10)
+	return src, nil
+}
+
+// watched arms the stall timer for each read from the body, so only time
+// spent waiting on the source counts, never time spent waiting on libvirt.
+type watched struct{ s *source }
+
+func (w watched) Read(p []byte) (int, error) {
+	if w.s.timer != nil {
+		w.s.timer.Reset(w.s.stall)
+		defer w.s.timer.Stop()
+	}
+	return w.s.body.Read(p)
+}
+
+// close ends the download. Cancelling first unblocks a read still waiting
+// on the network (go-libvirt may leave one running after a server-side
+// error), which Close alone would wait for.
+func (s *source) close() {
+	s.once.Do(func() {
+		s.cancel(errDone)
+		_ = s.body.Close()
+		if s.timer != nil {
+			s.timer.Stop()
+		}
+	})
+}
+
+// readError classifies a failure reading the source. All are transient: the
+// connection dropped, the source stalled, or ctx ended.
+func (s *source) readError(ctx context.Context, sp spec, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("image %s: download interrupted: %w", sp.label(), context.Cause(ctx))
+	case errors.Is(context.Cause(s.ctx), errStalled):
+		return provider.Transientf("image %s: no data from %s for %s", sp.label(), RedactURL(sp.img.URL), s.stall)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return provider.Transientf("image %s: download from %s ended early (expected %d bytes): %w", sp.label(), RedactURL(sp.img.URL), s.size, err)
+	default:
+		return provider.Transientf("image %s: reading %s: %w", sp.label(), RedactURL(sp.img.URL), err)
+	}
+}
+
+// uploadReader is the stream handed to StorageVolUpload: it hashes and
+// counts what passes and reports progress. go-libvirt reads it from its own
+// goroutine and, when libvirt fails the upload, may still be reading after
+// StorageVolUpload returned; the mutex and finish keep such a read from
+// racing with, or reporting after, the result.
+type uploadReader struct {
+	src      *source
+	hash     hash.Hash
+	total    int64
+	progress func(done, total int64)
+	every    time.Duration
+	now      func() time.Time
+
+	mu       sync.Mutex
+	n        int64
+	err      error // first read error other than io.EOF
+	finished bool
+	last     time.Time // of the last progress call
+	reported int64
+}
+
+var errFinished = errors.New("image upload stream already finished")
+
+func (u *uploadReader) Read(p []byte) (int, error) {
+	u.mu.Lock()
+	finished, err := u.finished, u.err
+	u.mu.Unlock()
+	if finished {
+		return 0, errFinished
+	}
+	if err != nil {
+		return 0, err
+	}
+	// The lock is not held while waiting on the network, so finish never
+	// waits for a read; it cancels the download instead.
+	n, err := u.src.br.Read(p)
+
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.finished {
+		// The result is taken: these bytes and this error count for nothing.
+		return 0, errFinished
+	}
+	if n > 0 {
+		u.hash.Write(p[:n])
+		u.n += int64(n)
+		u.report(false)
+	}
+	switch {
+	case err == io.EOF:
+		u.report(true)
+	case err != nil:
+		u.err = err
+	}
+	return n, err
+}
+
+// report calls progress, at most every u.every unless final.
+func (u *uploadReader) report(final bool) {
+	if u.progress == nil || u.n == u.reported {
+		return
+	}
+	if !final && u.every > 0 {
+		now := u.now()
+		if !u.last.IsZero() && now.Sub(u.last) < u.every {
+			return
+		}
+		u.last = now
+	}
+	u.reported = u.n
+	u.progress(u.n, u.total)
+}
+
+// finish takes the result, then stops the download. Reads still running
+// (see uploadReader) end with errFinished and change nothing.
+func (u *uploadReader) finish() (n int64, hexSum string, readErr error) {
+	u.mu.Lock()
+	u.finished = true
+	n, hexSum, readErr = u.n, hex.EncodeToString(u.hash.Sum(nil)), u.err
+	u.mu.Unlock()
+	u.src.close()
+	return n, hexSum, readErr
+}

@@ -1,0 +1,66 @@
+package virt
+
+// RPC names are libvirt's public C API names for the Client methods. Logs,
+// metrics and the fake's fault injection all use them, so an "rpc" label in
+// a dashboard, a log line and a test's fake.FailNext name the same thing and
+// can be looked up in libvirt's documentation as is.
+const (
+	RPCConnectGetLibVersion     = "virConnectGetLibVersion"
+	RPCConnectGetHostname       = "virConnectGetHostname"
+	RPCConnectListAllDomains    = "virConnectListAllDomains"
+	RPCDomainLookupByName       = "virDomainLookupByName"
+	RPCDomainLookupByUUID       = "virDomainLookupByUUID"
+	RPCDomainDefineXMLFlags     = "virDomainDefineXMLFlags"
+	RPCDomainCreate             = "virDomainCreate"
+	RPCDomainDestroyFlags       = "virDomainDestroyFlags"
+	RPCDomainUndefineFlags      = "virDomainUndefineFlags"
+	RPCDomainGetState           = "virDomainGetState"
+	RPCDomainGetXMLDesc         = "virDomainGetXMLDesc"
+	RPCDomainGetMetadata        = "virDomainGetMetadata"
+	RPCDomainInterfaceAddresses = "virDomainInterfaceAddresses"
+	RPCStoragePoolLookupByName  = "virStoragePoolLookupByName"
+	RPCStoragePoolGetInfo       = "virStoragePoolGetInfo"
+	RPCStoragePoolRefresh       = "virStoragePoolRefresh"
+	RPCStorageVolLookupByName   = "virStorageVolLookupByName"
+	RPCStorageVolCreateXML      = "virStorageVolCreateXML"
+	RPCStorageVolDelete         = "virStorageVolDelete"
+	RPCStorageVolGetPath        = "virStorageVolGetPath"
+	RPCStorageVolGetInfo        = "virStorageVolGetInfo"
+	RPCStorageVolUpload         = "virStorageVolUpload"
+	RPCNetworkLookupByName      = "virNetworkLookupByName"
+	// The C API spells DHCP in capitals, unlike go-libvirt's method.
+	RPCNetworkGetDHCPLeases = "virNetworkGetDHCPLeases"
+	// LifecycleEvents registers a lifecycle callback; this is the C API the
+	// registration corresponds to.
+	RPCConnectDomainEventRegisterAny = "virConnectDomainEventRegisterAny"
+)
+
+// RPCNames lists every RPC name above, one per Client method, e.g. to
+// pre-create metric series.
+var RPCNames = []string{
+	RPCConnectGetLibVersion,
+	RPCConnectGetHostname,
+	RPCConnectListAllDomains,
+	RPCDomainLookupByName,
+	RPCDomainLookupByUUID,
+	RPCDomainDefineXMLFlags,
+	RPCDomainCreate,
+	RPCDomainDestroyFlags,
+	RPCDomainUndefineFlags,
+	RPCDomainGetState,
+	RPCDomainGetXMLDesc,
+	RPCDomainGetMetadata,
+	RPCDomainInterfaceAddresses,
+	RPCStoragePoolLookupByName,
+	RPCStoragePoolGetInfo,
+	RPCStoragePoolRefresh,
+	RPCStorageVolLookupByName,
+	RPCStorageVolCreateXML,
+	RPCStorageVolDelete,
+	RPCStorageVolGetPath,
+	RPCStorageVolGetInfo,
+	RPCStorageVolUpload,
+	RPCNetworkLookupByName,
+	RPCNetworkGetDHCPLeases,
+	RPCConnectDomainEventRegisterAny,
+}
