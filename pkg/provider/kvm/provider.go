@@ -1,0 +1,572 @@
+// Package kvm is the KVM provider: Proxies become libvirt domains on
+// hypervisors reached over SSH, each booting from a qcow2 overlay on a cached,
+// sha256-verified image, with a cloud-init NoCloud seed ISO.
+//
+// Everything external is injected: the host configuration (HostSource), the
+// SSH+libvirt connections (conn.Pool, with its dialer), image downloads
+// (image.Cache) and RPC observation (virt.Observer), so the whole provider
+// runs against the in-memory libvirt in virt/fake.
+package kvm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/digitalocean/go-libvirt"
+	"github.com/go-logr/logr"
+
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/image"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/seed"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+)
+
+// Name is the value of Proxy.spec.provider served here.
+const Name = "kvm"
+
+// HostSpec is everything the provider needs to know about one KVMHost.
+type HostSpec struct {
+	Conn     conn.HostConfig
+	Material conn.MaterialLoader
+	Pool     string
+	Network  domxml.Network
+	// DomainType is domxml.DomainTypeKVM or domxml.DomainTypeQEMU.
+	DomainType string
+}
+
+// HostSource resolves host names. Host returns an error matching
+// conn.ErrHostNotConfigured for a host that does not exist.
+type HostSource interface {
+	Host(ctx context.Context, name string) (HostSpec, error)
+	List(ctx context.Context) ([]string, error)
+}
+
+// Connections is the per-host connection pool the provider runs RPCs on;
+// *conn.Pool implements it.
+type Connections interface {
+	Set(cfg conn.HostConfig, loader conn.MaterialLoader) error
+	Do(ctx context.Context, host string, fn func(virt.Client) error) error
+	Remove(name string)
+}
+
+var _ Connections = (*conn.Pool)(nil)
+
+// Options configure a Provider.
+type Options struct {
+	Hosts HostSource
+	// Pool holds the connections; the provider adds hosts to it as they are
+	// used. Build it with conn.New and pass OnConnect: p.OnConnect to get
+	// lifecycle events.
+	Pool Connections
+	// Images downloads and verifies images; a zero image.Cache works.
+	Images *image.Cache
+	// Observer sees every libvirt RPC (metrics, RPC counting).
+	Observer virt.Observer
+	// MaxUploadsPerHost bounds concurrent image uploads to one host, so an
+	// image does not starve the host's other work. Default 2.
+	MaxUploadsPerHost int
+	// EventBuffer is the size of the Events channel. Default 1024.
+	EventBuffer int
+	// Logger for what happens outside calls (event subscriptions).
+	Logger logr.Logger
+}
+
+// Provider implements provider.Provider for KVM hosts.
+type Provider struct {
+	opts   Options
+	events chan DomainEvent
+
+	mu      sync.Mutex
+	uploads map[string]chan struct{} // per-host upload slots
+	probing map[string]bool          // hosts with a probe still running
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// New returns a Provider.
+func New(opts Options) *Provider {
+	if opts.Images == nil {
+		opts.Images = &image.Cache{}
+	}
+	if opts.MaxUploadsPerHost <= 0 {
+		opts.MaxUploadsPerHost = 2
+	}
+	if opts.EventBuffer <= 0 {
+		opts.EventBuffer = 1024
+	}
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = logr.Discard()
+	}
+	return &Provider{
+		opts:    opts,
+		events:  make(chan DomainEvent, opts.EventBuffer),
+		uploads: map[string]chan struct{}{},
+		probing: map[string]bool{},
+	}
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return Name }
+
+// Check implements provider.Provider: the provider itself needs nothing to
+// serve; per-host health is Probe's.
+func (p *Provider) Check(context.Context) error { return nil }
+
+// ForgetHost closes a deleted host's connection.
+func (p *Provider) ForgetHost(host string) { p.opts.Pool.Remove(host) }
+
+// withHost runs fn with an instrumented client of host. The host's current
+// configuration is (re)applied to the pool first; an unchanged one keeps the
+// link.
+func (p *Provider) withHost(ctx context.Context, host string, fn func(virt.Client, HostSpec) error) error {
+	return p.do(ctx, ctx, host, fn)
+}
+
+// do is withHost with separate contexts for the dial and for the RPCs.
+func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt.Client, HostSpec) error) error {
+	hs, err := p.opts.Hosts.Host(dialCtx, host)
+	if err != nil {
+		return err
+	}
+	if err := p.opts.Pool.Set(hs.Conn, hs.Material); err != nil {
+		return err
+	}
+	return p.opts.Pool.Do(dialCtx, host, func(raw virt.Client) error {
+		return fn(p.instrument(rpcCtx, raw), hs)
+	})
+}
+
+func (p *Provider) instrument(ctx context.Context, c virt.Client) virt.Client {
+	var opts []virt.Option
+	if p.opts.Observer != nil {
+		opts = append(opts, virt.WithObserver(p.opts.Observer))
+	}
+	return virt.Instrument(ctx, c, opts...)
+}
+
+// Create makes the Proxy's domain exist and run. It is idempotent: an
+// existing domain (after the identity check) is only started if needed;
+// otherwise the image is cached, the overlay reused or created, the seed
+// rebuilt, and the domain defined and started.
+func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.Instance, error) {
+	if err := checkMachine(m); err != nil {
+		return nil, err
+	}
+	log := logr.FromContextOrDiscard(ctx).WithValues("host", m.Host)
+	ctx = logr.NewContext(ctx, log)
+	var inst *provider.Instance
+	err := p.withHost(ctx, m.Host, func(c virt.Client, hs HostSpec) error {
+		name := domxml.DomainName(m.Namespace, m.Name)
+		dom, err := c.DomainLookupByName(name)
+		switch {
+		case err == nil:
+			if err := p.checkIdentity(c, dom, m); err != nil {
+				return err
+			}
+			state, _, err := c.DomainGetState(dom, 0)
+			if err != nil {
+				return classify(err)
+			}
+			if !isRunning(state) {
+				log.Info("starting existing domain", "domain", name)
+				if err := c.DomainCreate(dom); err != nil && !virt.IsCode(err, libvirt.ErrOperationInvalid) {
+					return classify(err)
+				}
+			}
+			inst = p.instance(m.Host, dom, m, provider.StatePending)
+			return nil
+		case !virt.IsCode(err, libvirt.ErrNoDomain):
+			return classify(err)
+		}
+
+		pool, err := lookupPool(c, hs.Pool)
+		if err != nil {
+			return err
+		}
+		img, err := p.ensureImage(ctx, c, m.Host, pool, m.Image, nil)
+		if err != nil {
+			return err
+		}
+		diskPath, err := ensureOverlay(c, pool, m, img)
+		if err != nil {
+			return err
+		}
+		seedPath, err := rebuildSeed(c, pool, m)
+		if err != nil {
+			return err
+		}
+		xml, err := domxml.Domain(domxml.Params{
+			Name:        name,
+			DomainType:  hs.DomainType,
+			VCPUs:       m.CPUs,
+			MemoryBytes: m.MemoryBytes,
+			Firmware:    m.Image.Firmware,
+			DiskPath:    diskPath,
+			SeedPath:    seedPath,
+			Network:     hs.Network,
+			Metadata:    domxml.Metadata{Namespace: m.Namespace, Name: m.Name, UID: m.UID, Tag: m.Tag},
+		})
+		if err != nil {
+			return err
+		}
+		dom, err = c.DomainDefineXMLFlags(xml, 0)
+		if err != nil {
+			return classify(err)
+		}
+		log.Info("defined domain", "domain", name, "uuid", virt.FormatUUID(dom.UUID))
+		if err := c.DomainCreate(dom); err != nil {
+			return classify(err)
+		}
+		inst = p.instance(m.Host, dom, m, provider.StatePending)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+// Get reports the Proxy's domain: state, and the first routable IPv4 from the
+// guest agent, then the DHCP lease, then ARP. A host that is not configured
+// is a permanent error, never ErrNotFound: a typo in a host name must not
+// look like a missing VM to rebuild.
+func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Instance, error) {
+	if err := checkMachine(m); err != nil {
+		return nil, err
+	}
+	var inst *provider.Instance
+	err := p.withHost(ctx, m.Host, func(c virt.Client, hs HostSpec) error {
+		name := domxml.DomainName(m.Namespace, m.Name)
+		dom, err := c.DomainLookupByName(name)
+		if err != nil {
+			if virt.IsCode(err, libvirt.ErrNoDomain) {
+				return provider.NotFoundf("domain %q not found on host %q", name, m.Host)
+			}
+			return classify(err)
+		}
+		if err := p.checkIdentity(c, dom, m); err != nil {
+			return err
+		}
+		state, _, err := c.DomainGetState(dom, 0)
+		if err != nil {
+			return classify(err)
+		}
+		inst = p.instance(m.Host, dom, m, stateOf(state))
+		if inst.State == provider.StateRunning {
+			inst.Address, inst.AddressSource, inst.Message = findAddress(c, dom, hs.Network)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return inst, nil
+}
+
+// Delete destroys and undefines the Proxy's domain, only when it is this
+// Proxy's (metadata UID, and UUID when one is recorded), then removes the
+// per-VM volumes. Every already-gone case is success; a host that is not
+// configured is success too (nothing of ours can be reached there).
+func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
+	if err := checkMachine(m); err != nil {
+		return err
+	}
+	log := logr.FromContextOrDiscard(ctx).WithValues("host", m.Host)
+	err := p.withHost(ctx, m.Host, func(c virt.Client, hs HostSpec) error {
+		name := domxml.DomainName(m.Namespace, m.Name)
+		dom, err := c.DomainLookupByName(name)
+		switch {
+		case err == nil:
+			if err := p.checkIdentity(c, dom, m); err != nil {
+				return err
+			}
+			if err := c.DomainDestroyFlags(dom, 0); err != nil && !virt.IsCode(err, libvirt.ErrOperationInvalid, libvirt.ErrNoDomain) {
+				return classify(err)
+			}
+			flags := libvirt.DomainUndefineNvram | libvirt.DomainUndefineManagedSave | libvirt.DomainUndefineSnapshotsMetadata
+			if err := c.DomainUndefineFlags(dom, flags); err != nil && !virt.IsCode(err, libvirt.ErrNoDomain) {
+				return classify(err)
+			}
+			log.Info("deleted domain", "domain", name, "uuid", virt.FormatUUID(dom.UUID))
+		case !virt.IsCode(err, libvirt.ErrNoDomain):
+			return classify(err)
+		}
+		// Volume names carry the Proxy UID: these are this Proxy's.
+		pool, err := lookupPool(c, hs.Pool)
+		if errors.Is(err, ErrPoolMissing) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for _, vol := range []string{domxml.DiskVolumeName(m.UID), domxml.SeedVolumeName(m.UID)} {
+			if err := deleteVolume(c, pool, vol); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, conn.ErrHostNotConfigured) {
+		log.Info("host not configured; nothing to delete", "proxy", m.Namespace+"/"+m.Name)
+		return nil
+	}
+	return err
+}
+
+// ListByTag returns the domains whose metadata carries tag, on every host.
+// Domains without our metadata are skipped, as are domains that cannot be
+// read; an unreachable host fails the listing (after the other hosts).
+func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instance, error) {
+	hosts, err := p.opts.Hosts.List(ctx)
+	if err != nil {
+		return nil, provider.Transient(err)
+	}
+	var out []provider.Instance
+	var errs []error
+	for _, host := range hosts {
+		err := p.withHost(ctx, host, func(c virt.Client, _ HostSpec) error {
+			doms, _, err := c.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+			if err != nil {
+				return classify(err)
+			}
+			for _, dom := range doms {
+				md, ok := readMetadata(c, dom)
+				if !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag {
+					continue
+				}
+				out = append(out, provider.Instance{
+					ProviderID: provider.FormatKVMProviderID(host, virt.FormatUUID(dom.UUID)),
+					Name:       dom.Name,
+					Host:       host,
+					State:      provider.StateUnknown,
+					Owner:      provider.Owner{Namespace: md.Namespace, Name: md.Name, UID: md.UID},
+				})
+			}
+			return nil
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("host %q: %w", host, err))
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// EnsureImage caches img on host, bounded by MaxUploadsPerHost.
+func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Image, progress Progress) (CachedImage, error) {
+	var out CachedImage
+	err := p.withHost(ctx, host, func(c virt.Client, hs HostSpec) error {
+		pool, err := lookupPool(c, hs.Pool)
+		if err != nil {
+			return err
+		}
+		res, err := p.ensureImage(ctx, c, host, pool, img, progress)
+		if err != nil {
+			return err
+		}
+		out = CachedImage{Volume: res.VolumeName, Path: res.Path, Bytes: res.Bytes, Checksum: res.Checksum}
+		return nil
+	})
+	return out, err
+}
+
+func (p *Provider) ensureImage(ctx context.Context, c virt.Client, host string, pool libvirt.StoragePool, img provider.Image, progress Progress) (image.Result, error) {
+	slot := p.uploadSlot(host)
+	select {
+	case slot <- struct{}{}:
+	case <-ctx.Done():
+		return image.Result{}, provider.Transient(fmt.Errorf("waiting for an upload slot on host %q: %w", host, ctx.Err()))
+	}
+	defer func() { <-slot }()
+	return p.opts.Images.Ensure(ctx, c, pool, img, progress)
+}
+
+func (p *Provider) uploadSlot(host string) chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, ok := p.uploads[host]
+	if !ok {
+		s = make(chan struct{}, p.opts.MaxUploadsPerHost)
+		p.uploads[host] = s
+	}
+	return s
+}
+
+// checkIdentity refuses a domain that is not this Machine's: its metadata
+// must name the Machine's UID, and its UUID must match the recorded
+// providerID when there is one.
+func (p *Provider) checkIdentity(c virt.Client, dom libvirt.Domain, m *provider.Machine) error {
+	md, ok := readMetadata(c, dom)
+	switch {
+	case !ok:
+		return &provider.IdentityError{Kind: "domain", Name: dom.Name, Mismatch: "it has no proxy-operator metadata (not created by this operator)"}
+	case md.UID != m.UID:
+		return &provider.IdentityError{Kind: "domain", Name: dom.Name,
+			Mismatch: fmt.Sprintf("its metadata names Proxy UID %q (%s/%s), not %q", md.UID, md.Namespace, md.Name, m.UID)}
+	}
+	if m.ProviderID != "" {
+		_, want, err := provider.ParseKVMProviderID(m.ProviderID)
+		if err != nil {
+			return provider.Permanent(err)
+		}
+		if got := virt.FormatUUID(dom.UUID); got != want {
+			return &provider.IdentityError{Kind: "domain", Name: dom.Name,
+				Mismatch: fmt.Sprintf("its UUID %s is not the recorded %s (recreated outside the operator?)", got, want)}
+		}
+	}
+	return nil
+}
+
+func (p *Provider) instance(host string, dom libvirt.Domain, m *provider.Machine, state provider.State) *provider.Instance {
+	return &provider.Instance{
+		ProviderID: provider.FormatKVMProviderID(host, virt.FormatUUID(dom.UUID)),
+		Name:       dom.Name,
+		Host:       host,
+		State:      state,
+		Owner:      provider.Owner{Namespace: m.Namespace, Name: m.Name, UID: m.UID},
+	}
+}
+
+// readMetadata returns our metadata element of dom, if it has one.
+func readMetadata(c virt.Client, dom libvirt.Domain) (domxml.Metadata, bool) {
+	s, err := c.DomainGetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{domxml.MetadataNS}, libvirt.DomainAffectCurrent)
+	if err != nil {
+		return domxml.Metadata{}, false
+	}
+	md, err := domxml.ParseMetadata(s)
+	if err != nil {
+		return domxml.Metadata{}, false
+	}
+	return md, true
+}
+
+func lookupPool(c virt.Client, name string) (libvirt.StoragePool, error) {
+	pool, err := c.StoragePoolLookupByName(name)
+	if err != nil {
+		if virt.IsCode(err, libvirt.ErrNoStoragePool) {
+			return pool, fmt.Errorf("%w: %q", ErrPoolMissing, name)
+		}
+		return pool, classify(err)
+	}
+	return pool, nil
+}
+
+// ensureOverlay reuses the Proxy's overlay or creates it on the image.
+func ensureOverlay(c virt.Client, pool libvirt.StoragePool, m *provider.Machine, img image.Result) (string, error) {
+	name := domxml.DiskVolumeName(m.UID)
+	vol, err := c.StorageVolLookupByName(pool, name)
+	if err == nil {
+		return volPath(c, vol)
+	}
+	if !virt.IsCode(err, libvirt.ErrNoStorageVol) {
+		return "", classify(err)
+	}
+	capacity := m.DiskBytes
+	// An overlay smaller than its backing image would hide the image's tail.
+	if iv, err := c.StorageVolLookupByName(pool, img.VolumeName); err == nil {
+		if _, cap, _, err := c.StorageVolGetInfo(iv); err == nil && int64(cap) > capacity {
+			capacity = int64(cap)
+		}
+	}
+	xml, err := domxml.OverlayVolume(name, capacity, img.Path, m.Image.Format)
+	if err != nil {
+		return "", err
+	}
+	vol, err = c.StorageVolCreateXML(pool, xml, 0)
+	if err != nil {
+		return "", classify(err)
+	}
+	return volPath(c, vol)
+}
+
+// rebuildSeed writes a fresh seed volume: a cancelled upload may have left a
+// truncated one, so it is never reused.
+func rebuildSeed(c virt.Client, pool libvirt.StoragePool, m *provider.Machine) (string, error) {
+	iso, err := seed.Build(seed.ForMachine(m))
+	if err != nil {
+		return "", err
+	}
+	name := domxml.SeedVolumeName(m.UID)
+	if err := deleteVolume(c, pool, name); err != nil {
+		return "", err
+	}
+	xml, err := domxml.RawVolume(name, int64(len(iso)))
+	if err != nil {
+		return "", err
+	}
+	vol, err := c.StorageVolCreateXML(pool, xml, 0)
+	if err != nil {
+		return "", classify(err)
+	}
+	if err := c.StorageVolUpload(vol, bytes.NewReader(iso), 0, uint64(len(iso)), 0); err != nil {
+		return "", classify(err)
+	}
+	return volPath(c, vol)
+}
+
+func deleteVolume(c virt.Client, pool libvirt.StoragePool, name string) error {
+	vol, err := c.StorageVolLookupByName(pool, name)
+	if err != nil {
+		if virt.IsCode(err, libvirt.ErrNoStorageVol) {
+			return nil
+		}
+		return classify(err)
+	}
+	if err := c.StorageVolDelete(vol, 0); err != nil && !virt.IsCode(err, libvirt.ErrNoStorageVol) {
+		return classify(err)
+	}
+	return nil
+}
+
+func volPath(c virt.Client, vol libvirt.StorageVol) (string, error) {
+	path, err := c.StorageVolGetPath(vol)
+	if err != nil {
+		return "", classify(err)
+	}
+	return path, nil
+}
+
+func checkMachine(m *provider.Machine) error {
+	switch {
+	case m.Host == "":
+		return provider.Permanentf("proxy %s/%s: no KVM host", m.Namespace, m.Name)
+	case m.UID == "":
+		return provider.Permanentf("proxy %s/%s: no UID", m.Namespace, m.Name)
+	}
+	return nil
+}
+
+// classify gives a libvirt error its class. Daemon answers that retrying
+// cannot change are permanent; everything else (including transport
+// errors) is transient.
+func classify(err error) error {
+	if err == nil || provider.HasClass(err) {
+		return err
+	}
+	if virt.IsCode(err, libvirt.ErrXMLError, libvirt.ErrXMLDetail, libvirt.ErrInvalidArg, libvirt.ErrConfigUnsupported,
+		libvirt.ErrNoSupport, libvirt.ErrOperationDenied, libvirt.ErrAccessDenied, libvirt.ErrXMLInvalidSchema) {
+		return provider.Permanent(err)
+	}
+	return provider.Transient(err)
+}
+
+func isRunning(state int32) bool {
+	s := libvirt.DomainState(state)
+	return s == libvirt.DomainRunning || s == libvirt.DomainBlocked
+}
+
+func stateOf(state int32) provider.State {
+	switch libvirt.DomainState(state) {
+	case libvirt.DomainRunning, libvirt.DomainBlocked:
+		return provider.StateRunning
+	case libvirt.DomainPaused, libvirt.DomainShutdown, libvirt.DomainShutoff, libvirt.DomainPmsuspended:
+		return provider.StateStopped
+	case libvirt.DomainCrashed:
+		return provider.StateFailed
+	}
+	return provider.StateUnknown
+}
