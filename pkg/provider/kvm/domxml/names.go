@@ -13,16 +13,11 @@ import (
 // 255 bytes, so this leaves room for the longest suffix.
 const MaxDomainNameLen = 200
 
-// maxImageNamePart bounds the KVMImage name inside a volume name, keeping the
-// volume's file name well under 255 bytes.
-const maxImageNamePart = 180
-
 // Volume name prefixes. Everything a Proxy owns is named after its UID, so
 // two Proxies with the same name (in two namespaces, or one deleted and
 // created again) never share a volume.
 const (
 	ProxyVolumePrefix = "proxy-"
-	ImageVolumePrefix = "image-"
 )
 
 // DomainName is the libvirt domain name of a Proxy: "<namespace>.<name>".
@@ -65,67 +60,6 @@ func VolumeOwnerUID(volume string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// ImageVolumeName is the cached base image of a KVMImage (or of a direct URL
-// when imageName is empty): "image-<name>-<sha12>.<format>", sha12 being the
-// first 12 hex digits of the sha256 checksum. A new checksum gives a new
-// volume, so a changed image never reuses stale bytes, while overlays of
-// running VMs keep their old backing file. checksum is "sha256:<64 hex>";
-// format is qcow2 or raw. Errors are permanent.
-func ImageVolumeName(imageName, checksum, format string) (string, error) {
-	sha12, err := checksumPrefix(checksum)
-	if err != nil {
-		return "", err
-	}
-	if format != FormatQCOW2 && format != FormatRaw {
-		return "", provider.Permanentf("image format %q: want %s or %s", format, FormatQCOW2, FormatRaw)
-	}
-	return ImageVolumePrefix + imageNamePart(imageName) + "-" + sha12 + "." + format, nil
-}
-
-// ImageMarkerName is the empty volume recording that ImageVolumeName(...)
-// matched its checksum: that name plus ".verified". Tied to the exact volume
-// name, so it never vouches for another format or checksum.
-func ImageMarkerName(imageName, checksum, format string) (string, error) {
-	vol, err := ImageVolumeName(imageName, checksum, format)
-	if err != nil {
-		return "", err
-	}
-	return vol + ".verified", nil
-}
-
-func checksumPrefix(checksum string) (string, error) {
-	hexsum, ok := strings.CutPrefix(checksum, "sha256:")
-	if !ok || len(hexsum) != 64 {
-		return "", provider.Permanentf("checksum %q: want sha256:<64 hex digits>", checksum)
-	}
-	if _, err := hex.DecodeString(hexsum); err != nil {
-		return "", provider.Permanentf("checksum %q: want sha256:<64 hex digits>", checksum)
-	}
-	return strings.ToLower(hexsum[:12]), nil
-}
-
-// imageNamePart keeps the characters Kubernetes names use and caps the
-// length; an empty name (a direct URL) becomes "url". Collisions after
-// cutting are harmless: the checksum part keeps the content the same.
-func imageNamePart(name string) string {
-	if name == "" {
-		return "url"
-	}
-	var b strings.Builder
-	for _, r := range name {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '.', r == '_':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('-')
-		}
-		if b.Len() >= maxImageNamePart {
-			break
-		}
-	}
-	return b.String()
 }
 
 // validVolumeName rejects names libvirt would turn into a path outside the

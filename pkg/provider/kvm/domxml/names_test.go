@@ -3,8 +3,6 @@ package domxml
 import (
 	"strings"
 	"testing"
-
-	"crawl.example.com/proxy-operator/pkg/provider"
 )
 
 const sum = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -65,56 +63,5 @@ func TestVolumeNames(t *testing.T) {
 		if uid != tt.uid || ok != tt.ok {
 			t.Errorf("VolumeOwnerUID(%q) = %q, %v; want %q, %v", tt.volume, uid, ok, tt.uid, tt.ok)
 		}
-	}
-}
-
-func TestImageVolumeName(t *testing.T) {
-	tests := []struct {
-		name, image, checksum, format string
-		want                          string
-	}{
-		{"qcow2", "debian-12", sum, FormatQCOW2, "image-debian-12-0123456789ab.qcow2"},
-		{"raw", "debian-12", sum, FormatRaw, "image-debian-12-0123456789ab.raw"},
-		{"upper-case checksum", "debian-12", strings.ToUpper(sum[:7]) + strings.ToUpper(sum[7:]), FormatQCOW2, ""},
-		{"upper-case hex", "debian-12", "sha256:" + strings.ToUpper(sum[7:]), FormatQCOW2, "image-debian-12-0123456789ab.qcow2"},
-		{"direct url", "", sum, FormatQCOW2, "image-url-0123456789ab.qcow2"},
-		{"dotted name", "debian.12.cloud", sum, FormatQCOW2, "image-debian.12.cloud-0123456789ab.qcow2"},
-		{"odd characters", "a/b c", sum, FormatQCOW2, "image-a-b-c-0123456789ab.qcow2"},
-		{"bad prefix", "x", "md5:" + sum[7:], FormatQCOW2, ""},
-		{"short", "x", sum[:70], FormatQCOW2, ""},
-		{"not hex", "x", sum[:70] + "zz", FormatQCOW2, ""},
-		{"bad format", "x", sum, "vmdk", ""},
-		{"empty format", "x", sum, "", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := ImageVolumeName(tt.image, tt.checksum, tt.format)
-			if tt.want == "" {
-				if err == nil || provider.Class(err) != provider.ClassPermanent {
-					t.Errorf("= %q, %v; want a permanent error", got, err)
-				}
-				return
-			}
-			if err != nil || got != tt.want {
-				t.Errorf("= %q, %v; want %q", got, err, tt.want)
-			}
-			marker, err := ImageMarkerName(tt.image, tt.checksum, tt.format)
-			if err != nil || marker != tt.want+".verified" {
-				t.Errorf("ImageMarkerName = %q, %v; want %q", marker, err, tt.want+".verified")
-			}
-		})
-	}
-
-	// A new checksum is a new volume and a new marker.
-	other := sum[:len(sum)-64] + "f" + sum[len(sum)-63:]
-	a, _ := ImageVolumeName("img", sum, FormatQCOW2)
-	b, _ := ImageVolumeName("img", other, FormatQCOW2)
-	if a == b {
-		t.Errorf("checksum change kept volume %q", a)
-	}
-	// Long KVMImage names (up to 253) keep the file name short.
-	long, err := ImageMarkerName(strings.Repeat("a", 253), sum, FormatQCOW2)
-	if err != nil || len(long) > 230 || validVolumeName(long) != nil {
-		t.Errorf("long name marker %q (%d), %v", long, len(long), err)
 	}
 }
