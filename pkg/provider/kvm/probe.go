@@ -32,6 +32,11 @@ func (p *Provider) Probe(ctx context.Context, host string) (HostHealth, error) {
 	}()
 	select {
 	case r := <-done:
+		if r.err != nil && ctx.Err() != nil {
+			// The deadline cut the probe short (e.g. a dial into a
+			// blackhole): that is a Timeout, whatever stage it was in.
+			return HostHealth{}, fmt.Errorf("health check of host %q: %w (%v)", host, ctx.Err(), r.err)
+		}
 		return r.h, r.err
 	case <-ctx.Done():
 		return HostHealth{}, fmt.Errorf("health check of host %q: %w", host, ctx.Err())
