@@ -1,24 +1,39 @@
 // Command manager runs the proxy operator: the Proxy, KVMHost and KVMImage
-// controllers, their admission webhooks and the provider registry.
+// controllers, their admission webhooks, the orphan sweep and the provider
+// registry.
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"flag"
 	"fmt"
 	"os"
+	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/controllers"
 	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/gcp"
+	"crawl.example.com/proxy-operator/pkg/provider/kubernetes"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
 
 var scheme = runtime.NewScheme()
@@ -39,14 +54,29 @@ type options struct {
 	enableWebhooks       bool
 	enableHTTP2          bool
 
+	providers     string
+	tag           string
 	checkInterval durationFlag
 	checkTimeout  durationFlag
+	sshKeyDir     string
+	maxUploads    int
+
+	proxyProbeURL         string
+	proxyProbeInterval    time.Duration
+	proxyProbeThreshold   int
+	provisionPollInterval time.Duration
+	addressTimeout        time.Duration
+	resyncInterval        time.Duration
+	gcInterval            time.Duration
+	proxyConcurrency      int
+	hostConcurrency       int
+
+	kubernetes kubernetes.Options
+	gcp        gcp.Options
 }
 
-func main() {
-	var o options
+func (o *options) bind(fs *flag.FlagSet) {
 	o.checkInterval.Duration = crawlv1.DefaultCheckInterval
-	fs := flag.CommandLine
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the health probe endpoint binds to.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Enable leader election so only one manager is active.")
@@ -55,41 +85,85 @@ func main() {
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "", "Directory with tls.crt/tls.key for the webhook server (controller-runtime's default when empty).")
 	fs.BoolVar(&o.enableWebhooks, "enable-webhooks", true, "Serve the admission webhooks.")
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off: CVE-2023-44487 rapid reset).")
+
+	fs.StringVar(&o.providers, "providers", "kvm,kubernetes", "Comma-separated providers to enable: kvm, kubernetes, gcp.")
+	fs.StringVar(&o.tag, "instance-tag", "proxy-operator", "Tag written on every instance; the orphan sweep only considers instances with it. Give each operator install its own.")
 	fs.Var(&o.checkInterval, "provider-check-interval", "Default interval between KVM host health checks (a KVMHost's spec.checkInterval overrides it).")
 	fs.Var(&o.checkTimeout, "provider-check-timeout", "Default bound of one health check; 0 derives min(15s, interval). Must not exceed the interval.")
-	zapOpts := zap.Options{Development: false}
-	zapOpts.BindFlags(fs)
+	fs.StringVar(&o.sshKeyDir, "ssh-key-dir", "/etc/kvm-ssh", "Directory with ssh-privatekey and known_hosts (the mounted kvm-ssh Secret) for KVMHosts without sshKeySecretRef.")
+	fs.IntVar(&o.maxUploads, "max-uploads-per-host", 2, "Concurrent image uploads allowed per KVM host.")
+
+	fs.StringVar(&o.proxyProbeURL, "proxy-probe-url", "", "URL requested through each proxy (expects 204); Ready then means a request went through. Empty: a TCP connect to the port.")
+	fs.DurationVar(&o.proxyProbeInterval, "proxy-probe-interval", 30*time.Second, "Interval between probes of a Ready proxy.")
+	fs.IntVar(&o.proxyProbeThreshold, "proxy-probe-failure-threshold", 3, "Consecutive probe failures before a healthy proxy is marked unhealthy.")
+	fs.DurationVar(&o.provisionPollInterval, "provision-poll-interval", 5*time.Second, "Poll interval while an instance boots and has no address.")
+	fs.DurationVar(&o.addressTimeout, "address-timeout", 10*time.Minute, "How long a running instance may go without an address before the Proxy is Failed.")
+	fs.DurationVar(&o.resyncInterval, "resync-interval", 10*time.Minute, "Re-read a Ready proxy's instance this often even without provider events.")
+	fs.DurationVar(&o.gcInterval, "gc-interval", 5*time.Minute, "Interval of the orphan-instance sweep.")
+	fs.IntVar(&o.proxyConcurrency, "proxy-concurrency", 16, "Concurrent Proxy reconciles.")
+	fs.IntVar(&o.hostConcurrency, "kvmhost-concurrency", 64, "Concurrent KVMHost health checks (hosts beyond this wait for a worker).")
+
+	o.kubernetes.BindFlags(fs)
+	fs.StringVar(&o.gcp.Project, "gcp-project", "", "GCP project for Proxies with provider gcp.")
+	fs.StringVar(&o.gcp.Zone, "gcp-zone", "", "Default GCP zone.")
+	fs.StringVar(&o.gcp.MachineType, "gcp-machine-type", gcp.DefaultMachineType, "Default GCE machine type.")
+	fs.StringVar(&o.gcp.Image, "gcp-image", gcp.DefaultImage, "Default GCE source image.")
+	fs.StringVar(&o.gcp.Network, "gcp-network", "", "GCE network (default network when empty).")
+	fs.StringVar(&o.gcp.CredentialsFile, "gcp-credentials-file", "", "GCP credentials file (a mounted Secret); Application Default Credentials when empty.")
+}
+
+func main() {
+	var o options
+	o.bind(flag.CommandLine)
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
-	log := ctrl.Log.WithName("setup")
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "manager:", err)
+		os.Exit(1)
+	}
+}
 
+func run(o options) error {
+	log := ctrl.Log.WithName("setup")
 	// A bad flag is a clear message and exit 1, never a panic.
 	if err := crawlv1.ValidateCheckTiming(o.checkInterval.Duration, o.checkTimeout.Duration); err != nil {
-		fmt.Fprintf(os.Stderr, "invalid --provider-check-interval/--provider-check-timeout: %v\n", err)
-		os.Exit(1)
+		return fmt.Errorf("invalid --provider-check-interval/--provider-check-timeout: %w", err)
+	}
+	enabled := map[string]bool{}
+	for _, p := range strings.Split(o.providers, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "":
+		case kvm.Name, kubernetes.Name, gcp.Name:
+			enabled[p] = true
+		default:
+			return fmt.Errorf("--providers: unknown provider %q (want kvm, kubernetes, gcp)", p)
+		}
 	}
 
 	var tlsOpts []func(*tls.Config)
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
+	cacheOpts := cache.Options{}
+	if enabled[kubernetes.Name] {
+		cacheOpts.ByObject = kubernetes.CacheByObject()
+	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
+		Cache:                   cacheOpts,
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr, TLSOpts: tlsOpts},
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "proxy-operator.crawl.example.com",
 		LeaderElectionNamespace: o.leaderElectNamespace,
-		WebhookServer: webhook.NewServer(webhook.Options{
-			Port:    o.webhookPort,
-			CertDir: o.webhookCertDir,
-			TLSOpts: tlsOpts,
-		}),
+		WebhookServer:           webhook.NewServer(webhook.Options{Port: o.webhookPort, CertDir: o.webhookCertDir, TLSOpts: tlsOpts}),
 	})
 	if err != nil {
-		log.Error(err, "unable to create manager")
-		os.Exit(1)
+		return fmt.Errorf("create manager: %w", err)
 	}
+	ctx := ctrl.SetupSignalHandler()
 
 	if o.enableWebhooks {
 		for name, setup := range map[string]func(ctrl.Manager) error{
@@ -98,29 +172,101 @@ func main() {
 			"Proxy":    webhookv1.SetupProxyWebhookWithManager,
 		} {
 			if err := setup(mgr); err != nil {
-				log.Error(err, "unable to create webhook", "kind", name)
-				os.Exit(1)
+				return fmt.Errorf("create %s webhook: %w", name, err)
 			}
 		}
 	}
 
+	rpcObserver, err := virt.NewPrometheusObserver(metrics.Registry)
+	if err != nil {
+		return err
+	}
+	registry := provider.NewRegistry()
+	proxyReconciler := &controllers.ProxyReconciler{
+		Client:                mgr.GetClient(),
+		Registry:              registry,
+		Recorder:              mgr.GetEventRecorderFor("proxy-controller"),
+		Tag:                   o.tag,
+		ProbeInterval:         o.proxyProbeInterval,
+		ProbeFailureThreshold: int32(o.proxyProbeThreshold),
+		ProvisionPollInterval: o.provisionPollInterval,
+		AddressTimeout:        o.addressTimeout,
+		ResyncInterval:        o.resyncInterval,
+		Prober:                proxyprobe.TCP{},
+	}
+	if o.proxyProbeURL != "" {
+		proxyReconciler.Prober = proxyprobe.HTTP{URL: o.proxyProbeURL}
+	}
+
+	if enabled[kvm.Name] {
+		defaultMaterial := conn.FileMaterial(o.sshKeyDir)
+		// Unreadable material is a warning, never a reason to stop: KVMHosts
+		// with their own Secret, and the other providers, work without it.
+		if _, err := defaultMaterial(ctx); err != nil {
+			log.Info(fmt.Sprintf("WARNING: default SSH material in %s not usable yet (KVMHosts without sshKeySecretRef will report SSHMaterialMissing until it is): %v", o.sshKeyDir, err))
+		}
+		var kvmProvider *kvm.Provider
+		pool := conn.New(conn.Options{
+			Logger:    ctrl.Log.WithName("kvm-conn"),
+			OnConnect: func(host string, c virt.Client, d <-chan struct{}) { kvmProvider.OnConnect(host, c, d) },
+		})
+		kvmProvider = kvm.New(kvm.Options{
+			Hosts:             &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial},
+			Pool:              pool,
+			Observer:          rpcObserver,
+			MaxUploadsPerHost: o.maxUploads,
+			Logger:            ctrl.Log.WithName("kvm"),
+		})
+		registry.Add(kvmProvider)
+		proxyReconciler.Events = controllers.BridgeKVMEvents(ctx, kvmProvider.Events(), proxyReconciler)
+		if err := (&controllers.KVMHostReconciler{
+			Client: mgr.GetClient(), Prober: kvmProvider, Recorder: mgr.GetEventRecorderFor("kvmhost-controller"),
+			DefaultInterval: o.checkInterval.Duration, DefaultTimeout: o.checkTimeout.Duration,
+		}).SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.hostConcurrency}); err != nil {
+			return fmt.Errorf("create KVMHost controller: %w", err)
+		}
+		if err := (&controllers.KVMImageReconciler{
+			Client: mgr.GetClient(), Cacher: kvmProvider, Recorder: mgr.GetEventRecorderFor("kvmimage-controller"), JobContext: ctx,
+		}).SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: 4}); err != nil {
+			return fmt.Errorf("create KVMImage controller: %w", err)
+		}
+		if err := controllers.IndexProxyHost(ctx, mgr); err != nil {
+			return err
+		}
+	}
+	if enabled[kubernetes.Name] {
+		ko := o.kubernetes
+		ko.APIReader = mgr.GetAPIReader()
+		registry.Add(kubernetes.New(mgr.GetClient(), ko))
+	}
+	if enabled[gcp.Name] {
+		gopts := o.gcp
+		// Built lazily and retried: missing credentials never stop the
+		// manager or the other providers.
+		registry.Register(gcp.Name, func(ctx context.Context) (provider.Provider, error) { return gcp.New(ctx, gopts) })
+	}
+
+	if err := proxyReconciler.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.proxyConcurrency}); err != nil {
+		return fmt.Errorf("create Proxy controller: %w", err)
+	}
+	if err := mgr.Add(&controllers.OrphanCollector{
+		Reader: mgr.GetAPIReader(), Registry: registry, Tag: o.tag, Interval: o.gcInterval,
+	}); err != nil {
+		return err
+	}
+
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		log.Error(err, "unable to set up health check")
-		os.Exit(1)
+		return err
 	}
 	readyCheck := healthz.Ping
 	if o.enableWebhooks {
 		readyCheck = mgr.GetWebhookServer().StartedChecker()
 	}
 	if err := mgr.AddReadyzCheck("readyz", readyCheck); err != nil {
-		log.Error(err, "unable to set up ready check")
-		os.Exit(1)
+		return err
 	}
 
-	log.Info("starting manager", "checkInterval", o.checkInterval.Duration,
+	log.Info("starting manager", "providers", registry.Enabled(), "checkInterval", o.checkInterval.Duration,
 		"checkTimeout", crawlv1.EffectiveCheckTimeout(o.checkInterval.Duration, o.checkTimeout.Duration))
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
-		log.Error(err, "problem running manager")
-		os.Exit(1)
-	}
+	return mgr.Start(ctx)
 }

@@ -42,6 +42,7 @@ const (
 	ProxyWaitingForHostReason   = "WaitingForHost"
 	ProxyWaitingForImageReason  = "WaitingForImage"
 	ProxyWaitingForAddress      = "WaitingForAddress"
+	ProxyAddressTimeoutReason   = "AddressTimeout"
 	ProxyTransientErrorReason   = "TransientError"
 	ProxyPermanentErrorReason   = "PermanentError"
 	ProxyProviderDisabledReason = "ProviderNotEnabled"

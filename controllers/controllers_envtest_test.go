@@ -1,0 +1,280 @@
+package controllers
+
+import (
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+)
+
+var _ = Describe("KVM fleet", Ordered, func() {
+	var (
+		img   *kvmtest.ImageServer
+		image string
+	)
+	BeforeAll(func() {
+		img = kvmtest.NewImageServer("debian", 256<<10)
+		DeferCleanup(img.Close)
+		image = uniqueName("debian")
+		createImage(image, img)
+	})
+
+	It("takes a Proxy from apply to Ready and back to nothing", func() {
+		h := readyHost(uniqueName("hv"))
+		kh := &crawlv1.KVMHost{}
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: h.name}, kh)).To(Succeed())
+		Expect(kh.Status.LibvirtVersion).To(Equal("11.6.0"))
+		Expect(kh.Status.Pool).NotTo(BeNil())
+		Expect(kh.Status.Pool.AvailableBytes).To(BeNumerically(">", 0))
+		Expect(kh.Status.LastCheckTime).NotTo(BeNil())
+
+		ns := newNamespace()
+		createProxy(ns, "p1", h.name, image)
+		giveAddress(h, ns, "p1", "192.0.2.11")
+		p := waitProxyPhase(ns, "p1", crawlv1.ProxyReady, 30*time.Second)
+
+		_, uuid, err := provider.ParseKVMProviderID(p.Status.ProviderID)
+		Expect(err).NotTo(HaveOccurred())
+		d, ok := h.fake.Domain(ns + ".p1")
+		Expect(ok).To(BeTrue())
+		Expect(virt.FormatUUID(d.UUID)).To(Equal(uuid))
+		Expect(p.Status.Address).To(Equal("192.0.2.11"))
+		Expect(p.Status.AddressSource).To(Equal(provider.AddressSourceAgent))
+		Expect(p.Status.Endpoint).To(Equal("http://192.0.2.11:3128"))
+		Expect(conditions.GetReason(p, crawlv1.ProxyHealthyCondition)).To(Equal(crawlv1.ProxyNotProbedReason))
+		Expect(controllerutil.ContainsFinalizer(p, crawlv1.ProxyFinalizer)).To(BeTrue())
+
+		// The image controller reports the cache on this host.
+		Eventually(func(g Gomega) {
+			ki := &crawlv1.KVMImage{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: image}, ki)).To(Succeed())
+			hs := ki.Status.HostStatus(h.name)
+			g.Expect(hs).NotTo(BeNil())
+			g.Expect(hs.Phase).To(Equal(crawlv1.ImageHostVerified))
+			g.Expect(hs.Checksum).To(Equal(img.Image.Checksum))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+
+		uid := string(p.UID)
+		deleteProxy(ns, "p1")
+		waitProxyGone(ns, "p1", 20*time.Second)
+		_, ok = h.fake.Domain(ns + ".p1")
+		Expect(ok).To(BeFalse(), "domain left behind")
+		for _, vol := range []string{domxml.DiskVolumeName(uid), domxml.SeedVolumeName(uid)} {
+			_, ok := h.fake.Volume(kvmtest.PoolName, vol)
+			Expect(ok).To(BeFalse(), "volume %s left behind", vol)
+		}
+		Expect(h.fake.NVRAMRemoved(ns + ".p1")).To(BeTrue())
+	})
+
+	It("releases a Proxy with skip-cleanup without touching its domain", func() {
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		createProxy(ns, "keep", h.name, image)
+		giveAddress(h, ns, "keep", "192.0.2.12")
+		waitProxyPhase(ns, "keep", crawlv1.ProxyReady, 30*time.Second)
+
+		Eventually(func() error {
+			p := getProxy(ns, "keep")
+			p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
+			return k8sClient.Update(ctx, p)
+		}).Should(Succeed())
+		deleteProxy(ns, "keep")
+		waitProxyGone(ns, "keep", 20*time.Second)
+		d, ok := h.fake.Domain(ns + ".keep")
+		Expect(ok).To(BeTrue())
+		Expect(d.State).To(Equal(libvirt.DomainRunning))
+	})
+
+	It("holds a KVMHost with Proxies until they are gone, and delete still converges", func() {
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		createProxy(ns, "p", h.name, image)
+		giveAddress(h, ns, "p", "192.0.2.13")
+		waitProxyPhase(ns, "p", crawlv1.ProxyReady, 30*time.Second)
+
+		Expect(k8sClient.Delete(ctx, &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: h.name}})).To(Succeed())
+		waitHostReason(h.name, crawlv1.HostProxiesRemainingReason, 10*time.Second)
+
+		deleteProxy(ns, "p")
+		waitProxyGone(ns, "p", 20*time.Second)
+		Expect(domainNames(h, ns)).To(BeEmpty())
+		Eventually(func() bool {
+			err := k8sClient.Get(ctx, client.ObjectKey{Name: h.name}, &crawlv1.KVMHost{})
+			return client.IgnoreNotFound(err) == nil && err != nil
+		}).WithTimeout(20*time.Second).Should(BeTrue(), "KVMHost not released after its last Proxy")
+	})
+
+	It("converges deletion when the KVMHost was force-removed from the cluster", func() {
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		createProxy(ns, "orphaned", h.name, image)
+		giveAddress(h, ns, "orphaned", "192.0.2.14")
+		waitProxyPhase(ns, "orphaned", crawlv1.ProxyReady, 30*time.Second)
+
+		kh := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: h.name}}
+		Expect(k8sClient.Delete(ctx, kh)).To(Succeed())
+		Eventually(func() error {
+			if err := k8sClient.Get(ctx, client.ObjectKey{Name: h.name}, kh); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+			kh.Finalizers = nil
+			return k8sClient.Update(ctx, kh)
+		}).Should(Succeed())
+
+		deleteProxy(ns, "orphaned")
+		waitProxyGone(ns, "orphaned", 20*time.Second)
+	})
+
+	It("still deletes when Get fails permanently", func() {
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		createProxy(ns, "broken", h.name, image)
+		giveAddress(h, ns, "broken", "192.0.2.15")
+		waitProxyPhase(ns, "broken", crawlv1.ProxyReady, 30*time.Second)
+
+		h.fake.Fail(virt.RPCDomainGetState, virt.NewError(libvirt.ErrAccessDenied, "access denied by policy"))
+		mgr.proxy.MarkDirty(client.ObjectKey{Namespace: ns, Name: "broken"})
+		p := waitProxyPhase(ns, "broken", crawlv1.ProxyFailed, 20*time.Second)
+		Expect(conditions.GetReason(p, crawlv1.ReadyCondition)).To(Equal(crawlv1.ProxyPermanentErrorReason))
+
+		deleteProxy(ns, "broken")
+		waitProxyGone(ns, "broken", 20*time.Second)
+		h.fake.Fail(virt.RPCDomainGetState, nil)
+		Expect(domainNames(h, ns)).To(BeEmpty())
+	})
+
+	It("heals a host whose Secret is created after the manager started, without restart", func() {
+		name := uniqueName("hv")
+		h := hosts.add(name)
+		createKVMHost(name, h.ssh.Addr(), nil)
+		waitHostReason(name, crawlv1.HostSSHMaterialMissing, 10*time.Second)
+		createSecret(h)
+		waitHostReason(name, crawlv1.HostReadyReason, 10*time.Second)
+	})
+
+	It("reports a blackholed host as Timeout within its timeout while another host's Proxy becomes Ready", func() {
+		dead := uniqueName("hv-dead")
+		h := hosts.add(dead)
+		createSecret(h)
+		createKVMHost(dead, blackhole(), nil)
+		live := readyHost(uniqueName("hv"))
+
+		start := time.Now()
+		kh := waitHostReason(dead, crawlv1.HostTimeout, 10*time.Second)
+		Expect(time.Since(start)).To(BeNumerically("<", 5*time.Second))
+		Expect(conditions.GetMessage(kh, crawlv1.ReadyCondition)).To(ContainSubstring("700ms"))
+
+		ns := newNamespace()
+		createProxy(ns, "meanwhile", live.name, image)
+		giveAddress(live, ns, "meanwhile", "192.0.2.16")
+		waitProxyPhase(ns, "meanwhile", crawlv1.ProxyReady, 30*time.Second)
+	})
+
+	It("re-fetches an image when its checksum changes", func() {
+		h := readyHost(uniqueName("hv"))
+		first := kvmtest.NewImageServer("v1", 128<<10)
+		DeferCleanup(first.Close)
+		name := uniqueName("rotating")
+		createImage(name, first)
+		waitImageVerified(name, h.name, first.Image.Checksum)
+
+		second := kvmtest.NewImageServer("v2", 200<<10)
+		DeferCleanup(second.Close)
+		Eventually(func() error {
+			ki := &crawlv1.KVMImage{}
+			if err := k8sClient.Get(ctx, client.ObjectKey{Name: name}, ki); err != nil {
+				return err
+			}
+			ki.Spec.URL, ki.Spec.Checksum = second.Image.URL, second.Image.Checksum
+			return k8sClient.Update(ctx, ki)
+		}).Should(Succeed())
+		waitImageVerified(name, h.name, second.Image.Checksum)
+		Expect(second.Downloads()).To(BeNumerically(">=", 1))
+	})
+
+	It("marks a host's image Failed on a checksum mismatch", func() {
+		h := readyHost(uniqueName("hv"))
+		srv := kvmtest.NewImageServer("bad", 64<<10)
+		DeferCleanup(srv.Close)
+		name := uniqueName("corrupt")
+		// The server's bytes no longer match the published checksum.
+		srv.Image.Checksum = "sha256:" + "ab" + srv.Image.Checksum[9:]
+		ki := createImage(name, srv)
+		Eventually(func(g Gomega) {
+			got := &crawlv1.KVMImage{}
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: name}, got)).To(Succeed())
+			hs := got.Status.HostStatus(h.name)
+			g.Expect(hs).NotTo(BeNil())
+			g.Expect(hs.Phase).To(Equal(crawlv1.ImageHostFailed))
+			g.Expect(hs.Message).To(ContainSubstring("checksum"))
+			g.Expect(hs.Checksum).To(Equal(ki.Spec.Checksum))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+	})
+
+	It("collects orphan domains and never touches foreign ones or live Proxies'", func() {
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		createProxy(ns, "alive", h.name, image)
+		giveAddress(h, ns, "alive", "192.0.2.17")
+		waitProxyPhase(ns, "alive", crawlv1.ProxyReady, 30*time.Second)
+
+		orphan, err := domxml.Domain(domxml.Params{Name: ns + ".gone", DomainType: "kvm", VCPUs: 1, MemoryBytes: 256 << 20,
+			DiskPath: "/var/lib/libvirt/images/x.qcow2", SeedPath: "/var/lib/libvirt/images/x.iso",
+			Network:  domxml.Network{Name: kvmtest.NetworkName},
+			Metadata: domxml.Metadata{Namespace: ns, Name: "gone", UID: "0c7f0d0e-dead-4bee-8000-000000000001", Tag: testTag}})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(h.fake.AddDomain(orphan, true)).To(Succeed())
+		foreign := `<domain type="kvm"><name>` + ns + `.alien</name><memory unit="MiB">64</memory><os><type arch="x86_64" machine="q35">hvm</type></os></domain>`
+		Expect(h.fake.AddDomain(foreign, true)).To(Succeed())
+
+		// Hosts of earlier specs that are down fail their part of the sweep,
+		// not this host's.
+		n, err := mgr.gc.Sweep(ctx)
+		if err != nil {
+			Expect(err.Error()).NotTo(ContainSubstring(h.name))
+		}
+		Expect(n).To(BeNumerically(">=", 1))
+		Expect(domainNames(h, ns)).To(ConsistOf(ns+".alive", ns+".alien"))
+	})
+
+	It("creates no duplicate domain when the manager restarts mid-Create", func() {
+		h := readyHost(uniqueName("hv"))
+		release := h.fake.Block(virt.RPCDomainCreate)
+		ns := newNamespace()
+		createProxy(ns, "restart", h.name, image)
+		Eventually(func() int { return h.fake.Blocked(virt.RPCDomainCreate) }).WithTimeout(20 * time.Second).Should(BeNumerically(">=", 1))
+		defines := h.fake.Calls(virt.RPCDomainDefineXMLFlags)
+
+		mgr.stop()
+		release()
+		mgr = startManager()
+
+		giveAddress(h, ns, "restart", "192.0.2.18")
+		waitProxyPhase(ns, "restart", crawlv1.ProxyReady, 30*time.Second)
+		Expect(domainNames(h, ns)).To(ConsistOf(ns + ".restart"))
+		Expect(h.fake.Calls(virt.RPCDomainDefineXMLFlags)).To(Equal(defines), "the restarted manager defined the domain again")
+	})
+})
+
+func waitImageVerified(image, host, checksum string) {
+	Eventually(func(g Gomega) {
+		ki := &crawlv1.KVMImage{}
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: image}, ki)).To(Succeed())
+		hs := ki.Status.HostStatus(host)
+		g.Expect(hs).NotTo(BeNil())
+		g.Expect(hs.Phase).To(Equal(crawlv1.ImageHostVerified), "message: %s", hs.Message)
+		g.Expect(hs.Checksum).To(Equal(checksum))
+	}).WithTimeout(20 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
+}

@@ -1,0 +1,170 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/digitalocean/go-libvirt"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
+)
+
+var ctx = context.Background()
+
+// createSecret stores the SSH material for h.
+func createSecret(h *testHost) {
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: h.name + "-ssh", Namespace: secretNamespace}, Data: hosts.secretData(h)}
+	Expect(k8sClient.Create(ctx, sec)).To(Succeed())
+}
+
+// createKVMHost registers a KVMHost at addr (h's SSH server unless given).
+func createKVMHost(name, addr string, labels map[string]string) *crawlv1.KVMHost {
+	kh := &crawlv1.KVMHost{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec: crawlv1.KVMHostSpec{
+			Address:         addr,
+			User:            "root",
+			SSHKeySecretRef: &crawlv1.SecretReference{Name: name + "-ssh", Namespace: secretNamespace},
+			StoragePool:     kvmtest.PoolName,
+			Network:         kvmtest.NetworkName,
+			CheckInterval:   &metav1.Duration{Duration: time.Second},
+			CheckTimeout:    &metav1.Duration{Duration: 700 * time.Millisecond},
+		},
+	}
+	Expect(k8sClient.Create(ctx, kh)).To(Succeed())
+	return kh
+}
+
+// readyHost starts a test host with its Secret and KVMHost, and waits Ready.
+func readyHost(name string) *testHost {
+	h := hosts.add(name)
+	createSecret(h)
+	createKVMHost(name, h.ssh.Addr(), nil)
+	waitHostReason(name, crawlv1.HostReadyReason, 20*time.Second)
+	return h
+}
+
+func waitHostReason(name, reason string, within time.Duration) *crawlv1.KVMHost {
+	kh := &crawlv1.KVMHost{}
+	Eventually(func(g Gomega) {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: name}, kh)).To(Succeed())
+		g.Expect(conditions.GetReason(kh, crawlv1.ReadyCondition)).To(Equal(reason), "message: %s", conditions.GetMessage(kh, crawlv1.ReadyCondition))
+	}).WithTimeout(within).WithPolling(100 * time.Millisecond).Should(Succeed())
+	return kh
+}
+
+func createImage(name string, srv *kvmtest.ImageServer) *crawlv1.KVMImage {
+	img := &crawlv1.KVMImage{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: crawlv1.KVMImageSpec{URL: srv.Image.URL, Checksum: srv.Image.Checksum,
+			Format: crawlv1.ImageFormatRaw, Firmware: crawlv1.FirmwareUEFI},
+	}
+	Expect(k8sClient.Create(ctx, img)).To(Succeed())
+	return img
+}
+
+func newNamespace() string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "crawl-"}}
+	Expect(k8sClient.Create(ctx, ns)).To(Succeed())
+	return ns.Name
+}
+
+func createProxy(ns, name, host, image string) *crawlv1.Proxy {
+	p := &crawlv1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: crawlv1.ProxySpec{
+			Provider:          crawlv1.ProviderKVM,
+			Placement:         crawlv1.ProxyPlacement{Host: host, Image: image},
+			CloudInit:         crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"},
+			InstallGuestAgent: ptr.To(true),
+			Port:              3128,
+		},
+	}
+	Expect(k8sClient.Create(ctx, p)).To(Succeed())
+	return p
+}
+
+// giveAddress makes the guest agent of the Proxy's domain report ip once
+// the domain exists, as a booted guest would.
+func giveAddress(h *testHost, ns, name, ip string) {
+	dom := ns + "." + name
+	Eventually(func() bool { _, ok := h.fake.Domain(dom); return ok }).WithTimeout(20*time.Second).Should(BeTrue(), "domain %s never defined", dom)
+	h.fake.SetAgentAddresses(dom, []libvirt.DomainInterface{{Name: "eth0", Addrs: []libvirt.DomainIPAddr{
+		{Type: int32(libvirt.IPAddrTypeIpv4), Addr: ip, Prefix: 24}}}})
+}
+
+func getProxy(ns, name string) *crawlv1.Proxy {
+	p := &crawlv1.Proxy{}
+	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, p)).To(Succeed())
+	return p
+}
+
+func waitProxyPhase(ns, name string, phase crawlv1.ProxyPhase, within time.Duration) *crawlv1.Proxy {
+	p := &crawlv1.Proxy{}
+	Eventually(func(g Gomega) {
+		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, p)).To(Succeed())
+		g.Expect(p.Status.Phase).To(Equal(phase), "Ready: %s %s", conditions.GetReason(p, crawlv1.ReadyCondition), conditions.GetMessage(p, crawlv1.ReadyCondition))
+	}).WithTimeout(within).WithPolling(100 * time.Millisecond).Should(Succeed())
+	return p
+}
+
+func waitProxyGone(ns, name string, within time.Duration) {
+	Eventually(func() bool {
+		err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &crawlv1.Proxy{})
+		return err != nil && client.IgnoreNotFound(err) == nil
+	}).WithTimeout(within).WithPolling(100*time.Millisecond).Should(BeTrue(), "Proxy %s/%s still exists", ns, name)
+}
+
+func deleteProxy(ns, name string) {
+	Expect(k8sClient.Delete(ctx, &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})).To(Succeed())
+}
+
+// blackhole accepts TCP connections and never answers: a host that is on
+// the network but whose sshd (or whole stack) hangs.
+func blackhole() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(l.Close)
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	return l.Addr().String()
+}
+
+func uniqueName(prefix string) string {
+	return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()%1_000_000_000)
+}
+
+func domainNames(h *testHost, prefix string) []string {
+	var out []string
+	for _, n := range h.fake.DomainNames() {
+		if strings.HasPrefix(n, prefix) {
+			out = append(out, n)
+		}
+	}
+	return out
+}

@@ -1,0 +1,262 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm"
+)
+
+// ImageCacher is what the KVMImage controller needs from the kvm provider.
+// The provider bounds concurrent uploads per host.
+type ImageCacher interface {
+	EnsureImage(ctx context.Context, host string, img provider.Image, progress kvm.Progress) (kvm.CachedImage, error)
+}
+
+// KVMImageReconciler caches every KVMImage on every Ready KVMHost: a Proxy
+// then boots without waiting for a download, and a hostSelector may place it
+// on any host. Downloads run as background jobs, one per image, host and
+// checksum; reconciles only start them and report their progress.
+type KVMImageReconciler struct {
+	Client   client.Client
+	Cacher   ImageCacher
+	Recorder record.EventRecorder
+	Clock    clock.PassiveClock
+	// JobContext outlives single reconciles (the manager's context).
+	JobContext context.Context
+	// ProgressInterval between status updates while downloading.
+	ProgressInterval time.Duration
+
+	jobsMu sync.Mutex
+	jobs   map[imageJobKey]*imageJob
+}
+
+type imageJobKey struct{ image, host, checksum string }
+
+type imageJob struct {
+	mu          sync.Mutex
+	done, total int64
+	finished    bool
+	result      kvm.CachedImage
+	err         error
+}
+
+func (j *imageJob) snapshot() (done, total int64, finished bool, res kvm.CachedImage, err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.done, j.total, j.finished, j.result, j.err
+}
+
+// +kubebuilder:rbac:groups=crawl.example.com,resources=kvmimages,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=kvmimages/status,verbs=get;update;patch
+
+// SetupWithManager registers the controller; a KVMHost change (e.g. it
+// becomes Ready) requeues every image.
+func (r *KVMImageReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.ProgressInterval == 0 {
+		r.ProgressInterval = 2 * time.Second
+	}
+	r.jobs = map[imageJobKey]*imageJob{}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&crawlv1.KVMImage{}).
+		Watches(&crawlv1.KVMHost{}, handler.EnqueueRequestsFromMapFunc(r.allImages)).
+		WithOptions(opts).
+		Named("kvmimage").
+		Complete(r)
+}
+
+func (r *KVMImageReconciler) allImages(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := &crawlv1.KVMImageList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, img := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&img)})
+	}
+	return reqs
+}
+
+func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+	log := logf.FromContext(ctx).WithValues("image", req.Name)
+	ctx = logf.IntoContext(ctx, log)
+	img := &crawlv1.KVMImage{}
+	if err := r.Client.Get(ctx, req.NamespacedName, img); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !img.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil
+	}
+	helper, err := patch.NewHelper(img, r.Client)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	defer func() {
+		img.Status.ObservedGeneration = img.Generation
+		if err := helper.Patch(ctx, img, patch.WithOwnedConditions{Conditions: []string{crawlv1.ReadyCondition}}); err != nil {
+			reterr = kerrors.NewAggregate([]error{reterr, client.IgnoreNotFound(err)})
+		}
+	}()
+	return r.reconcileNormal(ctx, img)
+}
+
+func (r *KVMImageReconciler) reconcileNormal(ctx context.Context, img *crawlv1.KVMImage) (ctrl.Result, error) {
+	hosts := &crawlv1.KVMHostList{}
+	if err := r.Client.List(ctx, hosts); err != nil {
+		return ctrl.Result{}, err
+	}
+	var targets []string
+	for _, h := range hosts.Items {
+		if h.DeletionTimestamp.IsZero() && conditions.IsTrue(&h, crawlv1.ReadyCondition) {
+			targets = append(targets, h.Name)
+		}
+	}
+	slices.Sort(targets)
+
+	var requeue time.Duration
+	var entries []crawlv1.KVMImageHostStatus
+	ready := 0
+	for _, host := range targets {
+		entry, again := r.reconcileHost(ctx, img, host)
+		entries = append(entries, entry)
+		if entry.Phase == crawlv1.ImageHostVerified {
+			ready++
+		}
+		if again > 0 && (requeue == 0 || again < requeue) {
+			requeue = again
+		}
+	}
+	img.Status.Hosts = entries
+	img.Status.ReadyHosts, img.Status.TotalHosts = int32(ready), int32(len(targets))
+
+	cond := metav1.Condition{Type: crawlv1.ReadyCondition}
+	switch {
+	case len(targets) == 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, crawlv1.ImageNoHostsReason, "no Ready KVMHost to cache on"
+	case ready == len(targets):
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, crawlv1.ImageVerifiedReason, fmt.Sprintf("verified on %d hosts", ready)
+	default:
+		cond.Status, cond.Reason = metav1.ConditionFalse, crawlv1.ImagePendingReason
+		cond.Message = fmt.Sprintf("verified on %d of %d hosts", ready, len(targets))
+		for _, e := range entries {
+			if e.Phase == crawlv1.ImageHostFailed {
+				cond.Reason, cond.Message = crawlv1.ImageFailedReason, fmt.Sprintf("%s: %s", e.Host, e.Message)
+				break
+			}
+		}
+	}
+	conditions.Set(img, cond)
+	return ctrl.Result{RequeueAfter: requeue}, nil
+}
+
+// reconcileHost starts or reports the caching job of img on host.
+func (r *KVMImageReconciler) reconcileHost(ctx context.Context, img *crawlv1.KVMImage, host string) (crawlv1.KVMImageHostStatus, time.Duration) {
+	prev := img.Status.HostStatus(host)
+	entry := crawlv1.KVMImageHostStatus{Host: host, Phase: crawlv1.ImageHostPending}
+	if prev != nil {
+		entry = *prev
+	}
+	// A verified or permanently failed entry for the current checksum stands
+	// until the checksum changes.
+	// A failed entry is retried when the spec changes (e.g. a fixed URL).
+	specChanged := img.Status.ObservedGeneration != img.Generation
+	if prev != nil && prev.Checksum == img.Spec.Checksum &&
+		(prev.Phase == crawlv1.ImageHostVerified || prev.Phase == crawlv1.ImageHostFailed && !specChanged) {
+		return entry, 0
+	}
+
+	key := imageJobKey{image: img.Name, host: host, checksum: img.Spec.Checksum}
+	job := r.startJob(ctx, key, ImageOf(img))
+	done, total, finished, res, err := job.snapshot()
+	setPhase := func(p crawlv1.ImageHostPhase) {
+		if entry.Phase != p || entry.LastTransitionTime == nil {
+			now := metav1.NewTime(r.Clock.Now())
+			entry.LastTransitionTime = &now
+		}
+		entry.Phase = p
+	}
+	switch {
+	case !finished:
+		setPhase(crawlv1.ImageHostDownloading)
+		entry.Verified, entry.Bytes, entry.TotalBytes = false, done, max(total, 0)
+		entry.Message = fmt.Sprintf("%s of %s", humanBytes(uint64(done)), sizeOrUnknown(total))
+		return entry, r.ProgressInterval
+	case err == nil:
+		setPhase(crawlv1.ImageHostVerified)
+		entry.Verified, entry.Volume, entry.Bytes, entry.Checksum, entry.Message = true, res.Volume, res.Bytes, img.Spec.Checksum, ""
+		r.Recorder.Eventf(img, "Normal", "Verified", "cached on %s as %s (%s)", host, res.Volume, humanBytes(uint64(res.Bytes)))
+		r.dropJob(key)
+		return entry, 0
+	case provider.Class(err) == provider.ClassPermanent:
+		setPhase(crawlv1.ImageHostFailed)
+		entry.Verified, entry.Checksum, entry.Message = false, img.Spec.Checksum, err.Error()
+		r.Recorder.Eventf(img, "Warning", "Failed", "%s: %v", host, err)
+		r.dropJob(key)
+		return entry, 0
+	default:
+		setPhase(crawlv1.ImageHostPending)
+		entry.Verified, entry.Message = false, "retrying: "+err.Error()
+		r.dropJob(key)
+		return entry, 30 * time.Second
+	}
+}
+
+func (r *KVMImageReconciler) startJob(ctx context.Context, key imageJobKey, img provider.Image) *imageJob {
+	r.jobsMu.Lock()
+	defer r.jobsMu.Unlock()
+	if j, ok := r.jobs[key]; ok {
+		return j
+	}
+	j := &imageJob{total: -1}
+	r.jobs[key] = j
+	jobCtx := r.JobContext
+	if jobCtx == nil {
+		jobCtx = context.Background()
+	}
+	jobCtx = logf.IntoContext(jobCtx, logf.FromContext(ctx).WithValues("host", key.host))
+	go func() {
+		res, err := r.Cacher.EnsureImage(jobCtx, key.host, img, func(done, total int64) {
+			j.mu.Lock()
+			j.done, j.total = done, total
+			j.mu.Unlock()
+		})
+		j.mu.Lock()
+		j.finished, j.result, j.err = true, res, err
+		j.mu.Unlock()
+	}()
+	return j
+}
+
+func (r *KVMImageReconciler) dropJob(key imageJobKey) {
+	r.jobsMu.Lock()
+	defer r.jobsMu.Unlock()
+	delete(r.jobs, key)
+}
+
+func sizeOrUnknown(total int64) string {
+	if total < 0 {
+		return "unknown size"
+	}
+	return humanBytes(uint64(total))
+}

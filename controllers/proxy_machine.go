@@ -1,0 +1,195 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+)
+
+// waitFor says why a Proxy cannot be handed to its provider yet.
+type waitFor struct {
+	reason  string
+	message string
+	after   time.Duration
+}
+
+const dependencyPoll = 15 * time.Second
+
+// machineFor builds the provider's view of p, resolving the KVM host and
+// image. A missing dependency is a wait, not an error.
+func (r *ProxyReconciler) machineFor(ctx context.Context, p *crawlv1.Proxy) (*provider.Machine, *waitFor, error) {
+	m := baseMachine(p, r.Tag)
+	if p.Spec.Provider != crawlv1.ProviderKVM {
+		m.Image = provider.Image{URL: p.Spec.Placement.Image}
+		return m, nil, nil
+	}
+
+	if p.Status.Host == "" {
+		host, wait, err := r.selectHost(ctx, p)
+		if wait != nil || err != nil {
+			return nil, wait, err
+		}
+		// Record the choice before creating anything, so a restart or a
+		// failed status write never places the same Proxy twice.
+		p.Status.Host = host
+		return nil, &waitFor{reason: crawlv1.ProxyProvisioningReason, message: "placed on host " + host, after: time.Millisecond}, nil
+	}
+	m.Host = p.Status.Host
+
+	h := &crawlv1.KVMHost{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: m.Host}, h); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &waitFor{crawlv1.ProxyWaitingForHostReason, fmt.Sprintf("KVMHost %q does not exist", m.Host), dependencyPoll}, nil
+		}
+		return nil, nil, provider.Transient(err)
+	}
+	if !h.DeletionTimestamp.IsZero() {
+		return nil, &waitFor{crawlv1.ProxyWaitingForHostReason, fmt.Sprintf("KVMHost %q is being deleted", m.Host), dependencyPoll}, nil
+	}
+
+	img, wait, err := r.resolveImage(ctx, p)
+	if wait != nil || err != nil {
+		return nil, wait, err
+	}
+	m.Image = img
+	return m, nil, nil
+}
+
+// machineForDelete builds the identity Delete needs; it never waits for a
+// host or an image, so deletion converges when they are gone.
+func (r *ProxyReconciler) machineForDelete(_ context.Context, p *crawlv1.Proxy) (*provider.Machine, error) {
+	m := baseMachine(p, r.Tag)
+	m.Host = p.Status.Host
+	if m.Host == "" {
+		m.Host = p.Spec.Placement.Host
+	}
+	if m.Host == "" && p.Status.ProviderID != "" && p.Spec.Provider == crawlv1.ProviderKVM {
+		host, _, err := provider.ParseKVMProviderID(p.Status.ProviderID)
+		if err != nil {
+			return nil, provider.Permanent(err)
+		}
+		m.Host = host
+	}
+	return m, nil
+}
+
+func baseMachine(p *crawlv1.Proxy, tag string) *provider.Machine {
+	m := &provider.Machine{
+		Namespace:         p.Namespace,
+		Name:              p.Name,
+		UID:               string(p.UID),
+		ProviderID:        p.Status.ProviderID,
+		Tag:               tag,
+		CPUs:              max(p.Spec.Resources.CPUs, 1),
+		UserData:          p.Spec.CloudInit.UserDataBytes(),
+		VendorData:        []byte(p.Spec.CloudInit.VendorData),
+		InstallGuestAgent: p.Spec.InstallGuestAgent == nil || *p.Spec.InstallGuestAgent,
+		Port:              p.Spec.Port,
+		Project:           p.Spec.Placement.Project,
+		Zone:              p.Spec.Placement.Zone,
+		MachineType:       p.Spec.Placement.MachineType,
+	}
+	if m.Port == 0 {
+		m.Port = crawlv1.DefaultProxyPort
+	}
+	if q := p.Spec.Resources.Memory; q != nil {
+		m.MemoryBytes = q.Value()
+	}
+	if q := p.Spec.Resources.Disk; q != nil {
+		m.DiskBytes = q.Value()
+	}
+	return m
+}
+
+// selectHost picks, for a hostSelector, the Ready matching KVMHost with the
+// fewest Proxies (name order breaks ties).
+func (r *ProxyReconciler) selectHost(ctx context.Context, p *crawlv1.Proxy) (string, *waitFor, error) {
+	pl := p.Spec.Placement
+	if pl.Host != "" {
+		return pl.Host, nil, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(pl.HostSelector)
+	if err != nil {
+		return "", nil, provider.Permanentf("spec.placement.hostSelector: %w", err)
+	}
+	hosts := &crawlv1.KVMHostList{}
+	if err := r.Client.List(ctx, hosts, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return "", nil, provider.Transient(err)
+	}
+	proxies := &crawlv1.ProxyList{}
+	if err := r.Client.List(ctx, proxies); err != nil {
+		return "", nil, provider.Transient(err)
+	}
+	load := map[string]int{}
+	for _, other := range proxies.Items {
+		if other.Status.Host != "" {
+			load[other.Status.Host]++
+		}
+	}
+	var ready []string
+	for _, h := range hosts.Items {
+		if h.DeletionTimestamp.IsZero() && conditions.IsTrue(&h, crawlv1.ReadyCondition) {
+			ready = append(ready, h.Name)
+		}
+	}
+	if len(ready) == 0 {
+		return "", &waitFor{crawlv1.ProxyWaitingForHostReason, fmt.Sprintf("no Ready KVMHost matches %s", sel), dependencyPoll}, nil
+	}
+	slices.SortFunc(ready, func(a, b string) int {
+		if load[a] != load[b] {
+			return load[a] - load[b]
+		}
+		if a < b {
+			return -1
+		}
+		return 1
+	})
+	return ready[0], nil, nil
+}
+
+// resolveImage turns placement.image into a provider.Image: a KVMImage by
+// name, or a URL with its checksum.
+func (r *ProxyReconciler) resolveImage(ctx context.Context, p *crawlv1.Proxy) (provider.Image, *waitFor, error) {
+	pl := p.Spec.Placement
+	if webhookv1.IsImageURL(pl.Image) {
+		return provider.Image{URL: pl.Image, Checksum: pl.ImageChecksum,
+			Format:   string(orDefault(pl.ImageFormat, crawlv1.ImageFormatQCOW2)),
+			Firmware: string(orDefault(pl.Firmware, crawlv1.FirmwareUEFI))}, nil, nil
+	}
+	img := &crawlv1.KVMImage{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: pl.Image}, img); err != nil {
+		if apierrors.IsNotFound(err) {
+			return provider.Image{}, &waitFor{crawlv1.ProxyWaitingForImageReason, fmt.Sprintf("KVMImage %q does not exist", pl.Image), dependencyPoll}, nil
+		}
+		return provider.Image{}, nil, provider.Transient(err)
+	}
+	return ImageOf(img), nil, nil
+}
+
+// ImageOf is the provider's view of a KVMImage.
+func ImageOf(img *crawlv1.KVMImage) provider.Image {
+	return provider.Image{
+		Name:     img.Name,
+		URL:      img.Spec.URL,
+		Checksum: img.Spec.Checksum,
+		Format:   string(orDefault(img.Spec.Format, crawlv1.ImageFormatQCOW2)),
+		Firmware: string(orDefault(img.Spec.Firmware, crawlv1.FirmwareUEFI)),
+	}
+}
+
+func orDefault[T ~string](v, def T) T {
+	if v == "" {
+		return def
+	}
+	return v
+}

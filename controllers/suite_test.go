@@ -1,0 +1,230 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/digitalocean/go-libvirt/socket"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/crypto/ssh"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn/sshtest"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
+	"crawl.example.com/proxy-operator/pkg/proxyprobe"
+	"crawl.example.com/proxy-operator/test/envtestutil"
+)
+
+const (
+	secretNamespace = "kvm-system"
+	testTag         = "envtest"
+)
+
+var (
+	suiteT    *testing.T
+	testEnv   *envtest.Environment
+	cfg       *rest.Config
+	k8sClient client.Client
+	scheme    = runtime.NewScheme()
+	hosts     *fleet
+	prober    = &fakeProber{down: map[string]bool{}}
+	rpcs      = &virt.RPCCounter{}
+	mgr       *harness
+)
+
+func TestControllers(t *testing.T) {
+	suiteT = t
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Controllers Suite")
+}
+
+var _ = BeforeSuite(func() {
+	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true), zap.Level(zapcore.InfoLevel)))
+	var err error
+	testEnv, err = envtestutil.New(false)
+	Expect(err).NotTo(HaveOccurred())
+	cfg, err = testEnv.Start()
+	Expect(err).NotTo(HaveOccurred())
+	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
+	Expect(crawlv1.AddToScheme(scheme)).To(Succeed())
+	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+	Expect(k8sClient.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: secretNamespace}})).To(Succeed())
+
+	hosts = newFleet()
+	mgr = startManager()
+})
+
+var _ = AfterSuite(func() {
+	if mgr != nil {
+		mgr.stop()
+	}
+	if testEnv != nil {
+		Expect(testEnv.Stop()).To(Succeed())
+	}
+})
+
+// fleet is the test's hypervisors: an in-process SSH server (real handshake,
+// strict host keys, keys from Secrets) in front of an in-memory libvirt.
+type fleet struct {
+	mu        sync.Mutex
+	hosts     map[string]*testHost
+	signer    ssh.Signer
+	clientKey []byte
+}
+
+type testHost struct {
+	name string
+	ssh  *sshtest.Server
+	fake *fake.Fake
+}
+
+func newFleet() *fleet {
+	signer, pem := sshtest.NewKey(suiteT)
+	return &fleet{hosts: map[string]*testHost{}, signer: signer, clientKey: pem}
+}
+
+// add starts a host and returns it; createKVMHost registers it in the API.
+func (f *fleet) add(name string) *testHost {
+	h := &testHost{name: name, fake: kvmtest.NewHost()}
+	// The SSH server forwards the libvirt socket to a pipe: the pool's
+	// libvirt client for this host is the fake (see newLibvirt).
+	h.ssh = sshtest.NewServer(suiteT, sshtest.Config{
+		AuthorizedKeys: []ssh.PublicKey{f.signer.PublicKey()},
+		Forward: func(string) (net.Conn, error) {
+			a, b := net.Pipe()
+			go func() { _, _ = b.Read(make([]byte, 1)); _ = b.Close() }()
+			return a, nil
+		},
+	})
+	f.mu.Lock()
+	f.hosts[name] = h
+	f.mu.Unlock()
+	return h
+}
+
+func (f *fleet) get(name string) *testHost {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hosts[name]
+}
+
+func (f *fleet) newLibvirt(host string, _ socket.Dialer) conn.Libvirt {
+	h := f.get(host)
+	if h == nil {
+		return fake.New().Connect() // unknown: a daemon with nothing in it
+	}
+	return h.fake.Connect()
+}
+
+// secretData is the SSH Secret for host h.
+func (f *fleet) secretData(h *testHost) map[string][]byte {
+	return map[string][]byte{crawlv1.SSHPrivateKeyKey: f.clientKey, crawlv1.KnownHostsKey: h.ssh.KnownHosts()}
+}
+
+// fakeProber stands in for the TCP/HTTP probe of the proxy port.
+type fakeProber struct {
+	mu   sync.Mutex
+	down map[string]bool
+}
+
+func (p *fakeProber) Probe(_ context.Context, addr string, _ int32) proxyprobe.Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.down[addr] {
+		return proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
+	}
+	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
+}
+
+func (p *fakeProber) setDown(addr string, down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down[addr] = down
+}
+
+// harness is one running manager with its own provider and connections,
+// so a test can stop it and start another (a manager restart).
+type harness struct {
+	cancel   context.CancelFunc
+	done     chan struct{}
+	provider *kvm.Provider
+	proxy    *ProxyReconciler
+	gc       *OrphanCollector
+	registry *provider.Registry
+}
+
+func startManager() *harness {
+	ctx, cancel := context.WithCancel(context.Background())
+	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	Expect(err).NotTo(HaveOccurred())
+
+	var prov *kvm.Provider
+	pool := conn.New(conn.Options{
+		HandshakeTimeout:  2 * time.Second,
+		KeepaliveInterval: 200 * time.Millisecond,
+		NewLibvirt:        hosts.newLibvirt,
+		OnConnect:         func(h string, c virt.Client, d <-chan struct{}) { prov.OnConnect(h, c, d) },
+	})
+	prov = kvm.New(kvm.Options{
+		Hosts:    &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()},
+		Pool:     pool,
+		Observer: rpcs,
+	})
+	registry := provider.NewRegistry()
+	registry.Add(prov)
+	h := &harness{cancel: cancel, done: make(chan struct{}), provider: prov, registry: registry}
+	h.proxy = &ProxyReconciler{
+		Client: m.GetClient(), Registry: registry, Recorder: m.GetEventRecorderFor("proxy"),
+		Prober: prober, Tag: testTag,
+		ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond,
+		AddressTimeout: time.Minute, ResyncInterval: 3 * time.Second,
+	}
+	h.proxy.Events = BridgeKVMEvents(ctx, prov.Events(), h.proxy)
+	h.gc = &OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, Interval: time.Hour}
+
+	opts := controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 8}
+	Expect(IndexProxyHost(ctx, m)).To(Succeed())
+	Expect(h.proxy.SetupWithManager(m, opts)).To(Succeed())
+	Expect((&KVMHostReconciler{Client: m.GetClient(), Prober: prov, Recorder: m.GetEventRecorderFor("kvmhost"),
+		DefaultInterval: time.Second}).SetupWithManager(m, opts)).To(Succeed())
+	Expect((&KVMImageReconciler{Client: m.GetClient(), Cacher: prov, Recorder: m.GetEventRecorderFor("kvmimage"),
+		JobContext: ctx, ProgressInterval: 100 * time.Millisecond}).SetupWithManager(m, opts)).To(Succeed())
+	go func() {
+		defer GinkgoRecover()
+		defer close(h.done)
+		defer pool.Close()
+		Expect(m.Start(ctx)).To(Succeed())
+	}()
+	return h
+}
+
+func (h *harness) stop() {
+	h.cancel()
+	Eventually(h.done).WithTimeout(30 * time.Second).Should(BeClosed())
+}
