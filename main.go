@@ -216,6 +216,7 @@ func run(o options) error {
 			Observer:          rpcObserver,
 			MaxUploadsPerHost: o.maxUploads,
 			Logger:            ctrl.Log.WithName("kvm"),
+			OnImageUpload:     controllers.ObserveImageUpload,
 		})
 		registry.Add(kvmProvider)
 		proxyReconciler.Events = controllers.BridgeKVMEvents(ctx, kvmProvider.Events(), proxyReconciler)
@@ -248,6 +249,9 @@ func run(o options) error {
 
 	if err := proxyReconciler.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.proxyConcurrency}); err != nil {
 		return fmt.Errorf("create Proxy controller: %w", err)
+	}
+	if err := metrics.Registry.Register(controllers.NewProxyPhaseCollector(mgr.GetClient())); err != nil {
+		return err
 	}
 	if err := mgr.Add(&controllers.OrphanCollector{
 		Reader: mgr.GetAPIReader(), Registry: registry, Tag: o.tag, Interval: o.gcInterval,

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"io"
+	"net/http"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
@@ -278,3 +280,34 @@ func waitImageVerified(image, host, checksum string) {
 		g.Expect(hs.Checksum).To(Equal(checksum))
 	}).WithTimeout(20 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
 }
+
+var _ = Describe("metrics endpoint", func() {
+	It("serves host, proxy and libvirt RPC metrics beside controller-runtime's", func() {
+		img := kvmtest.NewImageServer("metrics", 64<<10)
+		DeferCleanup(img.Close)
+		image := uniqueName("metrics")
+		createImage(image, img)
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		createProxy(ns, "scraped", h.name, image)
+		giveAddress(h, ns, "scraped", "192.0.2.30")
+		waitProxyPhase(ns, "scraped", crawlv1.ProxyReady, 30*time.Second)
+
+		var body string
+		Eventually(func(g Gomega) {
+			resp, err := http.Get("http://" + mgr.metricsAddr + "/metrics")
+			g.Expect(err).NotTo(HaveOccurred())
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			g.Expect(err).NotTo(HaveOccurred())
+			body = string(b)
+			g.Expect(body).To(ContainSubstring(`proxy_operator_kvmhost_ready{host="` + h.name + `",reason="Ready"} 1`))
+			g.Expect(body).To(ContainSubstring(`proxy_operator_kvmhost_up{host="` + h.name + `"} 1`))
+			g.Expect(body).To(MatchRegexp(`proxy_operator_proxies\{phase="Ready",provider="kvm"\} [1-9]`))
+			g.Expect(body).To(ContainSubstring(`proxy_operator_libvirt_rpc_duration_seconds_count{rpc="virDomainDefineXMLFlags"}`))
+			g.Expect(body).To(ContainSubstring(`proxy_operator_kvmhost_check_duration_seconds_bucket`))
+			g.Expect(body).To(MatchRegexp(`proxy_operator_image_upload_bytes_total\{host="` + h.name + `"\} [1-9]`))
+			g.Expect(body).To(ContainSubstring(`controller_runtime_reconcile_total{controller="proxy"`))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+	})
+})

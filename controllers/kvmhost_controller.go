@@ -143,6 +143,7 @@ func (r *KVMHostReconciler) reconcileNormal(ctx context.Context, h *crawlv1.KVMH
 	took := r.Clock.Since(start)
 
 	reason := kvm.Reason(err)
+	recordHostCheck(h.Name, reason, took, err)
 	cond := metav1.Condition{Type: crawlv1.ReadyCondition, Reason: reason}
 	if err != nil {
 		cond.Status, cond.Message = metav1.ConditionFalse, err.Error()
@@ -190,6 +191,7 @@ func (r *KVMHostReconciler) reconcileDelete(ctx context.Context, h *crawlv1.KVMH
 		return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
 	}
 	r.Prober.ForgetHost(h.Name)
+	forgetHostMetrics(h.Name)
 	controllerutil.RemoveFinalizer(h, KVMHostFinalizer)
 	// The deferred patch skips released objects (they may be gone at once),
 	// so the release is written here.

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
@@ -46,15 +47,15 @@ const (
 )
 
 var (
-	suiteT    *testing.T
-	testEnv   *envtest.Environment
-	cfg       *rest.Config
-	k8sClient client.Client
-	scheme    = runtime.NewScheme()
-	hosts     *fleet
-	prober    = &fakeProber{down: map[string]bool{}}
-	rpcs      = &virt.RPCCounter{}
-	mgr       *harness
+	suiteT     *testing.T
+	testEnv    *envtest.Environment
+	cfg        *rest.Config
+	k8sClient  client.Client
+	scheme     = runtime.NewScheme()
+	hosts      *fleet
+	prober     = &fakeProber{down: map[string]bool{}}
+	rpcMetrics *virt.PrometheusObserver
+	mgr        *harness
 )
 
 func TestControllers(t *testing.T) {
@@ -77,6 +78,9 @@ var _ = BeforeSuite(func() {
 	Expect(k8sClient.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: secretNamespace}})).To(Succeed())
 
 	hosts = newFleet()
+	rpcMetrics, err = virt.NewPrometheusObserver(metrics.Registry)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(metrics.Registry.Register(NewProxyPhaseCollector(k8sClient))).To(Succeed())
 	mgr = startManager()
 })
 
@@ -177,11 +181,21 @@ type harness struct {
 	proxy    *ProxyReconciler
 	gc       *OrphanCollector
 	registry *provider.Registry
+	// metricsAddr serves the manager's Prometheus metrics.
+	metricsAddr string
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	defer l.Close()
+	return l.Addr().String()
 }
 
 func startManager() *harness {
 	ctx, cancel := context.WithCancel(context.Background())
-	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	metricsAddr := freeAddr()
+	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr}})
 	Expect(err).NotTo(HaveOccurred())
 
 	var prov *kvm.Provider
@@ -192,13 +206,14 @@ func startManager() *harness {
 		OnConnect:         func(h string, c virt.Client, d <-chan struct{}) { prov.OnConnect(h, c, d) },
 	})
 	prov = kvm.New(kvm.Options{
-		Hosts:    &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()},
-		Pool:     pool,
-		Observer: rpcs,
+		Hosts:         &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()},
+		Pool:          pool,
+		Observer:      rpcMetrics,
+		OnImageUpload: ObserveImageUpload,
 	})
 	registry := provider.NewRegistry()
 	registry.Add(prov)
-	h := &harness{cancel: cancel, done: make(chan struct{}), provider: prov, registry: registry}
+	h := &harness{cancel: cancel, done: make(chan struct{}), provider: prov, registry: registry, metricsAddr: metricsAddr}
 	h.proxy = &ProxyReconciler{
 		Client: m.GetClient(), Registry: registry, Recorder: m.GetEventRecorderFor("proxy"),
 		Prober: prober, Tag: testTag,

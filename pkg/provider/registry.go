@@ -23,7 +23,9 @@ func (e *notEnabledError) Error() string {
 	return fmt.Sprintf("provider %q is not enabled on this manager (enabled: %v)", e.name, e.enabled)
 }
 
-func (e *notEnabledError) Is(target error) bool { return target == ErrNotEnabled || target == ErrPermanent }
+func (e *notEnabledError) Is(target error) bool {
+	return target == ErrNotEnabled || target == ErrPermanent
+}
 
 // Constructor builds a provider. It may fail (e.g. a credential Secret does
 // not exist yet); the registry then retries it later.

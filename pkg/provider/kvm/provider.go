@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr"
@@ -74,6 +75,9 @@ type Options struct {
 	EventBuffer int
 	// Logger for what happens outside calls (event subscriptions).
 	Logger logr.Logger
+	// OnImageUpload, if set, is told about every image download+upload that
+	// transferred bytes (metrics).
+	OnImageUpload func(host string, bytes int64, took time.Duration, err error)
 }
 
 // Provider implements provider.Provider for KVM hosts.
@@ -382,7 +386,12 @@ func (p *Provider) ensureImage(ctx context.Context, c virt.Client, host string, 
 		return image.Result{}, provider.Transient(fmt.Errorf("waiting for an upload slot on host %q: %w", host, ctx.Err()))
 	}
 	defer func() { <-slot }()
-	return p.opts.Images.Ensure(ctx, c, pool, img, progress)
+	start := time.Now()
+	res, err := p.opts.Images.Ensure(ctx, c, pool, img, progress)
+	if p.opts.OnImageUpload != nil && (res.Bytes > 0 || err != nil) {
+		p.opts.OnImageUpload(host, res.Bytes, time.Since(start), err)
+	}
+	return res, err
 }
 
 func (p *Provider) uploadSlot(host string) chan struct{} {
