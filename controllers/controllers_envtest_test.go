@@ -251,6 +251,38 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		Expect(domainNames(h, ns)).To(ConsistOf(ns+".alive", ns+".alien"))
 	})
 
+	It("refuses a foreign domain with the Proxy's name and holds deletion until skip-cleanup", func() {
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		foreign := `<domain type="kvm"><name>` + ns + `.taken</name><memory unit="MiB">64</memory><os><type arch="x86_64" machine="q35">hvm</type></os></domain>`
+		Expect(h.fake.AddDomain(foreign, true)).To(Succeed())
+
+		createProxy(ns, "taken", h.name, image)
+		p := waitProxyPhase(ns, "taken", crawlv1.ProxyFailed, 20*time.Second)
+		Expect(conditions.GetReason(p, crawlv1.ReadyCondition)).To(Equal(crawlv1.ProxyForeignInstanceReason))
+		Expect(conditions.GetMessage(p, crawlv1.ReadyCondition)).To(ContainSubstring(ns + ".taken"))
+
+		deleteProxy(ns, "taken")
+		Eventually(func(g Gomega) {
+			p := getProxy(ns, "taken")
+			g.Expect(conditions.GetReason(p, crawlv1.DeletionBlockedCondition)).To(Equal(crawlv1.ProxyForeignInstanceReason))
+			g.Expect(conditions.GetMessage(p, crawlv1.DeletionBlockedCondition)).To(ContainSubstring("no proxy-operator metadata"))
+			g.Expect(controllerutil.ContainsFinalizer(p, crawlv1.ProxyFinalizer)).To(BeTrue())
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Consistently(func() bool { _, ok := h.fake.Domain(ns + ".taken"); return ok }).WithTimeout(2 * time.Second).Should(BeTrue())
+		Expect(h.fake.Calls(virt.RPCDomainDestroyFlags) + h.fake.Calls(virt.RPCDomainUndefineFlags)).To(BeZero())
+
+		Eventually(func() error {
+			p := getProxy(ns, "taken")
+			p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
+			return k8sClient.Update(ctx, p)
+		}).Should(Succeed())
+		waitProxyGone(ns, "taken", 20*time.Second)
+		d, ok := h.fake.Domain(ns + ".taken")
+		Expect(ok).To(BeTrue())
+		Expect(d.State).To(Equal(libvirt.DomainRunning))
+	})
+
 	It("creates no duplicate domain when the manager restarts mid-Create", func() {
 		h := readyHost(uniqueName("hv"))
 		release := h.fake.Block(virt.RPCDomainCreate)
