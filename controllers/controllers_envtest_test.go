@@ -283,6 +283,22 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		Expect(d.State).To(Equal(libvirt.DomainRunning))
 	})
 
+	It("reacts to a libvirt lifecycle event, not to polling", func() {
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		createProxy(ns, "evented", h.name, image)
+		giveAddress(h, ns, "evented", "192.0.2.19")
+		waitProxyPhase(ns, "evented", crawlv1.ProxyReady, 30*time.Second)
+		starts := h.fake.Calls(virt.RPCDomainCreate)
+
+		// The resync interval is 10 minutes: only the "stopped" event can
+		// make the reconciler re-read the domain and start it again.
+		Expect(h.fake.GuestShutdown(ns + ".evented")).To(Succeed())
+		Eventually(func() int { return h.fake.Calls(virt.RPCDomainCreate) }).WithTimeout(15 * time.Second).Should(BeNumerically(">", starts))
+		d, _ := h.fake.Domain(ns + ".evented")
+		Expect(d.State).To(Equal(libvirt.DomainRunning))
+	})
+
 	It("creates no duplicate domain when the manager restarts mid-Create", func() {
 		h := readyHost(uniqueName("hv"))
 		release := h.fake.Block(virt.RPCDomainCreate)

@@ -218,7 +218,7 @@ func startManager() *harness {
 		Client: m.GetClient(), Registry: registry, Recorder: m.GetEventRecorderFor("proxy"),
 		Prober: prober, Tag: testTag,
 		ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond,
-		AddressTimeout: time.Minute, ResyncInterval: 3 * time.Second,
+		AddressTimeout: time.Minute, ResyncInterval: 10 * time.Minute, // only events re-read a Ready proxy
 	}
 	h.proxy.Events = BridgeKVMEvents(ctx, prov.Events(), h.proxy)
 	h.gc = &OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, Interval: time.Hour}
