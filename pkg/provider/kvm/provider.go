@@ -166,12 +166,11 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 	var inst *provider.Instance
 	err := p.withHost(ctx, m.Host, func(c virt.Client, hs HostSpec) error {
 		name := domxml.DomainName(m.Namespace, m.Name)
-		dom, err := c.DomainLookupByName(name)
-		switch {
-		case err == nil:
-			if err := p.checkIdentity(c, dom, m); err != nil {
-				return err
-			}
+		dom, found, err := p.lookupOwned(c, m)
+		if err != nil {
+			return err
+		}
+		if found {
 			state, _, err := c.DomainGetState(dom, 0)
 			if err != nil {
 				return classify(err)
@@ -184,8 +183,6 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 			}
 			inst = p.instance(m.Host, dom, m, provider.StatePending)
 			return nil
-		case !virt.IsCode(err, libvirt.ErrNoDomain):
-			return classify(err)
 		}
 
 		pool, err := lookupPool(c, hs.Pool)
@@ -245,16 +242,12 @@ func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Inst
 	}
 	var inst *provider.Instance
 	err := p.withHost(ctx, m.Host, func(c virt.Client, hs HostSpec) error {
-		name := domxml.DomainName(m.Namespace, m.Name)
-		dom, err := c.DomainLookupByName(name)
+		dom, found, err := p.lookupOwned(c, m)
 		if err != nil {
-			if virt.IsCode(err, libvirt.ErrNoDomain) {
-				return provider.NotFoundf("domain %q not found on host %q", name, m.Host)
-			}
-			return classify(err)
-		}
-		if err := p.checkIdentity(c, dom, m); err != nil {
 			return err
+		}
+		if !found {
+			return provider.NotFoundf("domain %q not found on host %q", domxml.DomainName(m.Namespace, m.Name), m.Host)
 		}
 		state, _, err := c.DomainGetState(dom, 0)
 		if err != nil {
@@ -282,13 +275,11 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("host", m.Host)
 	err := p.withHost(ctx, m.Host, func(c virt.Client, hs HostSpec) error {
-		name := domxml.DomainName(m.Namespace, m.Name)
-		dom, err := c.DomainLookupByName(name)
-		switch {
-		case err == nil:
-			if err := p.checkIdentity(c, dom, m); err != nil {
-				return err
-			}
+		dom, found, err := p.lookupOwned(c, m)
+		if err != nil {
+			return err
+		}
+		if found {
 			if err := c.DomainDestroyFlags(dom, 0); err != nil && !virt.IsCode(err, libvirt.ErrOperationInvalid, libvirt.ErrNoDomain) {
 				return classify(err)
 			}
@@ -296,9 +287,7 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 			if err := c.DomainUndefineFlags(dom, flags); err != nil && !virt.IsCode(err, libvirt.ErrNoDomain) {
 				return classify(err)
 			}
-			log.Info("deleted domain", "domain", name, "uuid", virt.FormatUUID(dom.UUID))
-		case !virt.IsCode(err, libvirt.ErrNoDomain):
-			return classify(err)
+			log.Info("deleted domain", "domain", dom.Name, "uuid", virt.FormatUUID(dom.UUID))
 		}
 		// Volume names carry the Proxy UID: these are this Proxy's.
 		pool, err := lookupPool(c, hs.Pool)
@@ -403,6 +392,19 @@ func (p *Provider) uploadSlot(host string) chan struct{} {
 		p.uploads[host] = s
 	}
 	return s
+}
+
+// lookupOwned finds the Machine's domain by name and checks it is this
+// Machine's; found is false when no domain has the name.
+func (p *Provider) lookupOwned(c virt.Client, m *provider.Machine) (dom libvirt.Domain, found bool, err error) {
+	dom, err = c.DomainLookupByName(domxml.DomainName(m.Namespace, m.Name))
+	switch {
+	case virt.IsCode(err, libvirt.ErrNoDomain):
+		return dom, false, nil
+	case err != nil:
+		return dom, false, classify(err)
+	}
+	return dom, true, p.checkIdentity(c, dom, m)
 }
 
 // checkIdentity refuses a domain that is not this Machine's: its metadata
