@@ -144,7 +144,7 @@ func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 			errs = append(errs, field.Forbidden(pl.Child("hostSelector"), "only the kvm provider places on a KVMHost"))
 		}
 		if s.Provider == crawlv1.ProviderKubernetes && s.Placement.Image != "" {
-			errs = append(errs, field.Forbidden(pl.Child("image"), "the kubernetes provider runs the manager's --squid-image"))
+			errs = append(errs, field.Forbidden(pl.Child("image"), "the kubernetes provider runs the manager's --kubernetes-squid-image"))
 		}
 	case "":
 		errs = append(errs, field.Required(spec.Child("provider"), "one of kvm, kubernetes, gcp"))
