@@ -11,8 +11,11 @@ const (
 
 	// SkipCleanupAnnotation, when set to "true" on a Proxy being deleted,
 	// releases its finalizer at once without touching the provider. Use it
-	// when the provider or host is gone for good, or to leave a VM behind
-	// on purpose (e.g. a same-named domain the operator refuses to touch).
+	// when the provider or host is gone for good, or when deletion is
+	// blocked by a same-named instance the operator refuses to touch. An
+	// instance that still carries this operator's tag and the Proxy's UID
+	// is an orphan from then on, and the orphan sweep deletes it; to keep
+	// such a VM, stop the sweep from seeing it (e.g. remove its metadata).
 	SkipCleanupAnnotation = "crawl.example.com/skip-cleanup"
 
 	// DefaultProxyPort is squid's conventional port.

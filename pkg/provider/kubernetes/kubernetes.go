@@ -298,6 +298,18 @@ func (p *Provider) ensure(ctx context.Context, m *provider.Machine, obj client.O
 	return checkOwner(obj, m)
 }
 
+// getFresh reads through the cache and, on a miss, through the API reader:
+// the cache holds only our labelled objects (and may lag a create), so a
+// miss there does not prove the name is free — a foreign object without our
+// labels must still be seen, and refused, rather than read as "gone".
+func (p *Provider) getFresh(ctx context.Context, k types.NamespacedName, obj client.Object) error {
+	err := p.c.Get(ctx, k, obj)
+	if apierrors.IsNotFound(err) {
+		return p.r.Get(ctx, k, obj)
+	}
+	return err
+}
+
 // Get reports the pod; ErrNotFound when there is none.
 func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Instance, error) {
 	k, err := key(m)
@@ -305,7 +317,7 @@ func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Inst
 		return nil, err
 	}
 	var pod corev1.Pod
-	if err := p.c.Get(ctx, k, &pod); err != nil {
+	if err := p.getFresh(ctx, k, &pod); err != nil {
 		return nil, classify(err, "get pod "+k.String())
 	}
 	if err := checkOwner(&pod, m); err != nil {
@@ -334,7 +346,7 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 
 func (p *Provider) deleteOne(ctx context.Context, m *provider.Machine, k types.NamespacedName, obj client.Object) error {
 	kind := kindOf(obj)
-	if err := p.c.Get(ctx, k, obj); err != nil {
+	if err := p.getFresh(ctx, k, obj); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
