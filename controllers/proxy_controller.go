@@ -174,11 +174,7 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	}
 	prov, err := r.Registry.Get(ctx, string(p.Spec.Provider))
 	if err != nil {
-		reason := crawlv1.ProxyTransientErrorReason
-		if errors.Is(err, provider.ErrNotEnabled) {
-			reason = crawlv1.ProxyProviderDisabledReason
-		}
-		return r.fail(p, reason, err)
+		return r.fail(p, registryReason(err), err)
 	}
 
 	m, wait, err := r.machineFor(ctx, p)
@@ -196,23 +192,29 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 		return r.reconcileHealth(ctx, p)
 	}
 
-	inst, err := prov.Create(ctx, m)
-	if err != nil {
-		return r.fail(p, reasonFor(err), err)
+	// With an instance recorded, Get first: a running one needs no Create
+	// (for gcp a Create is an insert answered 409). Otherwise Create, which
+	// is idempotent and starts a stopped instance, then Get.
+	var inst *provider.Instance
+	if p.Status.ProviderID != "" {
+		inst, err = prov.Get(ctx, m)
+		if provider.Class(err) == provider.ClassNotFound {
+			return r.rebuild(ctx, p)
+		}
 	}
-	r.recordInstance(p, inst)
-
-	inst, err = prov.Get(ctx, m)
-	switch {
-	case provider.Class(err) == provider.ClassNotFound:
-		// The host answered and the instance is gone: rebuild it.
-		logf.FromContext(ctx).Info("instance missing, rebuilding", "providerID", p.Status.ProviderID)
-		r.Recorder.Eventf(p, "Warning", "InstanceMissing", "instance %s not found on its host; rebuilding", p.Status.ProviderID)
-		p.Status.ProviderID, p.Status.Address, p.Status.Endpoint = "", "", ""
-		r.setNotProvisioned(p, crawlv1.ProxyProvisioning, crawlv1.ProxyInstanceMissingReason, "instance not found; rebuilding")
-		return ctrl.Result{Requeue: true}, nil
-	case err != nil:
-		return r.fail(p, reasonFor(err), err)
+	if p.Status.ProviderID == "" || err != nil || inst.State != provider.StateRunning {
+		created, err := prov.Create(ctx, m)
+		if err != nil {
+			return r.fail(p, reasonFor(err), err)
+		}
+		r.recordInstance(p, created)
+		inst, err = prov.Get(ctx, m)
+		switch {
+		case provider.Class(err) == provider.ClassNotFound:
+			return r.rebuild(ctx, p)
+		case err != nil:
+			return r.fail(p, reasonFor(err), err)
+		}
 	}
 	r.recordInstance(p, inst)
 	r.markSynced(client.ObjectKeyFromObject(p))
@@ -226,6 +228,16 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue,
 		Reason: crawlv1.ProxyReadyReason, Message: fmt.Sprintf("running on %s, address %s from %s", inst.Host, inst.Address, inst.AddressSource)})
 	return r.reconcileHealth(ctx, p)
+}
+
+// rebuild forgets an instance its host reports gone (the host answered, so
+// this is not an outage): the next reconcile creates it again.
+func (r *ProxyReconciler) rebuild(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
+	logf.FromContext(ctx).Info("instance missing, rebuilding", "providerID", p.Status.ProviderID)
+	r.Recorder.Eventf(p, "Warning", "InstanceMissing", "instance %s not found on its host; rebuilding", p.Status.ProviderID)
+	p.Status.ProviderID, p.Status.Address, p.Status.Endpoint = "", "", ""
+	r.setNotProvisioned(p, crawlv1.ProxyProvisioning, crawlv1.ProxyInstanceMissingReason, "instance not found; rebuilding")
+	return ctrl.Result{Requeue: true}, nil
 }
 
 // waitForAddress keeps the Proxy Provisioning while the instance boots, and
@@ -317,7 +329,7 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *crawlv1.Proxy,
 	prov, err := r.Registry.Get(ctx, string(p.Spec.Provider))
 	if err != nil {
 		conditions.Set(p, metav1.Condition{Type: crawlv1.DeletionBlockedCondition, Status: metav1.ConditionTrue,
-			Reason: reasonFor(err), Message: err.Error() + "; set annotation " + crawlv1.SkipCleanupAnnotation + "=true to release without cleanup"})
+			Reason: registryReason(err), Message: err.Error() + "; set annotation " + crawlv1.SkipCleanupAnnotation + "=true to release without cleanup"})
 		return ctrl.Result{RequeueAfter: time.Minute}, nil
 	}
 	m, err := r.machineForDelete(ctx, p)
@@ -442,6 +454,14 @@ func reasonFor(err error) string {
 		return crawlv1.ProxyInstanceMissingReason
 	}
 	return crawlv1.ProxyTransientErrorReason
+}
+
+// registryReason is the condition reason for a provider that cannot be had.
+func registryReason(err error) string {
+	if errors.Is(err, provider.ErrNotEnabled) {
+		return crawlv1.ProxyProviderDisabledReason
+	}
+	return reasonFor(err)
 }
 
 func eventType(phase crawlv1.ProxyPhase) string {
