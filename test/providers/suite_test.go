@@ -1,0 +1,196 @@
+package providers
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"go.uber.org/zap/zapcore"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/controllers"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/gcp"
+	"crawl.example.com/proxy-operator/pkg/provider/gcp/gcptest"
+	"crawl.example.com/proxy-operator/pkg/provider/kubernetes"
+	"crawl.example.com/proxy-operator/pkg/proxyprobe"
+	"crawl.example.com/proxy-operator/test/envtestutil"
+)
+
+const (
+	// testTag is this install's instance tag; instances carrying another
+	// tag belong to someone else and are never swept.
+	testTag = "envtest"
+
+	gcpProject = "envtest-project"
+	gcpZone    = "us-central1-a"
+
+	// resyncInterval is long next to the specs' observation windows, so a
+	// Failed Proxy's RequeueAfter is told apart from a hot loop.
+	resyncInterval = 5 * time.Second
+)
+
+var (
+	testEnv   *envtest.Environment
+	cfg       *rest.Config
+	k8sClient client.Client
+	scheme    = runtime.NewScheme()
+	// computeFake is the Compute Engine API behind the gcp provider.
+	computeFake *gcptest.Server
+	prober      = &fakeProber{probes: map[string]int{}}
+	// mgr is the running manager; a spec that swaps it restores it.
+	mgr *harness
+)
+
+func TestProviders(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Providers Suite")
+}
+
+var _ = BeforeSuite(func() {
+	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true), zap.Level(zapcore.InfoLevel)))
+	var err error
+	// Fails (never skips) without KUBEBUILDER_ASSETS, saying how to get them.
+	testEnv, err = envtestutil.New(false)
+	Expect(err).NotTo(HaveOccurred())
+	cfg, err = testEnv.Start()
+	Expect(err).NotTo(HaveOccurred())
+	Expect(clientgoscheme.AddToScheme(scheme)).To(Succeed())
+	Expect(crawlv1.AddToScheme(scheme)).To(Succeed())
+	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+
+	computeFake = gcptest.NewServer()
+	mgr = startManager(managerConfig{gcp: fakeGCP})
+})
+
+var _ = AfterSuite(func() {
+	if mgr != nil {
+		mgr.stop()
+	}
+	if computeFake != nil {
+		computeFake.Close()
+	}
+	if testEnv != nil {
+		Expect(testEnv.Stop()).To(Succeed())
+	}
+})
+
+// fakeGCP builds the gcp provider against the Compute fake, as main.go's
+// registry.Register does against the real API.
+func fakeGCP(ctx context.Context) (provider.Provider, error) {
+	return gcp.New(ctx, gcp.Options{
+		Project:          gcpProject,
+		Zone:             gcpZone,
+		Endpoint:         computeFake.Endpoint(),
+		HTTPClient:       computeFake.Client(),
+		PollInterval:     20 * time.Millisecond,
+		OperationTimeout: 10 * time.Second,
+	})
+}
+
+// fakeProber stands in for the TCP/HTTP probe of the proxy port: envtest
+// pods and fake instances have addresses nobody listens on.
+type fakeProber struct {
+	mu     sync.Mutex
+	probes map[string]int
+}
+
+func (p *fakeProber) Probe(_ context.Context, addr string, _ int32) proxyprobe.Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.probes[addr]++
+	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
+}
+
+func (p *fakeProber) count(addr string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.probes[addr]
+}
+
+// managerConfig varies what a harness enables.
+type managerConfig struct {
+	// gcp constructs the gcp provider on first use.
+	gcp provider.Constructor
+	// registryBackoff, when set, replaces the registry's retry backoff
+	// after a failed construction.
+	registryBackoff time.Duration
+}
+
+// harness is one running manager wired like main.go with providers
+// kubernetes and gcp enabled.
+type harness struct {
+	cancel   context.CancelFunc
+	done     chan struct{}
+	registry *provider.Registry
+	proxy    *controllers.ProxyReconciler
+	gc       *controllers.OrphanCollector
+}
+
+func startManager(mc managerConfig) *harness {
+	mctx, cancel := context.WithCancel(context.Background())
+	m, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: scheme,
+		// As main.go does with the kubernetes provider enabled: only our
+		// pods and ConfigMaps are cached; foreign ones are read through
+		// the API reader.
+		Cache:                  cache.Options{ByObject: kubernetes.CacheByObject()},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	Expect(err).NotTo(HaveOccurred())
+
+	registry := provider.NewRegistry()
+	if mc.registryBackoff > 0 {
+		registry.Backoff = func(int) time.Duration { return mc.registryBackoff }
+	}
+	registry.Add(kubernetes.New(m.GetClient(), kubernetes.Options{APIReader: m.GetAPIReader()}))
+	registry.Register(gcp.Name, mc.gcp)
+
+	h := &harness{cancel: cancel, done: make(chan struct{}), registry: registry}
+	h.proxy = &controllers.ProxyReconciler{
+		Client:   m.GetClient(),
+		Registry: registry,
+		Recorder: m.GetEventRecorderFor("proxy-controller"), //nolint:staticcheck // the reconciler takes a record.EventRecorder, as in main.go
+		Prober:   prober,
+		Tag:      testTag,
+
+		ProbeInterval:         time.Second,
+		ProvisionPollInterval: 200 * time.Millisecond,
+		AddressTimeout:        time.Minute,
+		ResyncInterval:        resyncInterval,
+	}
+	Expect(h.proxy.SetupWithManager(m, controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4})).To(Succeed())
+	// The sweep never ticks during the suite; specs call Sweep directly.
+	h.gc = &controllers.OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, Interval: time.Hour}
+	Expect(m.Add(h.gc)).To(Succeed())
+
+	go func() {
+		defer GinkgoRecover()
+		defer close(h.done)
+		Expect(m.Start(mctx)).To(Succeed())
+	}()
+	return h
+}
+
+func (h *harness) stop() {
+	h.cancel()
+	Eventually(h.done).WithTimeout(30 * time.Second).Should(BeClosed())
+}
