@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -70,7 +71,7 @@ func (r *KVMHostReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.O
 		r.DefaultInterval = crawlv1.DefaultCheckInterval
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&crawlv1.KVMHost{}).
+		For(&crawlv1.KVMHost{}, builder.WithPredicates(specOrAnnotationChanged)).
 		WithOptions(opts).
 		Named("kvmhost").
 		Complete(r)

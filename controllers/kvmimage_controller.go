@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -79,7 +80,7 @@ func (r *KVMImageReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.
 	}
 	r.jobs = map[imageJobKey]*imageJob{}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&crawlv1.KVMImage{}).
+		For(&crawlv1.KVMImage{}, builder.WithPredicates(specOrAnnotationChanged)).
 		Watches(&crawlv1.KVMHost{}, handler.EnqueueRequestsFromMapFunc(r.allImages)).
 		WithOptions(opts).
 		Named("kvmimage").

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -82,7 +83,7 @@ type ProxyReconciler struct {
 func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	r.defaults()
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(&crawlv1.Proxy{}).
+		For(&crawlv1.Proxy{}, builder.WithPredicates(specOrAnnotationChanged)).
 		WithOptions(opts).
 		Named("proxy")
 	if r.Events != nil {
