@@ -44,6 +44,10 @@ func New(withWebhooks bool) (*envtest.Environment, error) {
 		CRDDirectoryPaths:     []string{filepath.Join(Root(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 	}
+	// kube-apiserver derives its advertise address from the default route,
+	// and a network namespace (the e2e's) may have none; it binds to
+	// loopback anyway.
+	env.ControlPlane.GetAPIServer().Configure().Set("advertise-address", "127.0.0.1")
 	if withWebhooks {
 		env.WebhookInstallOptions = envtest.WebhookInstallOptions{
 			Paths: []string{filepath.Join(Root(), "config", "webhook")},
