@@ -65,8 +65,16 @@ test: verify-generated lint ## Unit + envtest suites (builds envtest binaries on
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-e2e
-test-e2e: build ## Real end to end: libvirtd + sshd in a netns, a guest boots and proxies (root).
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -tags=e2e -count=1 -timeout=45m -v ./test/e2e/...
+test-e2e: build ## Real end to end (root): a hypervisor in a netns, a Proxy VM boots and proxies; always torn down.
+	test/e2e/run.sh
+
+.PHONY: test-integration-kvm
+test-integration-kvm: ## KVM provider alone against a real host (root; brings up the test hypervisor unless KVM_TEST_ADDRESS is set).
+	test/integration/run.sh
+
+.PHONY: test-e2e-kind
+test-e2e-kind: ## The e2e suite against the operator deployed in kind (Docker, internet and a LAN hypervisor; see test/e2e/kind/run.sh).
+	test/e2e/kind/run.sh
 
 .PHONY: bench
 bench: ## Benchmarks; figures go to docs/performance.md.
@@ -81,6 +89,14 @@ build: ## Build the manager binary into bin/manager.
 .PHONY: run-local
 run-local: build ## Start a local control plane (envtest) + the manager with TLS webhooks.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./hack/localcp -manager $(LOCALBIN)/manager
+
+.PHONY: demo
+demo: build ## A squid VM on a local test hypervisor, end to end (root). DEMO_ONCE=1 (or CI=true) cleans up and exits.
+	hack/demo/demo.sh
+
+.PHONY: demo-down
+demo-down: ## Tear down what `make demo` left running (the test hypervisor).
+	hack/demo/demo.sh down
 
 .PHONY: docker-build
 docker-build: ## Build the manager image (distroless).

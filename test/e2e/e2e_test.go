@@ -1,0 +1,333 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
+	"crawl.example.com/proxy-operator/test/e2e/e2eutil"
+)
+
+// statusSlack covers what follows a health check before the test sees its
+// verdict: the status write and the test's polling.
+const statusSlack = 5 * time.Second
+
+// probeInterval is the manager's --proxy-probe-interval (e2eutil.ManagerArgs).
+const probeInterval = e2eutil.ProxyProbeInterval
+
+var _ = Describe("a Proxy on a real KVM host", Ordered, func() {
+	var (
+		hostCreated  time.Time
+		imageCreated time.Time
+		imageVolume  string
+		ready        *crawlv1.Proxy
+		capture      *e2eutil.SerialCapture
+	)
+	proxyKey := func() client.ObjectKey { return client.ObjectKeyFromObject(objs.Proxy) }
+	domain := func() string { return domxml.DomainName(objs.Proxy.Namespace, objs.Proxy.Name) }
+
+	BeforeAll(func(ctx SpecContext) {
+		for _, o := range []client.Object{objs.Namespace, objs.Secret, objs.Host} {
+			Expect(k8s.Create(ctx, o)).To(Succeed())
+		}
+		hostCreated = time.Now()
+		Expect(k8s.Create(ctx, objs.Image)).To(Succeed())
+		imageCreated = time.Now()
+	}, NodeTimeout(time.Minute))
+
+	AfterEach(dumpOnFailure, NodeTimeout(2*time.Minute))
+
+	AfterAll(func(ctx SpecContext) {
+		if capture != nil {
+			defer capture.Stop()
+		}
+		// Leave nothing behind, on the host or in a shared cluster: the
+		// Proxy first (its finalizer makes the manager delete the VM), then
+		// the rest. Bounded; teardown of the hypervisor catches the rest.
+		p := objs.Proxy.DeepCopy()
+		if err := k8s.Get(ctx, proxyKey(), p); err == nil {
+			_ = k8s.Delete(ctx, p)
+			if err := e2eutil.Poll(ctx, cfg.DeleteTimeout, 2*time.Second, func(ctx context.Context) error {
+				return e2eutil.Gone(ctx, k8s, objs.Proxy.DeepCopy())
+			}); err != nil {
+				GinkgoWriter.Printf("cleanup: %v\n", err)
+			}
+		}
+		for _, o := range []client.Object{objs.Image.DeepCopy(), objs.Host.DeepCopy(), objs.Namespace.DeepCopy()} {
+			_ = client.IgnoreNotFound(k8s.Delete(ctx, o))
+		}
+		if err := e2eutil.Poll(ctx, time.Minute, time.Second, func(ctx context.Context) error {
+			return e2eutil.Gone(ctx, k8s, objs.Host.DeepCopy())
+		}); err != nil {
+			GinkgoWriter.Printf("cleanup: %v\n", err)
+		}
+	}, NodeTimeout(6*time.Minute))
+
+	It("reports the KVMHost Ready, with libvirt's version and the pool's free space", func(ctx SpecContext) {
+		var h *crawlv1.KVMHost
+		Eventually(func(ctx context.Context) (err error) {
+			h, err = e2eutil.HostReady(ctx, k8s, objs.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(cfg.HostReadyTimeout).WithPolling(time.Second).Should(Succeed())
+		Expect(h.Status.Pool.Name).To(Equal(cfg.Pool))
+		record("kvmhost_ready", time.Since(hostCreated), fmt.Sprintf("(libvirt %s on %s, pool %s %s free)",
+			h.Status.LibvirtVersion, h.Status.Hostname, h.Status.Pool.Name, h.Status.Pool.Available))
+	}, NodeTimeout(5*time.Minute))
+
+	It("downloads the KVMImage, verifies its sha256 and caches it in the host's pool", func(ctx SpecContext) {
+		var img *crawlv1.KVMImage
+		Eventually(func(ctx context.Context) (err error) {
+			img, err = e2eutil.ImageVerified(ctx, k8s, objs.Image.Name, objs.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(cfg.ImageTimeout).WithPolling(2 * time.Second).Should(Succeed())
+		st := img.Status.HostStatus(objs.Host.Name)
+		imageVolume = st.Volume
+		Expect(st.Checksum).To(Equal(objs.Image.Spec.Checksum))
+		Expect(conditions.IsTrue(img, crawlv1.ReadyCondition)).To(BeTrue(), e2eutil.CondString(img, crawlv1.ReadyCondition))
+		vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(vols).To(ContainElement(imageVolume), "the verified image volume is in pool %s", cfg.Pool)
+		detail := fmt.Sprintf("(volume %s, %d bytes)", st.Volume, st.Bytes)
+		if imgSrv != nil {
+			Expect(imgSrv.Requests()).To(BeNumerically(">=", 1), "the operator downloaded the image from the test's server")
+			detail += fmt.Sprintf(", %d download(s), %d bytes served", imgSrv.Requests(), imgSrv.BytesServed())
+		}
+		record("kvmimage_verified", time.Since(imageCreated), detail)
+	}, NodeTimeout(15*time.Minute))
+
+	It("boots the Proxy's VM and makes it Ready with its providerID and the guest agent's address", func(ctx SpecContext) {
+		Expect(k8s.Create(ctx, objs.Proxy)).To(Succeed())
+		created := time.Now()
+		if cfg.Local() {
+			serialLog = filepath.Join(hv.LogDir(), domain()+"-serial.log")
+			capture = e2eutil.CaptureSerial(context.Background(), hv, domain(), serialLog)
+			GinkgoWriter.Printf("guest serial console → %s\n", serialLog)
+		}
+		var defined, addressed time.Duration
+		lastPhase, lastReason := "", ""
+		var lastFailures int32
+		var lastFailuresAt time.Time
+		Eventually(func(ctx context.Context) error {
+			p := &crawlv1.Proxy{}
+			if err := k8s.Get(ctx, proxyKey(), p); err != nil {
+				return err
+			}
+			el := time.Since(created)
+			if phase, reason := string(p.Status.Phase), conditions.GetReason(p, crawlv1.ReadyCondition); phase != lastPhase || reason != lastReason {
+				lastPhase, lastReason = phase, reason
+				GinkgoWriter.Printf("[+%s] Proxy %s: %s\n", e2eutil.Seconds(el), phase, e2eutil.CondString(p, crawlv1.ReadyCondition))
+			}
+			// How often the manager probes a booting guest (printed at
+			// most every 5 s).
+			if pr := p.Status.Probe; pr != nil && pr.ConsecutiveFailures > 0 && pr.ConsecutiveFailures != lastFailures && time.Since(lastFailuresAt) >= 5*time.Second {
+				lastFailures, lastFailuresAt = pr.ConsecutiveFailures, time.Now()
+				GinkgoWriter.Printf("[+%s] consecutive probe failures so far: %d (%s)\n", e2eutil.Seconds(el), lastFailures, pr.LastError)
+			}
+			if defined == 0 && p.Status.ProviderID != "" {
+				defined = el
+			}
+			if addressed == 0 && p.Status.Address != "" {
+				addressed = el
+			}
+			switch p.Status.Phase {
+			case crawlv1.ProxyReady:
+			case crawlv1.ProxyFailed:
+				if r := conditions.GetReason(p, crawlv1.ReadyCondition); r == crawlv1.ProxyPermanentErrorReason || r == crawlv1.ProxyForeignInstanceReason {
+					return StopTrying("the Proxy failed permanently").Wrap(errors.New(e2eutil.CondString(p, crawlv1.ReadyCondition)))
+				}
+				return fmt.Errorf("Proxy is Failed: %s", e2eutil.CondString(p, crawlv1.ReadyCondition))
+			default:
+				return fmt.Errorf("Proxy is %q: %s", p.Status.Phase, e2eutil.CondString(p, crawlv1.ReadyCondition))
+			}
+			if err := e2eutil.CheckReadyProxy(p, objs.Host.Name); err != nil {
+				return StopTrying("the Proxy is Ready but its status is not what it must be").Wrap(err)
+			}
+			ready = p
+			return nil
+		}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(time.Second).Should(Succeed())
+		total := time.Since(created)
+
+		// The providerID names the domain that runs on the host.
+		_, uuid, err := provider.ParseKVMProviderID(ready.Status.ProviderID)
+		Expect(err).NotTo(HaveOccurred())
+		info, err := e2eutil.Domain(ctx, hv, domain())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(info.UUID).To(Equal(uuid), "providerID %s names domain %s", ready.Status.ProviderID, domain())
+		state, err := e2eutil.Virsh(ctx, hv, "domstate", domain())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(strings.TrimSpace(state)).To(Equal("running"))
+
+		record("proxy_time_to_ready", total, fmt.Sprintf("(domain defined +%s, address %s from %s +%s, Ready +%s; %s guest, %d vCPU, %s)",
+			e2eutil.Seconds(defined), ready.Status.Address, ready.Status.AddressSource, e2eutil.Seconds(addressed), e2eutil.Seconds(total),
+			cfg.DomainType, ready.Spec.Resources.CPUs, ready.Spec.Resources.Memory))
+	}, NodeTimeout(20*time.Minute))
+
+	It("reports ProxyHealthy ProbeSucceeded: the manager's own request went through squid", func() {
+		Expect(ready).NotTo(BeNil())
+		c := conditions.Get(ready, crawlv1.ProxyHealthyCondition)
+		Expect(c).NotTo(BeNil())
+		Expect(c.Status).To(Equal(metav1.ConditionTrue))
+		Expect(c.Reason).To(Equal(crawlv1.ProxyProbeSucceededReason), c.Message)
+		Expect(ready.Status.Probe).NotTo(BeNil())
+		Expect(ready.Status.Probe.LastProbeTime).NotTo(BeNil())
+		Expect(ready.Status.Probe.ConsecutiveFailures).To(BeZero())
+		GinkgoWriter.Printf("ProxyHealthy: %s (probe latency %d ms)\n", c.Message, ready.Status.Probe.LatencyMilliseconds)
+	})
+
+	It("proxies the test's own requests: GET the probe URL through ADDRESS:3128 answers 204", func(ctx SpecContext) {
+		Expect(ready).NotTo(BeNil())
+		var took time.Duration
+		Eventually(func(ctx context.Context) (err error) {
+			took, err = e2eutil.Want204(ctx, ready.Status.Endpoint, cfg.ProbeURL)
+			return err
+		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(2 * time.Second).Should(Succeed())
+		record("request_through_proxy", took, fmt.Sprintf("(GET %s via %s → 204)", cfg.ProbeURL, ready.Status.Endpoint))
+
+		// More requests, paced, while watching how often the manager
+		// reconciles and probes the Ready Proxy.
+		const n, pace = 5, 2 * time.Second
+		reconcilesBefore, metricsErr := proxyReconciles(ctx)
+		probeTimes := map[string]bool{}
+		var lat []time.Duration
+		start := time.Now()
+		for i := range n {
+			if i > 0 {
+				select {
+				case <-ctx.Done():
+					Fail("interrupted")
+				case <-time.After(pace):
+				}
+			}
+			d, err := e2eutil.Want204(ctx, ready.Status.Endpoint, cfg.ProbeURL)
+			Expect(err).NotTo(HaveOccurred(), "request %d of %d", i+1, n)
+			lat = append(lat, d)
+			p := &crawlv1.Proxy{}
+			Expect(k8s.Get(ctx, proxyKey(), p)).To(Succeed())
+			Expect(p.Status.Phase).To(Equal(crawlv1.ProxyReady))
+			if p.Status.Probe != nil && p.Status.Probe.LastProbeTime != nil {
+				probeTimes[p.Status.Probe.LastProbeTime.UTC().String()] = true
+			}
+		}
+		window := time.Since(start)
+		slices.Sort(lat)
+		ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+		detail := fmt.Sprintf("(%d requests over %s, all 204: min %s, median %s, max %s)", n, e2eutil.Seconds(window), ms(lat[0]), ms(lat[n/2]), ms(lat[n-1]))
+		record("requests_through_proxy", window, detail)
+		reconcilesAfter, err := proxyReconciles(ctx)
+		Expect(metricsErr).NotTo(HaveOccurred())
+		Expect(err).NotTo(HaveOccurred())
+		due := math.Ceil(window.Seconds() / probeInterval.Seconds())
+		got := reconcilesAfter - reconcilesBefore
+		record("proxy_reconciles_while_ready", window, fmt.Sprintf("(%.0f Proxy reconciles, %d distinct status.probe.lastProbeTime values seen; with --proxy-probe-interval %s about %.0f were due)",
+			got, len(probeTimes), probeInterval, due))
+		// A Ready proxy is reconciled on its probe interval (plus the odd
+		// event), never in a loop driven by its own status writes.
+		Expect(got).To(BeNumerically("<=", due+3), "Proxy reconciled %.0f times in %s", got, e2eutil.Seconds(window))
+	}, NodeTimeout(3*time.Minute))
+
+	It("deletes the domain, its overlay and seed volumes and its NVRAM file with the Proxy", func(ctx SpecContext) {
+		Expect(ready).NotTo(BeNil())
+		uid := string(ready.UID)
+		disk, seed := domxml.DiskVolumeName(uid), domxml.SeedVolumeName(uid)
+
+		// What must go, seen while it exists.
+		info, err := e2eutil.Domain(ctx, hv, domain())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(info.NVRAM).NotTo(BeEmpty(), "a UEFI guest has an NVRAM file")
+		Expect(e2eutil.FileExists(ctx, hv, info.NVRAM)).To(BeTrue(), "NVRAM %s exists while the VM does", info.NVRAM)
+		vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(vols).To(ContainElements(disk, seed), "overlay and seed volumes exist while the VM does")
+
+		Expect(k8s.Delete(ctx, ready.DeepCopy())).To(Succeed())
+		start := time.Now()
+		Eventually(func(ctx context.Context) error {
+			return e2eutil.Gone(ctx, k8s, objs.Proxy.DeepCopy())
+		}).WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
+		took := time.Since(start)
+		if capture != nil {
+			capture.Stop()
+		}
+
+		// The finalizer is released only after the provider's Delete
+		// returned: everything is gone by now, no waiting.
+		doms, err := e2eutil.Domains(ctx, hv)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(doms).NotTo(ContainElement(domain()), "domain %s is undefined", domain())
+		vols, err = e2eutil.Volumes(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(e2eutil.Present(vols, []string{disk, seed})).To(BeEmpty(), "the Proxy's volumes are deleted")
+		Expect(vols).To(ContainElement(imageVolume), "the cached image stays for the next Proxy")
+		Expect(e2eutil.FileExists(ctx, hv, info.NVRAM)).To(BeFalse(), "NVRAM %s is deleted", info.NVRAM)
+		if local := hv.LocalPath(info.NVRAM); local != "" {
+			_, err := os.Stat(local)
+			Expect(os.IsNotExist(err)).To(BeTrue(), "NVRAM file %s (the host's %s) is gone: %v", local, info.NVRAM, err)
+		}
+		record("proxy_deleted", took, fmt.Sprintf("(domain, %s, %s and %s removed)", disk, seed, info.NVRAM))
+	}, NodeTimeout(10*time.Minute))
+
+	It("reports the KVMHost TCPUnreachable while its sshd is down, and Ready again once it is back, without a manager restart", func(ctx SpecContext) {
+		bound := cfg.CheckInterval + cfg.CheckTimeout + statusSlack
+		Eventually(func(ctx context.Context) error {
+			_, err := e2eutil.HostReady(ctx, k8s, objs.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(cfg.HostReadyTimeout).WithPolling(time.Second).Should(Succeed())
+		Expect(op.Alive(ctx)).To(Succeed())
+
+		Expect(hv.StopSSHD(ctx)).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) { _ = hv.StartSSHD(ctx) }) // if the spec fails midway
+		stopped := time.Now()
+		var seen []string
+		var h *crawlv1.KVMHost
+		Eventually(func(ctx context.Context) (err error) {
+			h, err = e2eutil.HostReason(ctx, k8s, objs.Host.Name, metav1.ConditionFalse, crawlv1.HostTCPUnreachable)
+			if h != nil {
+				if r := conditions.GetReason(h, crawlv1.ReadyCondition); len(seen) == 0 || seen[len(seen)-1] != r {
+					seen = append(seen, r)
+				}
+			}
+			return err
+		}).WithContext(ctx).WithTimeout(bound).WithPolling(250*time.Millisecond).Should(Succeed(),
+			"a refused TCP connect is TCPUnreachable within checkInterval %s + checkTimeout %s (+%s)", cfg.CheckInterval, cfg.CheckTimeout, statusSlack)
+		down := time.Since(stopped)
+		msg := conditions.GetMessage(h, crawlv1.ReadyCondition)
+		Expect(msg).To(ContainSubstring("connection refused"))
+		record("kvmhost_unreachable_after_sshd_stop", down, fmt.Sprintf("(bound %s; reasons seen %v; %q)", bound, seen, msg))
+
+		Expect(hv.StartSSHD(ctx)).To(Succeed())
+		started := time.Now()
+		Eventually(func(ctx context.Context) error {
+			_, err := e2eutil.HostReady(ctx, k8s, objs.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(bound).WithPolling(250 * time.Millisecond).Should(Succeed())
+		record("kvmhost_ready_after_sshd_start", time.Since(started), fmt.Sprintf("(bound %s)", bound))
+		Expect(op.Alive(ctx)).To(Succeed(), "the manager healed the host without a restart")
+	}, NodeTimeout(5*time.Minute))
+})
+
+// proxyReconciles reads the manager's count of Proxy reconciles.
+func proxyReconciles(ctx context.Context) (float64, error) {
+	m, err := op.Metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return e2eutil.CounterSum(m, "controller_runtime_reconcile_total", `controller="proxy"`), nil
+}

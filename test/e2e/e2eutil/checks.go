@@ -1,0 +1,203 @@
+package e2eutil
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+)
+
+// The checks below look once and return nil when the state is reached, or
+// an error saying what was seen. Gomega's Eventually(...).WithTimeout() and
+// Poll bound them in time.
+
+// Poll runs check every interval until it returns nil, ctx ends, or timeout
+// passes; the error then names the timeout and check's last answer.
+func Poll(ctx context.Context, timeout, interval time.Duration, check func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, max(interval, 30*time.Second))
+		last = check(cctx)
+		ccancel()
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not within %s: %w", timeout, last)
+		case <-time.After(interval):
+		}
+	}
+}
+
+// HostReady: the KVMHost is Ready and reports libvirt's version and its
+// pool's free space.
+func HostReady(ctx context.Context, c client.Client, name string) (*crawlv1.KVMHost, error) {
+	h := &crawlv1.KVMHost{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, h); err != nil {
+		return nil, err
+	}
+	switch {
+	case !conditions.IsTrue(h, crawlv1.ReadyCondition):
+		return h, fmt.Errorf("KVMHost %s not Ready: %s", name, condString(h, crawlv1.ReadyCondition))
+	case h.Status.LibvirtVersion == "":
+		return h, fmt.Errorf("KVMHost %s Ready without status.libvirtVersion", name)
+	case h.Status.Pool == nil || h.Status.Pool.AvailableBytes <= 0 || h.Status.Pool.Available == "":
+		return h, fmt.Errorf("KVMHost %s Ready without pool free space: %+v", name, h.Status.Pool)
+	}
+	return h, nil
+}
+
+// HostReason: the KVMHost's Ready condition has status and reason.
+func HostReason(ctx context.Context, c client.Client, name string, status metav1.ConditionStatus, reason string) (*crawlv1.KVMHost, error) {
+	h := &crawlv1.KVMHost{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, h); err != nil {
+		return nil, err
+	}
+	cond := conditions.Get(h, crawlv1.ReadyCondition)
+	if cond == nil || cond.Status != status || cond.Reason != reason {
+		return h, fmt.Errorf("KVMHost %s Ready is %s, want %s/%s", name, condString(h, crawlv1.ReadyCondition), status, reason)
+	}
+	return h, nil
+}
+
+// ImageVerified: the KVMImage is verified on host.
+func ImageVerified(ctx context.Context, c client.Client, name, host string) (*crawlv1.KVMImage, error) {
+	img := &crawlv1.KVMImage{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, img); err != nil {
+		return nil, err
+	}
+	hs := img.Status.HostStatus(host)
+	switch {
+	case hs == nil:
+		return img, fmt.Errorf("KVMImage %s has no entry for host %s yet (Ready: %s)", name, host, condString(img, crawlv1.ReadyCondition))
+	case hs.Phase != crawlv1.ImageHostVerified || !hs.Verified:
+		return img, fmt.Errorf("KVMImage %s on %s: phase %s, %d/%d bytes, %s", name, host, hs.Phase, hs.Bytes, hs.TotalBytes, hs.Message)
+	case hs.Volume == "":
+		return img, fmt.Errorf("KVMImage %s verified on %s without a volume name", name, host)
+	}
+	return img, nil
+}
+
+// ProxyReady: the Proxy is Ready with a kvm providerID on host, an address
+// reported by the guest agent, and a healthy probe that went through squid.
+func ProxyReady(ctx context.Context, c client.Client, key client.ObjectKey, host string) (*crawlv1.Proxy, error) {
+	p := &crawlv1.Proxy{}
+	if err := c.Get(ctx, key, p); err != nil {
+		return nil, err
+	}
+	if p.Status.Phase != crawlv1.ProxyReady {
+		return p, fmt.Errorf("Proxy %s is %s: %s", key, orStr(string(p.Status.Phase), "(no phase)"), condString(p, crawlv1.ReadyCondition))
+	}
+	return p, CheckReadyProxy(p, host)
+}
+
+// CheckReadyProxy checks what a Ready KVM Proxy must report.
+func CheckReadyProxy(p *crawlv1.Proxy, host string) error {
+	var errs []error
+	h, uuid, err := provider.ParseKVMProviderID(p.Status.ProviderID)
+	if err != nil || h != host || uuid == "" {
+		errs = append(errs, fmt.Errorf("providerID %q is not kvm://%s/<uuid>", p.Status.ProviderID, host))
+	}
+	if p.Status.Address == "" {
+		errs = append(errs, errors.New("no status.address"))
+	}
+	if p.Status.AddressSource != provider.AddressSourceAgent {
+		errs = append(errs, fmt.Errorf("addressSource %q, want %q", p.Status.AddressSource, provider.AddressSourceAgent))
+	}
+	if want := fmt.Sprintf("http://%s:%d", p.Status.Address, p.Spec.Port); p.Status.Endpoint != want {
+		errs = append(errs, fmt.Errorf("endpoint %q, want %q", p.Status.Endpoint, want))
+	}
+	if r := conditions.GetReason(p, crawlv1.ProxyHealthyCondition); !conditions.IsTrue(p, crawlv1.ProxyHealthyCondition) || r != crawlv1.ProxyProbeSucceededReason {
+		errs = append(errs, fmt.Errorf("ProxyHealthy is %s, want True/%s (a request through squid)", condString(p, crawlv1.ProxyHealthyCondition), crawlv1.ProxyProbeSucceededReason))
+	}
+	return errors.Join(errs...)
+}
+
+// Gone: the object no longer exists.
+func Gone(ctx context.Context, c client.Client, obj client.Object) error {
+	err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return err
+	}
+	return fmt.Errorf("%s %s still exists (deletionTimestamp %v, finalizers %v)", obj.GetObjectKind().GroupVersionKind().Kind,
+		client.ObjectKeyFromObject(obj), obj.GetDeletionTimestamp(), obj.GetFinalizers())
+}
+
+// ProxyRequest sends GET target through the proxy at endpoint (http://ADDR:PORT)
+// and returns the status code and the latency.
+func ProxyRequest(ctx context.Context, endpoint, target string) (int, time.Duration, error) {
+	pu, err := url.Parse(endpoint)
+	if err != nil {
+		return 0, 0, err
+	}
+	tr := &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	took := time.Since(start)
+	if err != nil {
+		return 0, took, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	_ = resp.Body.Close()
+	return resp.StatusCode, took, nil
+}
+
+// Want204 is ProxyRequest that fails unless the answer is 204.
+func Want204(ctx context.Context, endpoint, target string) (time.Duration, error) {
+	code, took, err := ProxyRequest(ctx, endpoint, target)
+	if err != nil {
+		return took, fmt.Errorf("GET %s through %s: %w", target, endpoint, err)
+	}
+	if code != http.StatusNoContent {
+		return took, fmt.Errorf("GET %s through %s: status %d, want 204", target, endpoint, code)
+	}
+	return took, nil
+}
+
+type conditioned interface {
+	GetConditions() []metav1.Condition
+}
+
+func condString(o conditioned, t string) string {
+	for _, c := range o.GetConditions() {
+		if c.Type == t {
+			return fmt.Sprintf("%s/%s (%s)", c.Status, c.Reason, strings.TrimSpace(c.Message))
+		}
+	}
+	return "(no " + t + " condition)"
+}
+
+// CondString renders condition t of o as "Status/Reason (message)".
+func CondString(o conditioned, t string) string { return condString(o, t) }
+
+func orStr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

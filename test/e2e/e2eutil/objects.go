@@ -1,0 +1,121 @@
+package e2eutil
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+)
+
+// Scheme knows the core kinds and ours.
+var Scheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := crawlv1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}()
+
+// ProxyUserData is the Proxy's own cloud-config: squid is in the image; this
+// only opens it to every client. The image's squid.conf already has
+// `http_port 3128` (repeating it makes squid fail to listen), includes
+// conf.d before its final deny, and the image has only the C.UTF-8 locale.
+const ProxyUserData = `#cloud-config
+locale: C.UTF-8
+write_files:
+  - path: /etc/squid/conf.d/e2e.conf
+    content: |
+      # proxy-operator e2e: any client may use this proxy.
+      http_access allow all
+      # A restart need not wait the default 30 s for clients to finish.
+      shutdown_lifetime 1 seconds
+runcmd:
+  - [systemctl, restart, squid]
+`
+
+// ProxyPort is squid's port in the guest image.
+const ProxyPort = 3128
+
+// Objects are the API objects one run creates.
+type Objects struct {
+	Namespace *corev1.Namespace
+	Secret    *corev1.Secret
+	Host      *crawlv1.KVMHost
+	Image     *crawlv1.KVMImage
+	Proxy     *crawlv1.Proxy
+}
+
+// RunID returns a short random id; cluster-scoped names carry it so runs
+// against a shared cluster never collide.
+func RunID() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// NewObjects builds the objects for one proxy on the configured hypervisor:
+// prefix names the namespace, the KVMHost, its Secret and the KVMImage.
+func NewObjects(c Config, prefix, imageURL, imageChecksum string) *Objects {
+	ns := prefix
+	o := &Objects{
+		Namespace: &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		Secret: &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: prefix + "-ssh", Namespace: ns},
+			Data: map[string][]byte{
+				crawlv1.SSHPrivateKeyKey: c.PrivateKey,
+				crawlv1.KnownHostsKey:    c.KnownHosts,
+			},
+		},
+		Host: &crawlv1.KVMHost{
+			ObjectMeta: metav1.ObjectMeta{Name: prefix + "-hv"},
+			Spec: crawlv1.KVMHostSpec{
+				Address:         c.Address,
+				User:            c.User,
+				SSHKeySecretRef: &crawlv1.SecretReference{Name: prefix + "-ssh", Namespace: ns},
+				SocketPath:      c.SocketPath,
+				StoragePool:     c.Pool,
+				Network:         c.Network,
+				NetworkMode:     crawlv1.NetworkMode(c.NetworkMode),
+				DomainType:      crawlv1.DomainType(c.DomainType),
+				CheckInterval:   &metav1.Duration{Duration: c.CheckInterval},
+				CheckTimeout:    &metav1.Duration{Duration: c.CheckTimeout},
+			},
+		},
+		Image: &crawlv1.KVMImage{
+			ObjectMeta: metav1.ObjectMeta{Name: prefix + "-squid"},
+			Spec: crawlv1.KVMImageSpec{
+				URL:      imageURL,
+				Checksum: imageChecksum,
+				Format:   crawlv1.ImageFormatQCOW2,
+				Firmware: crawlv1.FirmwareUEFI,
+			},
+		},
+	}
+	o.Proxy = &crawlv1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Name: "squid-1", Namespace: ns},
+		Spec: crawlv1.ProxySpec{
+			Provider:  crawlv1.ProviderKVM,
+			Placement: crawlv1.ProxyPlacement{Host: o.Host.Name, Image: o.Image.Name},
+			// What the guest image was measured with under TCG.
+			Resources: crawlv1.ProxyResources{
+				CPUs:   2,
+				Memory: ptr.To(resource.MustParse("1Gi")),
+				Disk:   ptr.To(resource.MustParse("4Gi")),
+			},
+			CloudInit:         crawlv1.ProxyCloudInit{UserData: ProxyUserData},
+			InstallGuestAgent: ptr.To(true),
+			Port:              ProxyPort,
+		},
+	}
+	return o
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# test/e2e/run.sh — `make test-e2e`: the real end-to-end test (root).
+#
+#   1. builds the manager, the envtest binaries (once) and the guest image
+#      (once; cached by recipe hash in bin/e2e-images), and compiles the
+#      Ginkgo suite into bin/e2e.test;
+#   2. starts the test hypervisor (test/e2e/infra/hypervisor.sh) in
+#      $E2E_OUT/hv: sshd, libvirtd, NAT network "e2e" and the 204 server in
+#      a network namespace of its own;
+#   3. runs bin/e2e.test INSIDE that namespace (`ip netns exec`), where the
+#      guests' 10.77.0.x addresses exist: the suite starts envtest's API
+#      server and the manager binary on the namespace's loopback, and the
+#      operator dials the namespace's sshd at 127.0.0.1:22;
+#   4. always tears the hypervisor down (trap) and checks nothing is left.
+#
+# Exit code: the suite's (1 also when teardown left something behind).
+# Artifacts: $E2E_OUT/run-<time>/ (e2e.log, manager.log, timings.txt,
+# failure.txt, the host's libvirt/qemu logs) and $E2E_OUT/hv/logs/ (sshd,
+# forwarder, probe server, guest serial console).
+#
+# Environment: E2E_OUT (default bin/e2e), E2E_TEST_TIMEOUT (40m),
+# E2E_GINKGO_FLAGS (extra flags, e.g. -ginkgo.focus=...), and the suite's
+# E2E_* tunables (test/e2e/e2eutil/config.go).
+set -uo pipefail
+E2E_TAG=e2e
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+e2e_require_root
+OUT=${E2E_OUT:-$E2E_ROOT/bin/e2e}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+STATE=$OUT/hv
+RUN=$OUT/run-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$RUN"
+T0=$(e2e_now)
+
+set -e
+e2e_build_manager
+e2e_envtest_assets
+e2e_guest_image
+e2e_log "compiling the suite"
+(cd "$E2E_ROOT" && go test -c -tags=e2e -o bin/e2e.test ./test/e2e)
+set +e
+
+RC=1
+teardown() {
+	local rc=$RC
+	trap - EXIT INT TERM
+	if ! e2e_hypervisor_down "$STATE" "$RUN/host-varlog"; then
+		e2e_log "teardown left something behind (see above)"
+		[ "$rc" -eq 0 ] && rc=1
+	fi
+	echo
+	e2e_log "---- summary ----"
+	[ -f "$RUN/timings.txt" ] && sed 's/^/  /' "$RUN/timings.txt" >&2
+	e2e_log "total wall time $(e2e_since "$T0") s; suite exit code $RC"
+	e2e_log "logs: $RUN (e2e.log, manager.log, timings.txt, failure.txt on failure, host-varlog/)"
+	e2e_log "      $STATE/logs (sshd, forwarder, probe server, guest serial console)"
+	exit "$rc"
+}
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+e2e_hypervisor_up "$STATE"
+
+e2e_log "running the suite inside netns $KVM_TEST_NETNS (output also in $RUN/e2e.log)"
+# shellcheck disable=SC2086
+ip netns exec "$KVM_TEST_NETNS" env \
+	E2E_ARTIFACTS="$RUN" E2E_MANAGER="$E2E_ROOT/bin/manager" \
+	"$E2E_ROOT/bin/e2e.test" -test.v -test.timeout="${E2E_TEST_TIMEOUT:-40m}" \
+	-ginkgo.v ${E2E_GINKGO_FLAGS:-} 2>&1 | tee -i "$RUN/e2e.log"
+RC=${PIPESTATUS[0]}
+exit "$RC"
