@@ -12,12 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/test/envtestutil"
 )
 
@@ -56,13 +54,7 @@ func apiServer(t *testing.T) (client.Client, *warnings) {
 	if envErr != nil {
 		t.Fatal(envErr)
 	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	if err := crawlv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
+	scheme := envtestutil.Scheme()
 	w := &warnings{}
 	cfg := rest.CopyConfig(envCfg)
 	cfg.WarningHandlerWithContext = w

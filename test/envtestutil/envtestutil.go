@@ -8,7 +8,12 @@ import (
 	"path/filepath"
 	"runtime"
 
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 )
 
 // Root is the repository root, found from this file's location so suites
@@ -54,4 +59,12 @@ func New(withWebhooks bool) (*envtest.Environment, error) {
 		}
 	}
 	return env, nil
+}
+
+// Scheme returns a scheme with client-go's types and this project's API.
+func Scheme() *kruntime.Scheme {
+	s := kruntime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(crawlv1.AddToScheme(s))
+	return s
 }
