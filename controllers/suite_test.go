@@ -191,7 +191,7 @@ func freeAddr() string {
 func startManager() *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	metricsAddr := freeAddr()
-	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr}})
+	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Controller: ControllerConfig(), Metrics: metricsserver.Options{BindAddress: metricsAddr}})
 	Expect(err).NotTo(HaveOccurred())
 
 	var prov *kvm.Provider

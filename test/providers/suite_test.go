@@ -142,7 +142,8 @@ type harness struct {
 func startManager(mc managerConfig) *harness {
 	mctx, cancel := context.WithCancel(context.Background())
 	m, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: scheme,
+		Controller: controllers.ControllerConfig(),
+		Scheme:     scheme,
 		// As main.go does with the kubernetes provider enabled: only our
 		// pods and ConfigMaps are cached; foreign ones are read through
 		// the API reader.
