@@ -43,9 +43,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		Expect(kh.Status.LastCheckTime).NotTo(BeNil())
 
 		ns := newNamespace()
-		createProxy(ns, "p1", h.name, image)
-		giveAddress(h, ns, "p1", "192.0.2.11")
-		p := waitProxyPhase(ns, "p1", crawlv1.ProxyReady, 30*time.Second)
+		p := readyProxy(h, ns, "p1", image, "192.0.2.11")
 
 		_, uuid, err := provider.ParseKVMProviderID(p.Status.ProviderID)
 		Expect(err).NotTo(HaveOccurred())
@@ -83,9 +81,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 	It("releases a Proxy with skip-cleanup without touching its domain", func() {
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		createProxy(ns, "keep", h.name, image)
-		giveAddress(h, ns, "keep", "192.0.2.12")
-		waitProxyPhase(ns, "keep", crawlv1.ProxyReady, 30*time.Second)
+		readyProxy(h, ns, "keep", image, "192.0.2.12")
 
 		Eventually(func() error {
 			p := getProxy(ns, "keep")
@@ -102,9 +98,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 	It("holds a KVMHost with Proxies until they are gone, and delete still converges", func() {
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		createProxy(ns, "p", h.name, image)
-		giveAddress(h, ns, "p", "192.0.2.13")
-		waitProxyPhase(ns, "p", crawlv1.ProxyReady, 30*time.Second)
+		readyProxy(h, ns, "p", image, "192.0.2.13")
 
 		Expect(k8sClient.Delete(ctx, &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: h.name}})).To(Succeed())
 		waitHostReason(h.name, crawlv1.HostProxiesRemainingReason, 10*time.Second)
@@ -121,9 +115,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 	It("converges deletion when the KVMHost was force-removed from the cluster", func() {
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		createProxy(ns, "orphaned", h.name, image)
-		giveAddress(h, ns, "orphaned", "192.0.2.14")
-		waitProxyPhase(ns, "orphaned", crawlv1.ProxyReady, 30*time.Second)
+		readyProxy(h, ns, "orphaned", image, "192.0.2.14")
 
 		kh := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: h.name}}
 		Expect(k8sClient.Delete(ctx, kh)).To(Succeed())
@@ -142,9 +134,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 	It("still deletes when Get fails permanently", func() {
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		createProxy(ns, "broken", h.name, image)
-		giveAddress(h, ns, "broken", "192.0.2.15")
-		waitProxyPhase(ns, "broken", crawlv1.ProxyReady, 30*time.Second)
+		readyProxy(h, ns, "broken", image, "192.0.2.15")
 
 		h.fake.Fail(virt.RPCDomainGetState, virt.NewError(libvirt.ErrAccessDenied, "access denied by policy"))
 		mgr.proxy.MarkDirty(client.ObjectKey{Namespace: ns, Name: "broken"})
@@ -179,9 +169,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		Expect(conditions.GetMessage(kh, crawlv1.ReadyCondition)).To(ContainSubstring("700ms"))
 
 		ns := newNamespace()
-		createProxy(ns, "meanwhile", live.name, image)
-		giveAddress(live, ns, "meanwhile", "192.0.2.16")
-		waitProxyPhase(ns, "meanwhile", crawlv1.ProxyReady, 30*time.Second)
+		readyProxy(live, ns, "meanwhile", image, "192.0.2.16")
 	})
 
 	It("re-fetches an image when its checksum changes", func() {
@@ -228,9 +216,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 	It("collects orphan domains and never touches foreign ones or live Proxies'", func() {
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		createProxy(ns, "alive", h.name, image)
-		giveAddress(h, ns, "alive", "192.0.2.17")
-		waitProxyPhase(ns, "alive", crawlv1.ProxyReady, 30*time.Second)
+		readyProxy(h, ns, "alive", image, "192.0.2.17")
 
 		orphan, err := domxml.Domain(domxml.Params{Name: ns + ".gone", DomainType: "kvm", VCPUs: 1, MemoryBytes: 256 << 20,
 			DiskPath: "/var/lib/libvirt/images/x.qcow2", SeedPath: "/var/lib/libvirt/images/x.iso",
@@ -286,9 +272,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 	It("reacts to a libvirt lifecycle event, not to polling", func() {
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		createProxy(ns, "evented", h.name, image)
-		giveAddress(h, ns, "evented", "192.0.2.19")
-		waitProxyPhase(ns, "evented", crawlv1.ProxyReady, 30*time.Second)
+		readyProxy(h, ns, "evented", image, "192.0.2.19")
 		starts := h.fake.Calls(virt.RPCDomainCreate)
 
 		// The resync interval is 10 minutes: only the "stopped" event can
@@ -337,9 +321,7 @@ var _ = Describe("metrics endpoint", func() {
 		createImage(image, img)
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		createProxy(ns, "scraped", h.name, image)
-		giveAddress(h, ns, "scraped", "192.0.2.30")
-		waitProxyPhase(ns, "scraped", crawlv1.ProxyReady, 30*time.Second)
+		readyProxy(h, ns, "scraped", image, "192.0.2.30")
 
 		var body string
 		Eventually(func(g Gomega) {

@@ -105,6 +105,13 @@ func giveAddress(h *testHost, ns, name, ip string) {
 		{Type: int32(libvirt.IPAddrTypeIpv4), Addr: ip, Prefix: 24}}}})
 }
 
+// readyProxy creates a Proxy on h, boots it with address ip and waits Ready.
+func readyProxy(h *testHost, ns, name, image, ip string) *crawlv1.Proxy {
+	createProxy(ns, name, h.name, image)
+	giveAddress(h, ns, name, ip)
+	return waitProxyPhase(ns, name, crawlv1.ProxyReady, 30*time.Second)
+}
+
 func getProxy(ns, name string) *crawlv1.Proxy {
 	p := &crawlv1.Proxy{}
 	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, p)).To(Succeed())
