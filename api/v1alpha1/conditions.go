@@ -57,9 +57,8 @@ const (
 
 // KVMImage Ready reasons.
 const (
-	ImageVerifiedReason    = "Verified"
-	ImagePendingReason     = "Pending"
-	ImageFailedReason      = "Failed"
-	ImageNoHostsReason     = "NoHosts"
-	ImageDownloadingReason = "Downloading"
+	ImageVerifiedReason = "Verified"
+	ImagePendingReason  = "Pending"
+	ImageFailedReason   = "Failed"
+	ImageNoHostsReason  = "NoHosts"
 )

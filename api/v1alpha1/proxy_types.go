@@ -187,8 +187,8 @@ type ProxyStatus struct {
 	// +optional
 	Address string `json:"address,omitempty"`
 
-	// AddressSource says where Address was learned: agent, lease, arp, pod,
-	// service or nic.
+	// AddressSource says where Address was learned: agent, lease, arp, pod
+	// or nic.
 	// +optional
 	AddressSource string `json:"addressSource,omitempty"`
 

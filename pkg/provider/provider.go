@@ -109,10 +109,9 @@ type Instance struct {
 
 // Address sources.
 const (
-	AddressSourceAgent   = "agent"
-	AddressSourceLease   = "lease"
-	AddressSourceARP     = "arp"
-	AddressSourcePod     = "pod"
-	AddressSourceService = "service"
-	AddressSourceNIC     = "nic"
+	AddressSourceAgent = "agent"
+	AddressSourceLease = "lease"
+	AddressSourceARP   = "arp"
+	AddressSourcePod   = "pod"
+	AddressSourceNIC   = "nic"
 )
