@@ -83,11 +83,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		ns := newNamespace()
 		readyProxy(h, ns, "keep", image, "192.0.2.12")
 
-		Eventually(func() error {
-			p := getProxy(ns, "keep")
-			p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
-			return k8sClient.Update(ctx, p)
-		}).Should(Succeed())
+		setSkipCleanup(ns, "keep")
 		deleteProxy(ns, "keep")
 		waitProxyGone(ns, "keep", 20*time.Second)
 		d, ok := h.fake.Domain(ns + ".keep")
@@ -258,11 +254,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		Consistently(func() bool { _, ok := h.fake.Domain(ns + ".taken"); return ok }).WithTimeout(2 * time.Second).Should(BeTrue())
 		Expect(h.fake.Calls(virt.RPCDomainDestroyFlags) + h.fake.Calls(virt.RPCDomainUndefineFlags)).To(BeZero())
 
-		Eventually(func() error {
-			p := getProxy(ns, "taken")
-			p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
-			return k8sClient.Update(ctx, p)
-		}).Should(Succeed())
+		setSkipCleanup(ns, "taken")
 		waitProxyGone(ns, "taken", 20*time.Second)
 		d, ok := h.fake.Domain(ns + ".taken")
 		Expect(ok).To(BeTrue())

@@ -112,6 +112,15 @@ func readyProxy(h *testHost, ns, name, image, ip string) *crawlv1.Proxy {
 	return waitProxyPhase(ns, name, crawlv1.ProxyReady, 30*time.Second)
 }
 
+// setSkipCleanup annotates the Proxy so its deletion leaves the provider alone.
+func setSkipCleanup(ns, name string) {
+	Eventually(func() error {
+		p := getProxy(ns, name)
+		p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
+		return k8sClient.Update(ctx, p)
+	}).Should(Succeed())
+}
+
 func getProxy(ns, name string) *crawlv1.Proxy {
 	p := &crawlv1.Proxy{}
 	Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, p)).To(Succeed())
