@@ -11,7 +11,7 @@ KUSTOMIZE ?= $(LOCALBIN)/kustomize
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 
 # envtest binaries: setup-envtest where it can download, otherwise built from
-# the Go module proxy into bin/k8s (see hack/envtest-assets.sh).
+# the Go module proxy into ~/.cache/proxy-operator/envtest (see hack/envtest-assets.sh).
 ENVTEST_ASSETS = $(shell hack/envtest-assets.sh)
 
 GO_TEST_FLAGS ?= -race -count=1

@@ -3,14 +3,16 @@
 #
 # Where setup-envtest can download (a normal workstation) it is used. Where it
 # cannot (an offline CI machine that only reaches the Go module proxy), both
-# binaries are built from their Go modules into a version-keyed cache under
-# bin/, so only the first run pays (about 8 minutes on 2 cores).
+# binaries are built from their Go modules into a version-keyed cache in the
+# user's cache directory (outside any clone), so only the first run on a
+# machine pays (about 8 minutes on 2 cores), however many clones it has.
 set -euo pipefail
 
 K8S_VERSION="${ENVTEST_K8S_VERSION:-1.36.3}"
 ETCD_VERSION="${ENVTEST_ETCD_VERSION:-3.6.16}"
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-DIR="${ENVTEST_ASSETS_DIR:-$ROOT/bin/k8s/${K8S_VERSION}-etcd${ETCD_VERSION}-$(go env GOOS)-$(go env GOARCH)}"
+
+CACHE="${PROXY_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/proxy-operator}"
+DIR="${ENVTEST_ASSETS_DIR:-$CACHE/envtest/${K8S_VERSION}-etcd${ETCD_VERSION}-$(go env GOOS)-$(go env GOARCH)}"
 
 have() { [ -x "$DIR/kube-apiserver" ] && [ -x "$DIR/etcd" ]; }
 

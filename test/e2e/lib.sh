@@ -11,7 +11,9 @@ E2E_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 E2E_INFRA=$E2E_ROOT/test/e2e/infra
 # The guest image cache: guest-image.sh names images by the hash of its
 # recipe, so a changed recipe builds a new one and an unchanged one is reused.
-E2E_IMAGE_DIR=${E2E_IMAGE_DIR:-$E2E_ROOT/bin/e2e-images}
+# It lives in the user's cache directory, outside the clone, so every clone on
+# the machine (CI's fresh ones included) shares it.
+E2E_IMAGE_DIR=${E2E_IMAGE_DIR:-${PROXY_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/proxy-operator}/e2e-images}
 E2E_TAG=${E2E_TAG:-e2e}
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
@@ -34,7 +36,7 @@ e2e_build_manager() {
 }
 
 # e2e_envtest_assets: exports KUBEBUILDER_ASSETS (kube-apiserver + etcd;
-# built from the Go module proxy into bin/k8s on first use). test/envtestutil
+# built from the Go module proxy into the user cache on first use). test/envtestutil
 # gives kube-apiserver --advertise-address=127.0.0.1, which it needs inside
 # the hypervisor's network namespace (no default route there).
 e2e_envtest_assets() {

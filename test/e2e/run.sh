@@ -2,7 +2,7 @@
 # test/e2e/run.sh — `make test-e2e`: the real end-to-end test (root).
 #
 #   1. builds the manager, the envtest binaries (once) and the guest image
-#      (once; cached by recipe hash in bin/e2e-images), and compiles the
+#      (once; cached by recipe hash in ~/.cache/proxy-operator/e2e-images), and compiles the
 #      Ginkgo suite into bin/e2e.test;
 #   2. starts the test hypervisor (test/e2e/infra/hypervisor.sh) in
 #      $E2E_OUT/hv: sshd, libvirtd, NAT network "e2e" and the 204 server in

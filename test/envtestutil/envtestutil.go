@@ -28,7 +28,7 @@ func Root() string {
 func AssetsError() error {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
-		return fmt.Errorf("KUBEBUILDER_ASSETS is not set: run `make test`, or `export KUBEBUILDER_ASSETS=$(hack/envtest-assets.sh)` (builds kube-apiserver and etcd into bin/k8s once)")
+		return fmt.Errorf("KUBEBUILDER_ASSETS is not set: run `make test`, or `export KUBEBUILDER_ASSETS=$(hack/envtest-assets.sh)` (builds kube-apiserver and etcd into ~/.cache/proxy-operator/envtest once)")
 	}
 	for _, bin := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
