@@ -60,8 +60,12 @@ lint: vet ## gofmt check + go vet (+ golangci-lint when installed in bin/).
 envtest: ## Provide kube-apiserver + etcd for envtest (prints the directory).
 	@hack/envtest-assets.sh
 
+.PHONY: test-deps
+test-deps: ## Install the Debian packages whose real binaries the tests run (squid, isoinfo, virt-xml-validate, cloud-init).
+	hack/test-deps.sh
+
 .PHONY: test
-test: verify-generated lint ## Unit + envtest suites (builds envtest binaries on first run).
+test: test-deps verify-generated lint ## Unit + envtest suites (builds envtest binaries on first run).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-e2e
