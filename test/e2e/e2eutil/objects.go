@@ -27,7 +27,9 @@ var Scheme = func() *runtime.Scheme {
 }()
 
 // ProxyUserData is the Proxy's own cloud-config: squid is in the image; this
-// only opens it to every client. The image's squid.conf already has
+// admits only the test hypervisor's own network (the bridge and its guests,
+// where the suite and the manager run), never every client. The image's
+// squid.conf already has
 // `http_port 3128` (repeating it makes squid fail to listen), includes
 // conf.d before its final deny, and the image has only the C.UTF-8 locale.
 const ProxyUserData = `#cloud-config
@@ -35,8 +37,9 @@ locale: C.UTF-8
 write_files:
   - path: /etc/squid/conf.d/e2e.conf
     content: |
-      # proxy-operator e2e: any client may use this proxy.
-      http_access allow all
+      # proxy-operator e2e: only the test network may use this proxy.
+      acl e2e_clients src 10.77.0.0/24
+      http_access allow e2e_clients
       # A restart need not wait the default 30 s for clients to finish.
       shutdown_lifetime 1 seconds
 runcmd:
