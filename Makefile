@@ -80,6 +80,26 @@ test-integration-kvm: ## KVM provider alone against a real host (root; brings up
 test-e2e-kind: ## The e2e suite against the operator deployed in kind (Docker, internet and a LAN hypervisor; see test/e2e/kind/run.sh).
 	test/e2e/kind/run.sh
 
+# Go fuzz targets, each run for FUZZTIME (go test -fuzz takes one target of
+# one package at a time). Seed corpora: the f.Add seeds and testdata/fuzz/.
+FUZZTIME ?= 30s
+FUZZ_TARGETS = \
+	./pkg/provider:FuzzParseProviderID \
+	./pkg/provider/kvm/domxml:FuzzParseMetadata \
+	./pkg/provider/kvm/domxml:FuzzMetadataFromDomainXML \
+	./pkg/provider/kvm/seed:FuzzBuildUserData \
+	./internal/webhook/v1alpha1:FuzzProxyAdmission \
+	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
+	./internal/webhook/v1alpha1:FuzzKVMImageAdmission
+
+.PHONY: fuzz
+fuzz: test-deps ## Run every fuzz target for FUZZTIME (default 30s) each.
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz: $$fn ($$pkg, $(FUZZTIME))"; \
+		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	done
+
 .PHONY: bench
 bench: ## Benchmarks; figures go to docs/performance.md.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go test -run='^$$' -bench=. -benchmem -count=1 ./...
