@@ -368,6 +368,11 @@ func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Im
 }
 
 func (p *Provider) ensureImage(ctx context.Context, c virt.Client, host string, pool libvirt.StoragePool, img provider.Image, progress Progress) (image.Result, error) {
+	// A cached image needs no upload slot: checking first keeps Creates from
+	// queueing behind other images' downloads.
+	if res, ok, err := p.opts.Images.Lookup(c, pool, img); err != nil || ok {
+		return res, err
+	}
 	slot := p.uploadSlot(host)
 	select {
 	case slot <- struct{}{}:

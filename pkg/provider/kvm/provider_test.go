@@ -3,6 +3,8 @@ package kvm_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -369,5 +371,58 @@ func TestSteadyStateGetRPCs(t *testing.T) {
 	// Lookup, metadata, state, agent addresses.
 	if total != 4 {
 		t.Fatalf("steady-state Get made %d RPCs: %v", total, e.rpcs)
+	}
+}
+
+func TestCachedImageDoesNotWaitBehindUploads(t *testing.T) {
+	e := newEnv(t, "hv1")
+	prov := kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns, MaxUploadsPerHost: 1})
+	ctx := context.Background()
+	if _, err := prov.Create(ctx, e.machine("hv1", "crawl", "p1", "uid-1")); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+
+	// Another image's download holds the host's only upload slot.
+	other := kvmtest.NewImageServer("other", 4<<10)
+	other.Close()
+	started, release := make(chan struct{}), make(chan struct{})
+	blocked := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(started)
+		<-release
+		_, _ = w.Write(other.Body)
+	}))
+	defer blocked.Close()
+	defer close(release)
+	img := other.Image
+	img.URL = blocked.URL + "/other.img"
+	done := make(chan error, 1)
+	go func() {
+		_, err := prov.EnsureImage(ctx, "hv1", img, nil)
+		done <- err
+	}()
+	<-started
+
+	// A Create whose image is cached goes through at once.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := prov.Create(cctx, e.machine("hv1", "crawl", "p2", "uid-2")); err != nil {
+		t.Fatalf("Create with a cached image while an upload holds the slot: %v", err)
+	}
+	// An image that is not cached still waits for the slot.
+	uncached := kvmtest.NewImageServer("third", 4<<10)
+	defer uncached.Close()
+	m := e.machine("hv1", "crawl", "p3", "uid-3")
+	m.Image = uncached.Image
+	sctx, cancel2 := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel2()
+	if _, err := prov.Create(sctx, m); err == nil || !strings.Contains(err.Error(), "waiting for an upload slot") {
+		t.Fatalf("Create with an uncached image = %v, want it to wait for the slot", err)
+	}
+	if uncached.Downloads() != 0 {
+		t.Fatal("an upload ran beyond MaxUploadsPerHost")
+	}
+	release <- struct{}{}
+	if err := <-done; err != nil {
+		t.Fatalf("blocked EnsureImage: %v", err)
 	}
 }

@@ -146,6 +146,23 @@ func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.Storage
 	return c.fetch(ctx, log, lv, pool, s, st, progress)
 }
 
+// Lookup returns the verified copy of img in pool if there is one, under the
+// same commit rule as Ensure (the marker vouches for the volume); ok is
+// false when the image still has to be uploaded. It takes no upload claim,
+// so a caller can serve a cached image without queueing behind uploads.
+func (c *Cache) Lookup(lv virt.Client, pool libvirt.StoragePool, img provider.Image) (res Result, ok bool, err error) {
+	s, err := newSpec(img)
+	if err != nil {
+		return Result{}, false, err
+	}
+	st, err := lookup(lv, pool, s)
+	if err != nil || !st.ready() {
+		return Result{}, false, err
+	}
+	res, err = cached(lv, pool, s, st)
+	return res, err == nil, err
+}
+
 // state is what the pool holds under an image's names.
 type state struct {
 	vol, marker *libvirt.StorageVol

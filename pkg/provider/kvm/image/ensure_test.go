@@ -362,10 +362,17 @@ func TestEnsureRefetchesUnverified(t *testing.T) {
 			e := newEnv(t)
 			img := provider.Image{Name: "re", URL: e.srv.bytes("/re", b), Checksum: checksumOf(b), Format: FormatRaw}
 			tc.prime(e, img)
+			// Lookup follows the same commit rule: no marker and volume, no hit.
+			if _, ok, err := e.cache.Lookup(e.host, e.pool, img); err != nil || ok {
+				t.Fatalf("Lookup of an unverified image = %v, %v; want a miss", ok, err)
+			}
 			before := e.srv.requests("/re")
 			res, err := e.ensure(img)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if hit, ok, err := e.cache.Lookup(e.host, e.pool, img); err != nil || !ok || hit.Path != res.Path || !hit.Cached {
+				t.Fatalf("Lookup after Ensure = %+v, %v, %v; want the cached volume", hit, ok, err)
 			}
 			if res.Cached || res.Bytes != int64(len(b)) {
 				t.Errorf("Result = %+v, want a fresh upload", res)
