@@ -328,8 +328,8 @@ func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instan
 				return classify(err)
 			}
 			for _, dom := range doms {
-				md, ok := readMetadata(c, dom)
-				if !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag {
+				md, ok, err := readMetadata(c, dom)
+				if err != nil || !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag {
 					continue
 				}
 				out = append(out, provider.Instance{
@@ -416,8 +416,10 @@ func (p *Provider) lookupOwned(c virt.Client, m *provider.Machine) (dom libvirt.
 // must name the Machine's UID, and its UUID must match the recorded
 // providerID when there is one.
 func (p *Provider) checkIdentity(c virt.Client, dom libvirt.Domain, m *provider.Machine) error {
-	md, ok := readMetadata(c, dom)
+	md, ok, err := readMetadata(c, dom)
 	switch {
+	case err != nil:
+		return err
 	case !ok:
 		return &provider.IdentityError{Kind: "domain", Name: dom.Name, Mismatch: "it has no proxy-operator metadata (not created by this operator)"}
 	case md.UID != m.UID:
@@ -447,17 +449,23 @@ func (p *Provider) instance(host string, dom libvirt.Domain, m *provider.Machine
 	}
 }
 
-// readMetadata returns our metadata element of dom, if it has one.
-func readMetadata(c virt.Client, dom libvirt.Domain) (domxml.Metadata, bool) {
+// readMetadata returns our metadata element of dom; ok is false when the
+// domain has none (libvirt's VIR_ERR_NO_DOMAIN_METADATA) or ours does not
+// parse. Any other error is the read's own, classified: an interrupted call
+// must not make our domain look foreign (a permanent IdentityError).
+func readMetadata(c virt.Client, dom libvirt.Domain) (md domxml.Metadata, ok bool, err error) {
 	s, err := c.DomainGetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{domxml.MetadataNS}, libvirt.DomainAffectCurrent)
-	if err != nil {
-		return domxml.Metadata{}, false
+	switch {
+	case virt.IsCode(err, libvirt.ErrNoDomainMetadata):
+		return domxml.Metadata{}, false, nil
+	case err != nil:
+		return domxml.Metadata{}, false, classify(fmt.Errorf("reading the metadata of domain %s: %w", dom.Name, err))
 	}
-	md, err := domxml.ParseMetadata(s)
+	md, err = domxml.ParseMetadata(s)
 	if err != nil {
-		return domxml.Metadata{}, false
+		return domxml.Metadata{}, false, nil
 	}
-	return md, true
+	return md, true, nil
 }
 
 func lookupPool(c virt.Client, name string) (libvirt.StoragePool, error) {

@@ -167,6 +167,42 @@ func TestIdentity(t *testing.T) {
 		}
 	})
 
+	t.Run("a failed metadata read is not a foreign domain", func(t *testing.T) {
+		for name, readErr := range map[string]error{
+			"interrupted call": libvirt.ErrInterrupted,
+			"daemon error":     virt.NewError(libvirt.ErrInternalError, "internal error: client socket is closed"),
+		} {
+			t.Run(name, func(t *testing.T) {
+				e := newEnv(t, "hv1")
+				f := e.fakes["hv1"]
+				m := e.machine("hv1", "crawl", "p1", "uid-1")
+				inst, err := e.prov.Create(ctx, m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m.ProviderID = inst.ProviderID
+				for call, do := range map[string]func() error{
+					"Create": func() error { _, err := e.prov.Create(ctx, m); return err },
+					"Get":    func() error { _, err := e.prov.Get(ctx, m); return err },
+					"Delete": func() error { return e.prov.Delete(ctx, m) },
+				} {
+					f.FailNext(virt.RPCDomainGetMetadata, readErr)
+					err := do()
+					var idErr *provider.IdentityError
+					if errors.As(err, &idErr) || provider.Class(err) != provider.ClassTransient {
+						t.Errorf("%s with a failed metadata read: %v (class %s), want transient and no IdentityError", call, err, provider.Class(err))
+					}
+				}
+				if _, ok := f.Domain("crawl.p1"); !ok {
+					t.Fatal("the domain was deleted although its metadata could not be read")
+				}
+				if got, err := e.prov.Get(ctx, m); err != nil || got.State != provider.StateRunning {
+					t.Fatalf("Get once the read works = %+v, %v", got, err)
+				}
+			})
+		}
+	})
+
 	t.Run("domain recreated by hand with a new UUID", func(t *testing.T) {
 		e := newEnv(t, "hv1")
 		f := e.fakes["hv1"]
