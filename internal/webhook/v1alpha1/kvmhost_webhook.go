@@ -92,8 +92,25 @@ func (w *KVMHostWebhook) ValidateCreate(_ context.Context, h *crawlv1.KVMHost) (
 	return nil, toInvalid(h, ValidateKVMHost(h))
 }
 
-func (w *KVMHostWebhook) ValidateUpdate(_ context.Context, _, h *crawlv1.KVMHost) (admission.Warnings, error) {
-	return nil, toInvalid(h, ValidateKVMHost(h))
+func (w *KVMHostWebhook) ValidateUpdate(_ context.Context, old, h *crawlv1.KVMHost) (admission.Warnings, error) {
+	errs := ValidateKVMHost(h)
+	errs = append(errs, ValidateKVMHostUpdate(old, h)...)
+	return nil, toInvalid(h, errs)
+}
+
+// ValidateKVMHostUpdate rejects changes to where the host's VMs live: with a
+// new address or pool, Delete would look on another machine or pool, find
+// nothing and leak the VMs. The CRD has the same rules in CEL.
+func ValidateKVMHostUpdate(old, h *crawlv1.KVMHost) field.ErrorList {
+	spec := field.NewPath("spec")
+	var errs field.ErrorList
+	if old.Spec.Address != h.Spec.Address {
+		errs = append(errs, field.Forbidden(spec.Child("address"), "address is immutable: its VMs stay on that machine; create another KVMHost for another machine"))
+	}
+	if old.Spec.StoragePool != h.Spec.StoragePool {
+		errs = append(errs, field.Forbidden(spec.Child("storagePool"), "storagePool is immutable: existing disks stay in that pool; create another KVMHost for another pool"))
+	}
+	return errs
 }
 
 func (w *KVMHostWebhook) ValidateDelete(context.Context, *crawlv1.KVMHost) (admission.Warnings, error) {

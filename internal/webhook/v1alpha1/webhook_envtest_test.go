@@ -6,6 +6,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,6 +48,36 @@ var _ = Describe("admission through the API server", func() {
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring("spec.checkTimeout"))
 			Expect(err.Error()).To(ContainSubstring("must not exceed checkInterval (10s)"))
+		})
+
+		It("keeps address and storagePool immutable, naming the field", func() {
+			h := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "hv-immutable"}, Spec: crawlv1.KVMHostSpec{Address: "hv3"}}
+			Expect(k8sClient.Create(ctx, h)).To(Succeed())
+			for field, mutate := range map[string]func(*crawlv1.KVMHost){
+				"spec.address":     func(h *crawlv1.KVMHost) { h.Spec.Address = "hv4:22" },
+				"spec.storagePool": func(h *crawlv1.KVMHost) { h.Spec.StoragePool = "fast" },
+			} {
+				moved := h.DeepCopy()
+				mutate(moved)
+				err := k8sClient.Update(ctx, moved)
+				Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%s: %v", field, err)
+				Expect(err.Error()).To(ContainSubstring(field))
+				Expect(err.Error()).To(ContainSubstring("is immutable"))
+			}
+			// The CRD's CEL rules alone say the same.
+			withoutWebhooks(func() {
+				for field, mutate := range map[string]func(*crawlv1.KVMHost){
+					"spec.address: Invalid value":     func(h *crawlv1.KVMHost) { h.Spec.Address = "hv4:22" },
+					"spec.storagePool: Invalid value": func(h *crawlv1.KVMHost) { h.Spec.StoragePool = "fast" },
+				} {
+					moved := h.DeepCopy()
+					mutate(moved)
+					err := k8sClient.Update(ctx, moved)
+					Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%s: %v", field, err)
+					Expect(err.Error()).To(ContainSubstring(field))
+					Expect(err.Error()).To(ContainSubstring("is immutable"))
+				}
+			})
 		})
 
 		It("serves the status subresource without touching the spec", func() {
@@ -133,3 +164,43 @@ var _ = Describe("admission through the API server", func() {
 		})
 	})
 })
+
+// withoutWebhooks runs fn while the API server calls none of the project's
+// webhooks, as when objects were stored before a rule existed or with the
+// webhooks off, and reinstalls them afterwards.
+func withoutWebhooks(fn func()) {
+	GinkgoHelper()
+	mut := &admissionregistrationv1.MutatingWebhookConfigurationList{}
+	val := &admissionregistrationv1.ValidatingWebhookConfigurationList{}
+	Expect(k8sClient.List(ctx, mut)).To(Succeed())
+	Expect(k8sClient.List(ctx, val)).To(Succeed())
+	Expect(mut.Items).NotTo(BeEmpty())
+	Expect(val.Items).NotTo(BeEmpty())
+	for i := range mut.Items {
+		Expect(k8sClient.Delete(ctx, &mut.Items[i])).To(Succeed())
+	}
+	for i := range val.Items {
+		Expect(k8sClient.Delete(ctx, &val.Items[i])).To(Succeed())
+	}
+	// The API server notices configuration changes asynchronously: wait
+	// until an object only the webhook rejects is accepted (dry run).
+	probe := func() error {
+		return k8sClient.Create(ctx, &crawlv1.KVMImage{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-"},
+			Spec: crawlv1.KVMImageSpec{URL: "https://", Checksum: goodSum}}, client.DryRunAll)
+	}
+	Eventually(probe).Should(Succeed())
+	defer func() {
+		for i := range mut.Items {
+			c := mut.Items[i].DeepCopy()
+			c.ResourceVersion, c.UID, c.ManagedFields = "", "", nil
+			Expect(k8sClient.Create(ctx, c)).To(Succeed())
+		}
+		for i := range val.Items {
+			c := val.Items[i].DeepCopy()
+			c.ResourceVersion, c.UID, c.ManagedFields = "", "", nil
+			Expect(k8sClient.Create(ctx, c)).To(Succeed())
+		}
+		Eventually(probe).ShouldNot(Succeed())
+	}()
+	fn()
+}

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,27 @@ func TestValidateKVMHost(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			errs := ValidateKVMHost(&crawlv1.KVMHost{Spec: tc.spec})
 			checkErrs(t, errs.ToAggregate(), tc.wantErr)
+		})
+	}
+}
+
+func TestValidateKVMHostUpdate(t *testing.T) {
+	cases := []struct {
+		name    string
+		mutate  func(*crawlv1.KVMHost)
+		wantErr string
+	}{
+		{"check interval may change", func(h *crawlv1.KVMHost) { h.Spec.CheckInterval = dur(time.Minute) }, ""},
+		{"address", func(h *crawlv1.KVMHost) { h.Spec.Address = "hv2:22" }, "spec.address: Forbidden: address is immutable"},
+		{"storage pool", func(h *crawlv1.KVMHost) { h.Spec.StoragePool = "fast" }, "spec.storagePool: Forbidden: storagePool is immutable"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			old := &crawlv1.KVMHost{Spec: crawlv1.KVMHostSpec{Address: "hv1:22", StoragePool: "default"}}
+			h := old.DeepCopy()
+			tc.mutate(h)
+			_, err := (&KVMHostWebhook{}).ValidateUpdate(context.Background(), old, h)
+			checkErrs(t, err, tc.wantErr)
 		})
 	}
 }
