@@ -150,7 +150,7 @@ type KVMHostStatus struct {
 // socket forwarded through the session.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Cluster,categories=proxies
+// +kubebuilder:resource:scope=Cluster,categories=crawl
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Libvirt",type=string,JSONPath=`.status.libvirtVersion`

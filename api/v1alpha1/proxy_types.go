@@ -215,7 +215,7 @@ type ProxyStatus struct {
 // deleted without touching its provider.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:categories=proxies
+// +kubebuilder:resource:categories=crawl
 // +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.spec.provider`
 // +kubebuilder:printcolumn:name="Host",type=string,JSONPath=`.status.host`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`

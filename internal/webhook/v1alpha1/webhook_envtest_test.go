@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -10,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
@@ -20,6 +22,22 @@ var _ = Describe("admission through the API server", func() {
 		for _, l := range []client.ObjectList{&crawlv1.KVMHostList{}, &crawlv1.KVMImageList{}, &crawlv1.ProxyList{}} {
 			Expect(k8sClient.List(ctx, l)).To(Succeed())
 		}
+	})
+
+	It("puts every kind in the crawl category, none in one named like a resource", func() {
+		// kubectl expands a category before a resource name: a category
+		// "proxies" made `kubectl get proxies` list all three kinds.
+		dc, err := discovery.NewDiscoveryClientForConfig(testEnv.Config)
+		Expect(err).NotTo(HaveOccurred())
+		list, err := dc.ServerResourcesForGroupVersion(crawlv1.GroupVersion.String())
+		Expect(err).NotTo(HaveOccurred())
+		kinds := map[string][]string{}
+		for _, r := range list.APIResources {
+			if !strings.Contains(r.Name, "/") { // skip subresources
+				kinds[r.Kind] = r.Categories
+			}
+		}
+		Expect(kinds).To(Equal(map[string][]string{"Proxy": {"crawl"}, "KVMHost": {"crawl"}, "KVMImage": {"crawl"}}))
 	})
 
 	Context("KVMHost", func() {
