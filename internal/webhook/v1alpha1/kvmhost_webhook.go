@@ -44,8 +44,28 @@ func SetupKVMHostWebhookWithManager(mgr ctrl.Manager) error {
 type KVMHostWebhook struct{}
 
 // Default fills the socket path, the SSH port and the derived check timeout.
-func (w *KVMHostWebhook) Default(_ context.Context, h *crawlv1.KVMHost) error {
+func (w *KVMHostWebhook) Default(ctx context.Context, h *crawlv1.KVMHost) error {
+	old := &crawlv1.KVMHost{}
+	update, err := storedObject(ctx, old)
+	if err != nil {
+		return err
+	}
+	if update && leftAlone(h, old.Spec, h.Spec) {
+		return nil
+	}
 	DefaultKVMHost(h)
+	if update {
+		// Address and pool are immutable: a value that means what the stored
+		// one means ("hv1" and "hv1:22") keeps the stored spelling.
+		defaulted := old.DeepCopy()
+		DefaultKVMHost(defaulted)
+		if defaulted.Spec.Address == h.Spec.Address {
+			h.Spec.Address = old.Spec.Address
+		}
+		if defaulted.Spec.StoragePool == h.Spec.StoragePool {
+			h.Spec.StoragePool = old.Spec.StoragePool
+		}
+	}
 	return nil
 }
 
@@ -93,7 +113,10 @@ func (w *KVMHostWebhook) ValidateCreate(_ context.Context, h *crawlv1.KVMHost) (
 }
 
 func (w *KVMHostWebhook) ValidateUpdate(_ context.Context, old, h *crawlv1.KVMHost) (admission.Warnings, error) {
-	errs := ValidateKVMHost(h)
+	if leftAlone(h, old.Spec, h.Spec) {
+		return nil, nil
+	}
+	errs := ratchet(ValidateKVMHost(h), ValidateKVMHost(old))
 	errs = append(errs, ValidateKVMHostUpdate(old, h)...)
 	return nil, toInvalid(h, errs)
 }

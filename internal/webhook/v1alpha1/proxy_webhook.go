@@ -33,8 +33,29 @@ func SetupProxyWebhookWithManager(mgr ctrl.Manager) error {
 // ProxyWebhook defaults and validates Proxies.
 type ProxyWebhook struct{}
 
-func (w *ProxyWebhook) Default(_ context.Context, p *crawlv1.Proxy) error {
+func (w *ProxyWebhook) Default(ctx context.Context, p *crawlv1.Proxy) error {
+	old := &crawlv1.Proxy{}
+	update, err := storedObject(ctx, old)
+	if err != nil {
+		return err
+	}
+	if update && leftAlone(p, old.Spec, p.Spec) {
+		return nil
+	}
 	DefaultProxy(p)
+	if update {
+		// Placement and port are immutable: a value that means what the
+		// stored one means keeps the stored spelling, so defaulting never
+		// reads as a change to the CEL rules.
+		defaulted := old.DeepCopy()
+		DefaultProxy(defaulted)
+		if equality.Semantic.DeepEqual(defaulted.Spec.Placement, p.Spec.Placement) {
+			p.Spec.Placement = old.Spec.Placement
+		}
+		if defaulted.Spec.Port == p.Spec.Port {
+			p.Spec.Port = old.Spec.Port
+		}
+	}
 	return nil
 }
 
@@ -79,7 +100,10 @@ func (w *ProxyWebhook) ValidateCreate(_ context.Context, p *crawlv1.Proxy) (admi
 }
 
 func (w *ProxyWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Proxy) (admission.Warnings, error) {
-	errs := ValidateProxy(p)
+	if leftAlone(p, old.Spec, p.Spec) {
+		return nil, nil
+	}
+	errs := ratchet(ValidateProxy(p), ValidateProxy(old))
 	errs = append(errs, ValidateProxyUpdate(old, p)...)
 	return nil, toInvalid(p, errs)
 }

@@ -10,8 +10,10 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
@@ -98,6 +100,20 @@ var _ = Describe("admission through the API server", func() {
 			})
 		})
 
+		It("releases a stored KVMHost that today's rules reject", func() {
+			h := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "hv-old", Finalizers: []string{"crawl.example.com/kvmhost"}},
+				Spec: crawlv1.KVMHostSpec{Address: "hv-old", SocketPath: "relative/libvirt-sock"}}
+			withoutWebhooks(func() { Expect(k8sClient.Create(ctx, h)).To(Succeed()) })
+			Expect(h.Spec.Address).To(Equal("hv-old"), "created past the defaulting webhook")
+			Expect(k8sClient.Delete(ctx, h)).To(Succeed())
+			Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(h), h)).To(Succeed())
+			h.Finalizers = nil
+			Expect(k8sClient.Update(ctx, h)).To(Succeed())
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(h), &crawlv1.KVMHost{}))
+			}).Should(BeTrue())
+		})
+
 		It("serves the status subresource without touching the spec", func() {
 			h := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "hv-status"}, Spec: crawlv1.KVMHostSpec{Address: "hv2"}}
 			Expect(k8sClient.Create(ctx, h)).To(Succeed())
@@ -163,6 +179,34 @@ var _ = Describe("admission through the API server", func() {
 			err := k8sClient.Create(ctx, p)
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring("spec.placement.host"))
+		})
+
+		It("releases a stored Proxy that today's rules reject", func() {
+			// Stored with the webhooks off: no defaults, a name that is no
+			// DNS label, memory below the minimum.
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "old.p1", Namespace: ns, Finalizers: []string{crawlv1.ProxyFinalizer}},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{
+					Host: "hv1", Image: "https://img.example/d.qcow2", ImageChecksum: goodSum},
+					Resources: crawlv1.ProxyResources{Memory: ptr.To(resource.MustParse("64Mi"))}}}
+			withoutWebhooks(func() { Expect(k8sClient.Create(ctx, p)).To(Succeed()) })
+			Expect(p.Spec.Placement.Firmware).To(BeEmpty(), "created past the defaulting webhook")
+
+			// A real change is still validated for what it changes.
+			bad := p.DeepCopy()
+			bad.Spec.Resources.Memory = ptr.To(resource.MustParse("100Mi"))
+			err := k8sClient.Update(ctx, bad)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("spec.resources.memory"))
+
+			p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
+			Expect(k8sClient.Update(ctx, p)).To(Succeed())
+			Expect(k8sClient.Delete(ctx, p)).To(Succeed())
+			Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), p)).To(Succeed())
+			p.Finalizers = nil
+			Expect(k8sClient.Update(ctx, p)).To(Succeed())
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), &crawlv1.Proxy{}))
+			}).Should(BeTrue())
 		})
 
 		It("keeps provider and placement immutable", func() {
