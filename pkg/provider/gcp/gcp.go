@@ -470,7 +470,7 @@ func (p *Provider) image(m *provider.Machine) (string, error) {
 		strings.HasPrefix(u, "https://compute.googleapis.com/compute/"):
 		return u, nil
 	default:
-		return "", provider.Permanentf("gcp: image %q is not a Compute Engine image (want projects/<p>/global/images/...)", u)
+		return "", provider.Permanentf("gcp: image %q is not a Compute Engine image (want projects/<p>/global/images/...)", provider.RedactURL(u))
 	}
 }
 

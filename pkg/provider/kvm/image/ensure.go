@@ -99,7 +99,7 @@ func (s spec) label() string {
 	if s.img.Name != "" {
 		return s.img.Name
 	}
-	return RedactURL(s.img.URL)
+	return provider.RedactURL(s.img.URL)
 }
 
 // Ensure makes a verified copy of img exist in pool and returns it.
@@ -281,7 +281,7 @@ func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool
 	if err != nil {
 		return Result{}, virtError("creating volume", s.volume, pool, err)
 	}
-	log.Info("Uploading image", "url", RedactURL(s.img.URL), "bytes", src.size, "capacity", capacity)
+	log.Info("Uploading image", "url", provider.RedactURL(s.img.URL), "bytes", src.size, "capacity", capacity)
 
 	up := &uploadReader{
 		src:      src,
@@ -305,7 +305,7 @@ func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool
 		fail = provider.Transientf("image %s: source sent %d of %d bytes", s.label(), n, src.size)
 	case sum != s.digest:
 		fail = provider.Permanentf("image %s: checksum mismatch: expected %s, got %s:%s (%d bytes from %s)",
-			s.label(), s.checksum(), Algorithm, sum, n, RedactURL(s.img.URL))
+			s.label(), s.checksum(), Algorithm, sum, n, provider.RedactURL(s.img.URL))
 	}
 	if fail != nil {
 		discard(log, lv, vol)
@@ -511,11 +511,11 @@ func (s *source) readError(ctx context.Context, sp spec, err error) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("image %s: download interrupted: %w", sp.label(), context.Cause(ctx))
 	case errors.Is(context.Cause(s.ctx), errStalled):
-		return provider.Transientf("image %s: no data from %s for %s", sp.label(), RedactURL(sp.img.URL), s.stall)
+		return provider.Transientf("image %s: no data from %s for %s", sp.label(), provider.RedactURL(sp.img.URL), s.stall)
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return provider.Transientf("image %s: download from %s ended early (expected %d bytes): %w", sp.label(), RedactURL(sp.img.URL), s.size, err)
+		return provider.Transientf("image %s: download from %s ended early (expected %d bytes): %w", sp.label(), provider.RedactURL(sp.img.URL), s.size, err)
 	default:
-		return provider.Transientf("image %s: reading %s: %w", sp.label(), RedactURL(sp.img.URL), err)
+		return provider.Transientf("image %s: reading %s: %w", sp.label(), provider.RedactURL(sp.img.URL), err)
 	}
 }
 
