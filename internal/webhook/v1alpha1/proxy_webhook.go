@@ -113,12 +113,15 @@ func (w *ProxyWebhook) ValidateDelete(context.Context, *crawlv1.Proxy) (admissio
 }
 
 // ValidateProxyUpdate rejects changes to fields that would need a new
-// instance: the provider and the placement (host, image, firmware).
+// instance: the provider, the port and the placement (host, image, firmware).
 func ValidateProxyUpdate(old, p *crawlv1.Proxy) field.ErrorList {
 	spec := field.NewPath("spec")
 	var errs field.ErrorList
 	if old.Spec.Provider != p.Spec.Provider {
 		errs = append(errs, field.Forbidden(spec.Child("provider"), "provider is immutable"))
+	}
+	if old.Spec.Port != p.Spec.Port {
+		errs = append(errs, field.Forbidden(spec.Child("port"), "port is immutable: the instance keeps the port it was created with; delete the Proxy and create another"))
 	}
 	op, np := old.Spec.Placement, p.Spec.Placement
 	pl := spec.Child("placement")

@@ -220,6 +220,21 @@ var _ = Describe("admission through the API server", func() {
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring("placement is immutable"))
 
+			for _, viaCEL := range []bool{false, true} {
+				reported := p.DeepCopy()
+				reported.Spec.Port = 8080
+				update := func() error { return k8sClient.Update(ctx, reported) }
+				var err error
+				if viaCEL {
+					withoutWebhooks(func() { err = update() })
+				} else {
+					err = update()
+				}
+				Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+				Expect(err.Error()).To(ContainSubstring("spec.port"))
+				Expect(err.Error()).To(ContainSubstring("port is immutable"))
+			}
+
 			resized := p.DeepCopy()
 			resized.Spec.Resources.CPUs = 2
 			Expect(k8sClient.Update(ctx, resized)).To(Succeed())

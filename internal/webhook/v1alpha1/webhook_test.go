@@ -221,6 +221,7 @@ func TestValidateProxyUpdate(t *testing.T) {
 	}{
 		{"resources may change", func(p *crawlv1.Proxy) { p.Spec.Resources.CPUs = 2 }, ""},
 		{"provider", func(p *crawlv1.Proxy) { p.Spec.Provider = crawlv1.ProviderGCP }, "spec.provider: Forbidden: provider is immutable"},
+		{"port", func(p *crawlv1.Proxy) { p.Spec.Port = 8080 }, "spec.port: Forbidden: port is immutable"},
 		{"host", func(p *crawlv1.Proxy) { p.Spec.Placement.Host = "hv2" }, "spec.placement.host: Forbidden"},
 		{"image", func(p *crawlv1.Proxy) { p.Spec.Placement.Image = "ubuntu" }, "spec.placement.image: Forbidden"},
 		{"firmware", func(p *crawlv1.Proxy) { p.Spec.Placement.Firmware = "bios" }, "spec.placement.firmware: Forbidden"},
