@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -195,6 +196,22 @@ func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 	ci := spec.Child("cloudInit")
 	if s.CloudInit.UserData != "" && len(s.CloudInit.UserDataBase64) > 0 {
 		errs = append(errs, field.Forbidden(ci.Child("userDataBase64"), "set userData or userDataBase64, not both"))
+	}
+	if s.Provider == crawlv1.ProviderGCP {
+		// Checked here, not only at Create, so the Proxy is refused rather
+		// than stored to fail. The content never goes into the message.
+		if v, enc := crawlv1.GCEUserDataValue(s.CloudInit.UserDataBytes()); len(v) > crawlv1.GCEMaxMetadataValue {
+			f := ci.Child("userData")
+			if len(s.CloudInit.UserDataBase64) > 0 {
+				f = ci.Child("userDataBase64")
+			}
+			as := "as instance metadata"
+			if enc != "" {
+				as = "as instance metadata (base64, since it is not UTF-8)"
+			}
+			errs = append(errs, field.Invalid(f, fmt.Sprintf("<%d bytes>", len(s.CloudInit.UserDataBytes())),
+				fmt.Sprintf("is %d bytes %s, over Compute Engine's limit of %d", len(v), as, crawlv1.GCEMaxMetadataValue)))
+		}
 	}
 	return errs
 }

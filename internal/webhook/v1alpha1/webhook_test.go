@@ -1,7 +1,9 @@
 package v1alpha1
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -245,5 +247,40 @@ func checkErrs(t *testing.T, err error, want string) {
 		t.Fatalf("no error, want one containing %q", want)
 	case want != "" && !strings.Contains(err.Error(), want):
 		t.Fatalf("error %q does not contain %q", err, want)
+	}
+}
+
+func TestGCEUserDataOverTheMetadataLimitIsRefusedAtAdmission(t *testing.T) {
+	gcp := func(ci crawlv1.ProxyCloudInit) *crawlv1.Proxy {
+		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "g1", Namespace: "crawl"},
+			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderGCP, CloudInit: ci}}
+		DefaultProxy(p)
+		return p
+	}
+	limit := crawlv1.GCEMaxMetadataValue
+	notUTF8 := bytes.Repeat([]byte{0xff}, limit*3/4+1) // base64 makes it > limit
+	cases := []struct {
+		name    string
+		p       *crawlv1.Proxy
+		wantErr string
+	}{
+		{"at the limit", gcp(crawlv1.ProxyCloudInit{UserData: strings.Repeat("x", limit)}), ""},
+		{"over the limit", gcp(crawlv1.ProxyCloudInit{UserData: strings.Repeat("x", limit+1)}), fmt.Sprintf("spec.cloudInit.userData: Invalid value: \"<%d bytes>\": is %d bytes as instance metadata, over Compute Engine's limit of %d", limit+1, limit+1, limit)},
+		{"over the limit once base64", gcp(crawlv1.ProxyCloudInit{UserDataBase64: notUTF8}), "spec.cloudInit.userDataBase64: Invalid value"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := (&ProxyWebhook{}).ValidateCreate(context.Background(), tc.p)
+			checkErrs(t, err, tc.wantErr)
+			if err != nil && strings.Contains(err.Error(), "xxxx") {
+				t.Error("the error repeats the user-data")
+			}
+		})
+	}
+	// kvm has no such limit.
+	p := kvmProxy()
+	p.Spec.CloudInit.UserData = strings.Repeat("x", limit+1)
+	if errs := ValidateProxy(p); len(errs) != 0 {
+		t.Errorf("kvm Proxy with large user-data refused: %v", errs.ToAggregate())
 	}
 }
