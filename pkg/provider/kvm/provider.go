@@ -171,15 +171,8 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 			return err
 		}
 		if found {
-			state, _, err := c.DomainGetState(dom, 0)
-			if err != nil {
-				return classify(err)
-			}
-			if !isRunning(state) {
-				log.Info("starting existing domain", "domain", name)
-				if err := c.DomainCreate(dom); err != nil && !virt.IsCode(err, libvirt.ErrOperationInvalid) {
-					return classify(err)
-				}
+			if err := ensureRunning(log, c, dom); err != nil {
+				return err
 			}
 			inst = p.instance(m.Host, dom, m, provider.StatePending)
 			return nil
@@ -249,11 +242,14 @@ func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Inst
 		if !found {
 			return provider.NotFoundf("domain %q not found on host %q", domxml.DomainName(m.Namespace, m.Name), m.Host)
 		}
-		state, _, err := c.DomainGetState(dom, 0)
+		state, reason, err := c.DomainGetState(dom, 0)
 		if err != nil {
 			return classify(err)
 		}
 		inst = p.instance(m.Host, dom, m, stateOf(state))
+		if libvirt.DomainState(state) == libvirt.DomainPaused {
+			inst.Message = "paused (" + pausedReason(reason) + ")"
+		}
 		if inst.State == provider.StateRunning {
 			inst.Address, inst.AddressSource, inst.Message = findAddress(c, dom, hs.Network)
 		}
@@ -576,6 +572,81 @@ func classify(err error) error {
 		return provider.Permanent(err)
 	}
 	return provider.Transient(err)
+}
+
+// ensureRunning starts an existing domain that is not running, resuming one
+// libvirt paused (an I/O error such as ENOSPC, a watchdog, virsh suspend)
+// rather than "starting" it, which libvirt refuses for a paused domain. A
+// domain paused by a job in progress (migration, save, snapshot) is left to
+// it. No error is ignored: a start that fails is retried with its class.
+func ensureRunning(log logr.Logger, c virt.Client, dom libvirt.Domain) error {
+	state, reason, err := c.DomainGetState(dom, 0)
+	if err != nil {
+		return classify(err)
+	}
+	switch s := libvirt.DomainState(state); {
+	case isRunning(state):
+		return nil
+	case s == libvirt.DomainPaused && pausedByJob(reason):
+		return provider.Transientf("domain %s is paused (%s); waiting for that to end", dom.Name, pausedReason(reason))
+	case s == libvirt.DomainPaused:
+		log.Info("resuming paused domain", "domain", dom.Name, "reason", pausedReason(reason))
+		if err := c.DomainResume(dom); err != nil {
+			return classify(fmt.Errorf("resuming domain %s, paused (%s): %w", dom.Name, pausedReason(reason), err))
+		}
+		return nil
+	default:
+		log.Info("starting existing domain", "domain", dom.Name)
+		if err := c.DomainCreate(dom); err != nil {
+			return classify(fmt.Errorf("starting domain %s: %w", dom.Name, err))
+		}
+		return nil
+	}
+}
+
+// pausedByJob reports whether a paused domain waits for a libvirt job that
+// resumes or ends it by itself.
+func pausedByJob(reason int32) bool {
+	switch libvirt.DomainPausedReason(reason) {
+	case libvirt.DomainPausedMigration, libvirt.DomainPausedSave, libvirt.DomainPausedDump,
+		libvirt.DomainPausedShuttingDown, libvirt.DomainPausedSnapshot, libvirt.DomainPausedStartingUp,
+		libvirt.DomainPausedPostcopy:
+		return true
+	}
+	return false
+}
+
+// pausedReason names a VIR_DOMAIN_PAUSED_* reason for messages.
+func pausedReason(reason int32) string {
+	switch libvirt.DomainPausedReason(reason) {
+	case libvirt.DomainPausedUser:
+		return "paused by a user"
+	case libvirt.DomainPausedMigration:
+		return "migrating"
+	case libvirt.DomainPausedSave:
+		return "saving"
+	case libvirt.DomainPausedDump:
+		return "dumping core"
+	case libvirt.DomainPausedIoerror:
+		return "disk I/O error, e.g. the storage pool is full"
+	case libvirt.DomainPausedWatchdog:
+		return "watchdog fired"
+	case libvirt.DomainPausedFromSnapshot:
+		return "restored from a snapshot"
+	case libvirt.DomainPausedShuttingDown:
+		return "shutting down"
+	case libvirt.DomainPausedSnapshot:
+		return "taking a snapshot"
+	case libvirt.DomainPausedCrashed:
+		return "guest crashed"
+	case libvirt.DomainPausedStartingUp:
+		return "starting up"
+	case libvirt.DomainPausedPostcopy, libvirt.DomainPausedPostcopyFailed:
+		return "post-copy migration"
+	case libvirt.DomainPausedAPIError:
+		return "libvirt API error"
+	}
+	return fmt.Sprintf("reason %d", reason)
 }
 
 func isRunning(state int32) bool {

@@ -462,3 +462,77 @@ func TestCachedImageDoesNotWaitBehindUploads(t *testing.T) {
 		t.Fatalf("blocked EnsureImage: %v", err)
 	}
 }
+
+func TestPausedDomainIsResumedNotStarted(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "hv1")
+	f := e.fakes["hv1"]
+	m := e.machine("hv1", "crawl", "p1", "uid-1")
+	inst, err := e.prov.Create(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ProviderID = inst.ProviderID
+
+	// libvirt pauses the guest on ENOSPC: Get says so and why.
+	if err := f.Pause("crawl.p1", libvirt.DomainPausedIoerror); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.prov.Get(ctx, m)
+	if err != nil || got.State != provider.StateStopped || !strings.Contains(got.Message, "disk I/O error") {
+		t.Fatalf("Get of a paused domain = %+v, %v; want Stopped naming the reason", got, err)
+	}
+
+	// Space still short: the resume fails, and Create says so.
+	f.FailNext(virt.RPCDomainResume, virt.NewError(libvirt.ErrOperationFailed, "operation failed: resume operation failed"))
+	if _, err := e.prov.Create(ctx, m); provider.Class(err) != provider.ClassTransient || !strings.Contains(err.Error(), "resume operation failed") {
+		t.Fatalf("Create with a failing resume = %v (class %s), want the transient resume error", err, provider.Class(err))
+	}
+	// Space freed: the next Create resumes it; nothing is "started".
+	creates := f.Calls(virt.RPCDomainCreate)
+	if _, err := e.prov.Create(ctx, m); err != nil {
+		t.Fatalf("Create of a paused domain: %v", err)
+	}
+	if d, _ := f.Domain("crawl.p1"); d.State != libvirt.DomainRunning {
+		t.Fatalf("domain state after Create = %d, want running", d.State)
+	}
+	if f.Calls(virt.RPCDomainCreate) != creates {
+		t.Fatal("Create called DomainCreate on a paused domain")
+	}
+
+	// Paused by a job (migration): left to it, reported as waiting.
+	if err := f.Pause("crawl.p1", libvirt.DomainPausedMigration); err != nil {
+		t.Fatal(err)
+	}
+	resumes := f.Calls(virt.RPCDomainResume)
+	if _, err := e.prov.Create(ctx, m); provider.Class(err) != provider.ClassTransient || !strings.Contains(err.Error(), "migrating") {
+		t.Fatalf("Create during a migration = %v, want transient naming it", err)
+	}
+	if f.Calls(virt.RPCDomainResume) != resumes {
+		t.Fatal("a domain paused by a migration was resumed")
+	}
+}
+
+func TestStartErrorOfAnExistingDomainIsNotIgnored(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "hv1")
+	f := e.fakes["hv1"]
+	m := e.machine("hv1", "crawl", "p1", "uid-1")
+	if _, err := e.prov.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := f.Domain("crawl.p1")
+	if err := f.DomainDestroyFlags(libvirt.Domain{Name: d.Name, UUID: d.UUID}, 0); err != nil {
+		t.Fatal(err)
+	}
+	f.FailNext(virt.RPCDomainCreate, virt.NewError(libvirt.ErrOperationInvalid, "Requested operation is not valid: domain is already running"))
+	if _, err := e.prov.Create(ctx, m); err == nil || !strings.Contains(err.Error(), "starting domain crawl.p1") {
+		t.Fatalf("Create whose DomainCreate failed = %v, want the error", err)
+	}
+	if _, err := e.prov.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := f.Domain("crawl.p1"); d.State != libvirt.DomainRunning {
+		t.Fatalf("domain state = %d, want running", d.State)
+	}
+}
