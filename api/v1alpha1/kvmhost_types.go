@@ -48,9 +48,11 @@ type SecretReference struct {
 // KVMHostSpec describes how to reach a hypervisor and where its VMs live.
 type KVMHostSpec struct {
 	// Address is host[:port] of the hypervisor's SSH server (port 22 when
-	// omitted).
+	// omitted). Immutable: VMs stay on the machine they were created on, so
+	// a new address would make the operator look for them elsewhere.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=261
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="address is immutable: its VMs stay on that machine; create another KVMHost for another machine"
 	Address string `json:"address"`
 
 	// User is the SSH user; it must be allowed to open the libvirt socket.
@@ -70,7 +72,10 @@ type KVMHostSpec struct {
 	SocketPath string `json:"socketPath,omitempty"`
 
 	// StoragePool is the libvirt storage pool for images, disks and seeds.
+	// Immutable, like address: existing disks stay in the pool they were
+	// created in.
 	// +kubebuilder:default=default
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="storagePool is immutable: existing disks stay in that pool; create another KVMHost for another pool"
 	// +optional
 	StoragePool string `json:"storagePool,omitempty"`
 
@@ -145,7 +150,7 @@ type KVMHostStatus struct {
 // socket forwarded through the session.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Cluster,categories=proxies
+// +kubebuilder:resource:scope=Cluster,categories=crawl
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Libvirt",type=string,JSONPath=`.status.libvirtVersion`

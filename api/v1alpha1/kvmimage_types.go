@@ -112,7 +112,7 @@ type KVMImageStatus struct {
 // storage pool of every host that needs it.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Cluster,categories=proxies
+// +kubebuilder:resource:scope=Cluster,categories=crawl
 // +kubebuilder:printcolumn:name="Firmware",type=string,JSONPath=`.spec.firmware`
 // +kubebuilder:printcolumn:name="Format",type=string,JSONPath=`.spec.format`
 // +kubebuilder:printcolumn:name="Ready Hosts",type=integer,JSONPath=`.status.readyHosts`

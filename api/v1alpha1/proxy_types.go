@@ -146,9 +146,11 @@ type ProxySpec struct {
 	// +optional
 	InstallGuestAgent *bool `json:"installGuestAgent,omitempty"`
 
-	// Port squid listens on.
+	// Port squid listens on. Immutable: squid is configured with it when
+	// the instance is created.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="port is immutable: the instance keeps the port it was created with; delete the Proxy and create another"
 	// +optional
 	Port int32 `json:"port,omitempty"`
 }
@@ -215,7 +217,7 @@ type ProxyStatus struct {
 // deleted without touching its provider.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:categories=proxies
+// +kubebuilder:resource:categories=crawl
 // +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.spec.provider`
 // +kubebuilder:printcolumn:name="Host",type=string,JSONPath=`.status.host`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`

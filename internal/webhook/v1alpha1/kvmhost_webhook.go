@@ -44,8 +44,28 @@ func SetupKVMHostWebhookWithManager(mgr ctrl.Manager) error {
 type KVMHostWebhook struct{}
 
 // Default fills the socket path, the SSH port and the derived check timeout.
-func (w *KVMHostWebhook) Default(_ context.Context, h *crawlv1.KVMHost) error {
+func (w *KVMHostWebhook) Default(ctx context.Context, h *crawlv1.KVMHost) error {
+	old := &crawlv1.KVMHost{}
+	update, err := storedObject(ctx, old)
+	if err != nil {
+		return err
+	}
+	if update && leftAlone(h, old.Spec, h.Spec) {
+		return nil
+	}
 	DefaultKVMHost(h)
+	if update {
+		// Address and pool are immutable: a value that means what the stored
+		// one means ("hv1" and "hv1:22") keeps the stored spelling.
+		defaulted := old.DeepCopy()
+		DefaultKVMHost(defaulted)
+		if defaulted.Spec.Address == h.Spec.Address {
+			h.Spec.Address = old.Spec.Address
+		}
+		if defaulted.Spec.StoragePool == h.Spec.StoragePool {
+			h.Spec.StoragePool = old.Spec.StoragePool
+		}
+	}
 	return nil
 }
 
@@ -92,8 +112,28 @@ func (w *KVMHostWebhook) ValidateCreate(_ context.Context, h *crawlv1.KVMHost) (
 	return nil, toInvalid(h, ValidateKVMHost(h))
 }
 
-func (w *KVMHostWebhook) ValidateUpdate(_ context.Context, _, h *crawlv1.KVMHost) (admission.Warnings, error) {
-	return nil, toInvalid(h, ValidateKVMHost(h))
+func (w *KVMHostWebhook) ValidateUpdate(_ context.Context, old, h *crawlv1.KVMHost) (admission.Warnings, error) {
+	if leftAlone(h, old.Spec, h.Spec) {
+		return nil, nil
+	}
+	errs := ratchet(ValidateKVMHost(h), ValidateKVMHost(old))
+	errs = append(errs, ValidateKVMHostUpdate(old, h)...)
+	return nil, toInvalid(h, errs)
+}
+
+// ValidateKVMHostUpdate rejects changes to where the host's VMs live: with a
+// new address or pool, Delete would look on another machine or pool, find
+// nothing and leak the VMs. The CRD has the same rules in CEL.
+func ValidateKVMHostUpdate(old, h *crawlv1.KVMHost) field.ErrorList {
+	spec := field.NewPath("spec")
+	var errs field.ErrorList
+	if old.Spec.Address != h.Spec.Address {
+		errs = append(errs, field.Forbidden(spec.Child("address"), "address is immutable: its VMs stay on that machine; create another KVMHost for another machine"))
+	}
+	if old.Spec.StoragePool != h.Spec.StoragePool {
+		errs = append(errs, field.Forbidden(spec.Child("storagePool"), "storagePool is immutable: existing disks stay in that pool; create another KVMHost for another pool"))
+	}
+	return errs
 }
 
 func (w *KVMHostWebhook) ValidateDelete(context.Context, *crawlv1.KVMHost) (admission.Warnings, error) {

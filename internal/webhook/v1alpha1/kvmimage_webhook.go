@@ -24,7 +24,15 @@ func SetupKVMImageWebhookWithManager(mgr ctrl.Manager) error {
 // KVMImageWebhook defaults and validates KVMImages.
 type KVMImageWebhook struct{}
 
-func (w *KVMImageWebhook) Default(_ context.Context, img *crawlv1.KVMImage) error {
+func (w *KVMImageWebhook) Default(ctx context.Context, img *crawlv1.KVMImage) error {
+	old := &crawlv1.KVMImage{}
+	update, err := storedObject(ctx, old)
+	if err != nil {
+		return err
+	}
+	if update && leftAlone(img, old.Spec, img.Spec) {
+		return nil
+	}
 	DefaultKVMImage(img)
 	return nil
 }
@@ -43,8 +51,11 @@ func (w *KVMImageWebhook) ValidateCreate(_ context.Context, img *crawlv1.KVMImag
 	return nil, toInvalid(img, ValidateKVMImage(img))
 }
 
-func (w *KVMImageWebhook) ValidateUpdate(_ context.Context, _, img *crawlv1.KVMImage) (admission.Warnings, error) {
-	return nil, toInvalid(img, ValidateKVMImage(img))
+func (w *KVMImageWebhook) ValidateUpdate(_ context.Context, old, img *crawlv1.KVMImage) (admission.Warnings, error) {
+	if leftAlone(img, old.Spec, img.Spec) {
+		return nil, nil
+	}
+	return nil, toInvalid(img, ratchet(ValidateKVMImage(img), ValidateKVMImage(old)))
 }
 
 func (w *KVMImageWebhook) ValidateDelete(context.Context, *crawlv1.KVMImage) (admission.Warnings, error) {

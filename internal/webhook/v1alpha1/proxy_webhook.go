@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -33,8 +34,29 @@ func SetupProxyWebhookWithManager(mgr ctrl.Manager) error {
 // ProxyWebhook defaults and validates Proxies.
 type ProxyWebhook struct{}
 
-func (w *ProxyWebhook) Default(_ context.Context, p *crawlv1.Proxy) error {
+func (w *ProxyWebhook) Default(ctx context.Context, p *crawlv1.Proxy) error {
+	old := &crawlv1.Proxy{}
+	update, err := storedObject(ctx, old)
+	if err != nil {
+		return err
+	}
+	if update && leftAlone(p, old.Spec, p.Spec) {
+		return nil
+	}
 	DefaultProxy(p)
+	if update {
+		// Placement and port are immutable: a value that means what the
+		// stored one means keeps the stored spelling, so defaulting never
+		// reads as a change to the CEL rules.
+		defaulted := old.DeepCopy()
+		DefaultProxy(defaulted)
+		if equality.Semantic.DeepEqual(defaulted.Spec.Placement, p.Spec.Placement) {
+			p.Spec.Placement = old.Spec.Placement
+		}
+		if defaulted.Spec.Port == p.Spec.Port {
+			p.Spec.Port = old.Spec.Port
+		}
+	}
 	return nil
 }
 
@@ -79,7 +101,10 @@ func (w *ProxyWebhook) ValidateCreate(_ context.Context, p *crawlv1.Proxy) (admi
 }
 
 func (w *ProxyWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Proxy) (admission.Warnings, error) {
-	errs := ValidateProxy(p)
+	if leftAlone(p, old.Spec, p.Spec) {
+		return nil, nil
+	}
+	errs := ratchet(ValidateProxy(p), ValidateProxy(old))
 	errs = append(errs, ValidateProxyUpdate(old, p)...)
 	return nil, toInvalid(p, errs)
 }
@@ -89,12 +114,15 @@ func (w *ProxyWebhook) ValidateDelete(context.Context, *crawlv1.Proxy) (admissio
 }
 
 // ValidateProxyUpdate rejects changes to fields that would need a new
-// instance: the provider and the placement (host, image, firmware).
+// instance: the provider, the port and the placement (host, image, firmware).
 func ValidateProxyUpdate(old, p *crawlv1.Proxy) field.ErrorList {
 	spec := field.NewPath("spec")
 	var errs field.ErrorList
 	if old.Spec.Provider != p.Spec.Provider {
 		errs = append(errs, field.Forbidden(spec.Child("provider"), "provider is immutable"))
+	}
+	if old.Spec.Port != p.Spec.Port {
+		errs = append(errs, field.Forbidden(spec.Child("port"), "port is immutable: the instance keeps the port it was created with; delete the Proxy and create another"))
 	}
 	op, np := old.Spec.Placement, p.Spec.Placement
 	pl := spec.Child("placement")
@@ -168,6 +196,22 @@ func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 	ci := spec.Child("cloudInit")
 	if s.CloudInit.UserData != "" && len(s.CloudInit.UserDataBase64) > 0 {
 		errs = append(errs, field.Forbidden(ci.Child("userDataBase64"), "set userData or userDataBase64, not both"))
+	}
+	if s.Provider == crawlv1.ProviderGCP {
+		// Checked here, not only at Create, so the Proxy is refused rather
+		// than stored to fail. The content never goes into the message.
+		if v, enc := crawlv1.GCEUserDataValue(s.CloudInit.UserDataBytes()); len(v) > crawlv1.GCEMaxMetadataValue {
+			f := ci.Child("userData")
+			if len(s.CloudInit.UserDataBase64) > 0 {
+				f = ci.Child("userDataBase64")
+			}
+			as := "as instance metadata"
+			if enc != "" {
+				as = "as instance metadata (base64, since it is not UTF-8)"
+			}
+			errs = append(errs, field.Invalid(f, fmt.Sprintf("<%d bytes>", len(s.CloudInit.UserDataBytes())),
+				fmt.Sprintf("is %d bytes %s, over Compute Engine's limit of %d", len(v), as, crawlv1.GCEMaxMetadataValue)))
+		}
 	}
 	return errs
 }

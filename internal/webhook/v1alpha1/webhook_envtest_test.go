@@ -1,14 +1,19 @@
 package v1alpha1
 
 import (
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
@@ -19,6 +24,22 @@ var _ = Describe("admission through the API server", func() {
 		for _, l := range []client.ObjectList{&crawlv1.KVMHostList{}, &crawlv1.KVMImageList{}, &crawlv1.ProxyList{}} {
 			Expect(k8sClient.List(ctx, l)).To(Succeed())
 		}
+	})
+
+	It("puts every kind in the crawl category, none in one named like a resource", func() {
+		// kubectl expands a category before a resource name: a category
+		// "proxies" made `kubectl get proxies` list all three kinds.
+		dc, err := discovery.NewDiscoveryClientForConfig(testEnv.Config)
+		Expect(err).NotTo(HaveOccurred())
+		list, err := dc.ServerResourcesForGroupVersion(crawlv1.GroupVersion.String())
+		Expect(err).NotTo(HaveOccurred())
+		kinds := map[string][]string{}
+		for _, r := range list.APIResources {
+			if !strings.Contains(r.Name, "/") { // skip subresources
+				kinds[r.Kind] = r.Categories
+			}
+		}
+		Expect(kinds).To(Equal(map[string][]string{"Proxy": {"crawl"}, "KVMHost": {"crawl"}, "KVMImage": {"crawl"}}))
 	})
 
 	Context("KVMHost", func() {
@@ -47,6 +68,50 @@ var _ = Describe("admission through the API server", func() {
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring("spec.checkTimeout"))
 			Expect(err.Error()).To(ContainSubstring("must not exceed checkInterval (10s)"))
+		})
+
+		It("keeps address and storagePool immutable, naming the field", func() {
+			h := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "hv-immutable"}, Spec: crawlv1.KVMHostSpec{Address: "hv3"}}
+			Expect(k8sClient.Create(ctx, h)).To(Succeed())
+			for field, mutate := range map[string]func(*crawlv1.KVMHost){
+				"spec.address":     func(h *crawlv1.KVMHost) { h.Spec.Address = "hv4:22" },
+				"spec.storagePool": func(h *crawlv1.KVMHost) { h.Spec.StoragePool = "fast" },
+			} {
+				moved := h.DeepCopy()
+				mutate(moved)
+				err := k8sClient.Update(ctx, moved)
+				Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%s: %v", field, err)
+				Expect(err.Error()).To(ContainSubstring(field))
+				Expect(err.Error()).To(ContainSubstring("is immutable"))
+			}
+			// The CRD's CEL rules alone say the same.
+			withoutWebhooks(func() {
+				for field, mutate := range map[string]func(*crawlv1.KVMHost){
+					"spec.address: Invalid value":     func(h *crawlv1.KVMHost) { h.Spec.Address = "hv4:22" },
+					"spec.storagePool: Invalid value": func(h *crawlv1.KVMHost) { h.Spec.StoragePool = "fast" },
+				} {
+					moved := h.DeepCopy()
+					mutate(moved)
+					err := k8sClient.Update(ctx, moved)
+					Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%s: %v", field, err)
+					Expect(err.Error()).To(ContainSubstring(field))
+					Expect(err.Error()).To(ContainSubstring("is immutable"))
+				}
+			})
+		})
+
+		It("releases a stored KVMHost that today's rules reject", func() {
+			h := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "hv-old", Finalizers: []string{"crawl.example.com/kvmhost"}},
+				Spec: crawlv1.KVMHostSpec{Address: "hv-old", SocketPath: "relative/libvirt-sock"}}
+			withoutWebhooks(func() { Expect(k8sClient.Create(ctx, h)).To(Succeed()) })
+			Expect(h.Spec.Address).To(Equal("hv-old"), "created past the defaulting webhook")
+			Expect(k8sClient.Delete(ctx, h)).To(Succeed())
+			Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(h), h)).To(Succeed())
+			h.Finalizers = nil
+			Expect(k8sClient.Update(ctx, h)).To(Succeed())
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(h), &crawlv1.KVMHost{}))
+			}).Should(BeTrue())
 		})
 
 		It("serves the status subresource without touching the spec", func() {
@@ -116,6 +181,34 @@ var _ = Describe("admission through the API server", func() {
 			Expect(err.Error()).To(ContainSubstring("spec.placement.host"))
 		})
 
+		It("releases a stored Proxy that today's rules reject", func() {
+			// Stored with the webhooks off: no defaults, a name that is no
+			// DNS label, memory below the minimum.
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "old.p1", Namespace: ns, Finalizers: []string{crawlv1.ProxyFinalizer}},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{
+					Host: "hv1", Image: "https://img.example/d.qcow2", ImageChecksum: goodSum},
+					Resources: crawlv1.ProxyResources{Memory: ptr.To(resource.MustParse("64Mi"))}}}
+			withoutWebhooks(func() { Expect(k8sClient.Create(ctx, p)).To(Succeed()) })
+			Expect(p.Spec.Placement.Firmware).To(BeEmpty(), "created past the defaulting webhook")
+
+			// A real change is still validated for what it changes.
+			bad := p.DeepCopy()
+			bad.Spec.Resources.Memory = ptr.To(resource.MustParse("100Mi"))
+			err := k8sClient.Update(ctx, bad)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("spec.resources.memory"))
+
+			p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
+			Expect(k8sClient.Update(ctx, p)).To(Succeed())
+			Expect(k8sClient.Delete(ctx, p)).To(Succeed())
+			Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), p)).To(Succeed())
+			p.Finalizers = nil
+			Expect(k8sClient.Update(ctx, p)).To(Succeed())
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), &crawlv1.Proxy{}))
+			}).Should(BeTrue())
+		})
+
 		It("keeps provider and placement immutable", func() {
 			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "imm", Namespace: ns},
 				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian"}}}
@@ -127,9 +220,64 @@ var _ = Describe("admission through the API server", func() {
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring("placement is immutable"))
 
+			for _, viaCEL := range []bool{false, true} {
+				reported := p.DeepCopy()
+				reported.Spec.Port = 8080
+				update := func() error { return k8sClient.Update(ctx, reported) }
+				var err error
+				if viaCEL {
+					withoutWebhooks(func() { err = update() })
+				} else {
+					err = update()
+				}
+				Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+				Expect(err.Error()).To(ContainSubstring("spec.port"))
+				Expect(err.Error()).To(ContainSubstring("port is immutable"))
+			}
+
 			resized := p.DeepCopy()
 			resized.Spec.Resources.CPUs = 2
 			Expect(k8sClient.Update(ctx, resized)).To(Succeed())
 		})
 	})
 })
+
+// withoutWebhooks runs fn while the API server calls none of the project's
+// webhooks, as when objects were stored before a rule existed or with the
+// webhooks off, and reinstalls them afterwards.
+func withoutWebhooks(fn func()) {
+	GinkgoHelper()
+	mut := &admissionregistrationv1.MutatingWebhookConfigurationList{}
+	val := &admissionregistrationv1.ValidatingWebhookConfigurationList{}
+	Expect(k8sClient.List(ctx, mut)).To(Succeed())
+	Expect(k8sClient.List(ctx, val)).To(Succeed())
+	Expect(mut.Items).NotTo(BeEmpty())
+	Expect(val.Items).NotTo(BeEmpty())
+	for i := range mut.Items {
+		Expect(k8sClient.Delete(ctx, &mut.Items[i])).To(Succeed())
+	}
+	for i := range val.Items {
+		Expect(k8sClient.Delete(ctx, &val.Items[i])).To(Succeed())
+	}
+	// The API server notices configuration changes asynchronously: wait
+	// until an object only the webhook rejects is accepted (dry run).
+	probe := func() error {
+		return k8sClient.Create(ctx, &crawlv1.KVMImage{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-"},
+			Spec: crawlv1.KVMImageSpec{URL: "https://", Checksum: goodSum}}, client.DryRunAll)
+	}
+	Eventually(probe).Should(Succeed())
+	defer func() {
+		for i := range mut.Items {
+			c := mut.Items[i].DeepCopy()
+			c.ResourceVersion, c.UID, c.ManagedFields = "", "", nil
+			Expect(k8sClient.Create(ctx, c)).To(Succeed())
+		}
+		for i := range val.Items {
+			c := val.Items[i].DeepCopy()
+			c.ResourceVersion, c.UID, c.ManagedFields = "", "", nil
+			Expect(k8sClient.Create(ctx, c)).To(Succeed())
+		}
+		Eventually(probe).ShouldNot(Succeed())
+	}()
+	fn()
+}

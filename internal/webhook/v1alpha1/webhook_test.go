@@ -1,6 +1,9 @@
 package v1alpha1
 
 import (
+	"bytes"
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +84,27 @@ func TestValidateKVMHost(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			errs := ValidateKVMHost(&crawlv1.KVMHost{Spec: tc.spec})
 			checkErrs(t, errs.ToAggregate(), tc.wantErr)
+		})
+	}
+}
+
+func TestValidateKVMHostUpdate(t *testing.T) {
+	cases := []struct {
+		name    string
+		mutate  func(*crawlv1.KVMHost)
+		wantErr string
+	}{
+		{"check interval may change", func(h *crawlv1.KVMHost) { h.Spec.CheckInterval = dur(time.Minute) }, ""},
+		{"address", func(h *crawlv1.KVMHost) { h.Spec.Address = "hv2:22" }, "spec.address: Forbidden: address is immutable"},
+		{"storage pool", func(h *crawlv1.KVMHost) { h.Spec.StoragePool = "fast" }, "spec.storagePool: Forbidden: storagePool is immutable"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			old := &crawlv1.KVMHost{Spec: crawlv1.KVMHostSpec{Address: "hv1:22", StoragePool: "default"}}
+			h := old.DeepCopy()
+			tc.mutate(h)
+			_, err := (&KVMHostWebhook{}).ValidateUpdate(context.Background(), old, h)
+			checkErrs(t, err, tc.wantErr)
 		})
 	}
 }
@@ -199,6 +223,7 @@ func TestValidateProxyUpdate(t *testing.T) {
 	}{
 		{"resources may change", func(p *crawlv1.Proxy) { p.Spec.Resources.CPUs = 2 }, ""},
 		{"provider", func(p *crawlv1.Proxy) { p.Spec.Provider = crawlv1.ProviderGCP }, "spec.provider: Forbidden: provider is immutable"},
+		{"port", func(p *crawlv1.Proxy) { p.Spec.Port = 8080 }, "spec.port: Forbidden: port is immutable"},
 		{"host", func(p *crawlv1.Proxy) { p.Spec.Placement.Host = "hv2" }, "spec.placement.host: Forbidden"},
 		{"image", func(p *crawlv1.Proxy) { p.Spec.Placement.Image = "ubuntu" }, "spec.placement.image: Forbidden"},
 		{"firmware", func(p *crawlv1.Proxy) { p.Spec.Placement.Firmware = "bios" }, "spec.placement.firmware: Forbidden"},
@@ -222,5 +247,40 @@ func checkErrs(t *testing.T, err error, want string) {
 		t.Fatalf("no error, want one containing %q", want)
 	case want != "" && !strings.Contains(err.Error(), want):
 		t.Fatalf("error %q does not contain %q", err, want)
+	}
+}
+
+func TestGCEUserDataOverTheMetadataLimitIsRefusedAtAdmission(t *testing.T) {
+	gcp := func(ci crawlv1.ProxyCloudInit) *crawlv1.Proxy {
+		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "g1", Namespace: "crawl"},
+			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderGCP, CloudInit: ci}}
+		DefaultProxy(p)
+		return p
+	}
+	limit := crawlv1.GCEMaxMetadataValue
+	notUTF8 := bytes.Repeat([]byte{0xff}, limit*3/4+1) // base64 makes it > limit
+	cases := []struct {
+		name    string
+		p       *crawlv1.Proxy
+		wantErr string
+	}{
+		{"at the limit", gcp(crawlv1.ProxyCloudInit{UserData: strings.Repeat("x", limit)}), ""},
+		{"over the limit", gcp(crawlv1.ProxyCloudInit{UserData: strings.Repeat("x", limit+1)}), fmt.Sprintf("spec.cloudInit.userData: Invalid value: \"<%d bytes>\": is %d bytes as instance metadata, over Compute Engine's limit of %d", limit+1, limit+1, limit)},
+		{"over the limit once base64", gcp(crawlv1.ProxyCloudInit{UserDataBase64: notUTF8}), "spec.cloudInit.userDataBase64: Invalid value"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := (&ProxyWebhook{}).ValidateCreate(context.Background(), tc.p)
+			checkErrs(t, err, tc.wantErr)
+			if err != nil && strings.Contains(err.Error(), "xxxx") {
+				t.Error("the error repeats the user-data")
+			}
+		})
+	}
+	// kvm has no such limit.
+	p := kvmProxy()
+	p.Spec.CloudInit.UserData = strings.Repeat("x", limit+1)
+	if errs := ValidateProxy(p); len(errs) != 0 {
+		t.Errorf("kvm Proxy with large user-data refused: %v", errs.ToAggregate())
 	}
 }

@@ -44,17 +44,16 @@ package gcp
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"net/http"
 	"sort"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/api/compute/v1"
 	"google.golang.org/api/option"
 
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 )
 
@@ -72,7 +71,7 @@ const (
 )
 
 // maxMetadataValue is Compute Engine's limit for one metadata value.
-const maxMetadataValue = 256 * 1024
+const maxMetadataValue = crawlv1.GCEMaxMetadataValue
 
 // Options configures the provider. Project and Zone are defaults a Machine
 // may override.
@@ -406,10 +405,7 @@ func (p *Provider) instanceSpec(m *provider.Machine, t target) (*compute.Instanc
 		{Key: MetadataName, Value: ptr(m.Name)},
 	}
 	if len(m.UserData) > 0 {
-		ud, enc := string(m.UserData), ""
-		if !utf8.Valid(m.UserData) {
-			ud, enc = base64.StdEncoding.EncodeToString(m.UserData), "base64"
-		}
+		ud, enc := crawlv1.GCEUserDataValue(m.UserData)
 		if len(ud) > maxMetadataValue {
 			return nil, provider.Permanentf("gcp: user-data is %d bytes as metadata, over Compute Engine's %d", len(ud), maxMetadataValue)
 		}
@@ -470,7 +466,7 @@ func (p *Provider) image(m *provider.Machine) (string, error) {
 		strings.HasPrefix(u, "https://compute.googleapis.com/compute/"):
 		return u, nil
 	default:
-		return "", provider.Permanentf("gcp: image %q is not a Compute Engine image (want projects/<p>/global/images/...)", u)
+		return "", provider.Permanentf("gcp: image %q is not a Compute Engine image (want projects/<p>/global/images/...)", provider.RedactURL(u))
 	}
 }
 

@@ -171,15 +171,8 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 			return err
 		}
 		if found {
-			state, _, err := c.DomainGetState(dom, 0)
-			if err != nil {
-				return classify(err)
-			}
-			if !isRunning(state) {
-				log.Info("starting existing domain", "domain", name)
-				if err := c.DomainCreate(dom); err != nil && !virt.IsCode(err, libvirt.ErrOperationInvalid) {
-					return classify(err)
-				}
+			if err := ensureRunning(log, c, dom); err != nil {
+				return err
 			}
 			inst = p.instance(m.Host, dom, m, provider.StatePending)
 			return nil
@@ -249,11 +242,14 @@ func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Inst
 		if !found {
 			return provider.NotFoundf("domain %q not found on host %q", domxml.DomainName(m.Namespace, m.Name), m.Host)
 		}
-		state, _, err := c.DomainGetState(dom, 0)
+		state, reason, err := c.DomainGetState(dom, 0)
 		if err != nil {
 			return classify(err)
 		}
 		inst = p.instance(m.Host, dom, m, stateOf(state))
+		if libvirt.DomainState(state) == libvirt.DomainPaused {
+			inst.Message = "paused (" + pausedReason(reason) + ")"
+		}
 		if inst.State == provider.StateRunning {
 			inst.Address, inst.AddressSource, inst.Message = findAddress(c, dom, hs.Network)
 		}
@@ -328,8 +324,8 @@ func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instan
 				return classify(err)
 			}
 			for _, dom := range doms {
-				md, ok := readMetadata(c, dom)
-				if !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag {
+				md, ok, err := readMetadata(c, dom)
+				if err != nil || !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag {
 					continue
 				}
 				out = append(out, provider.Instance{
@@ -368,6 +364,11 @@ func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Im
 }
 
 func (p *Provider) ensureImage(ctx context.Context, c virt.Client, host string, pool libvirt.StoragePool, img provider.Image, progress Progress) (image.Result, error) {
+	// A cached image needs no upload slot: checking first keeps Creates from
+	// queueing behind other images' downloads.
+	if res, ok, err := p.opts.Images.Lookup(c, pool, img); err != nil || ok {
+		return res, err
+	}
 	slot := p.uploadSlot(host)
 	select {
 	case slot <- struct{}{}:
@@ -411,8 +412,10 @@ func (p *Provider) lookupOwned(c virt.Client, m *provider.Machine) (dom libvirt.
 // must name the Machine's UID, and its UUID must match the recorded
 // providerID when there is one.
 func (p *Provider) checkIdentity(c virt.Client, dom libvirt.Domain, m *provider.Machine) error {
-	md, ok := readMetadata(c, dom)
+	md, ok, err := readMetadata(c, dom)
 	switch {
+	case err != nil:
+		return err
 	case !ok:
 		return &provider.IdentityError{Kind: "domain", Name: dom.Name, Mismatch: "it has no proxy-operator metadata (not created by this operator)"}
 	case md.UID != m.UID:
@@ -442,17 +445,23 @@ func (p *Provider) instance(host string, dom libvirt.Domain, m *provider.Machine
 	}
 }
 
-// readMetadata returns our metadata element of dom, if it has one.
-func readMetadata(c virt.Client, dom libvirt.Domain) (domxml.Metadata, bool) {
+// readMetadata returns our metadata element of dom; ok is false when the
+// domain has none (libvirt's VIR_ERR_NO_DOMAIN_METADATA) or ours does not
+// parse. Any other error is the read's own, classified: an interrupted call
+// must not make our domain look foreign (a permanent IdentityError).
+func readMetadata(c virt.Client, dom libvirt.Domain) (md domxml.Metadata, ok bool, err error) {
 	s, err := c.DomainGetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{domxml.MetadataNS}, libvirt.DomainAffectCurrent)
-	if err != nil {
-		return domxml.Metadata{}, false
+	switch {
+	case virt.IsCode(err, libvirt.ErrNoDomainMetadata):
+		return domxml.Metadata{}, false, nil
+	case err != nil:
+		return domxml.Metadata{}, false, classify(fmt.Errorf("reading the metadata of domain %s: %w", dom.Name, err))
 	}
-	md, err := domxml.ParseMetadata(s)
+	md, err = domxml.ParseMetadata(s)
 	if err != nil {
-		return domxml.Metadata{}, false
+		return domxml.Metadata{}, false, nil
 	}
-	return md, true
+	return md, true, nil
 }
 
 func lookupPool(c virt.Client, name string) (libvirt.StoragePool, error) {
@@ -563,6 +572,81 @@ func classify(err error) error {
 		return provider.Permanent(err)
 	}
 	return provider.Transient(err)
+}
+
+// ensureRunning starts an existing domain that is not running, resuming one
+// libvirt paused (an I/O error such as ENOSPC, a watchdog, virsh suspend)
+// rather than "starting" it, which libvirt refuses for a paused domain. A
+// domain paused by a job in progress (migration, save, snapshot) is left to
+// it. No error is ignored: a start that fails is retried with its class.
+func ensureRunning(log logr.Logger, c virt.Client, dom libvirt.Domain) error {
+	state, reason, err := c.DomainGetState(dom, 0)
+	if err != nil {
+		return classify(err)
+	}
+	switch s := libvirt.DomainState(state); {
+	case isRunning(state):
+		return nil
+	case s == libvirt.DomainPaused && pausedByJob(reason):
+		return provider.Transientf("domain %s is paused (%s); waiting for that to end", dom.Name, pausedReason(reason))
+	case s == libvirt.DomainPaused:
+		log.Info("resuming paused domain", "domain", dom.Name, "reason", pausedReason(reason))
+		if err := c.DomainResume(dom); err != nil {
+			return classify(fmt.Errorf("resuming domain %s, paused (%s): %w", dom.Name, pausedReason(reason), err))
+		}
+		return nil
+	default:
+		log.Info("starting existing domain", "domain", dom.Name)
+		if err := c.DomainCreate(dom); err != nil {
+			return classify(fmt.Errorf("starting domain %s: %w", dom.Name, err))
+		}
+		return nil
+	}
+}
+
+// pausedByJob reports whether a paused domain waits for a libvirt job that
+// resumes or ends it by itself.
+func pausedByJob(reason int32) bool {
+	switch libvirt.DomainPausedReason(reason) {
+	case libvirt.DomainPausedMigration, libvirt.DomainPausedSave, libvirt.DomainPausedDump,
+		libvirt.DomainPausedShuttingDown, libvirt.DomainPausedSnapshot, libvirt.DomainPausedStartingUp,
+		libvirt.DomainPausedPostcopy:
+		return true
+	}
+	return false
+}
+
+// pausedReason names a VIR_DOMAIN_PAUSED_* reason for messages.
+func pausedReason(reason int32) string {
+	switch libvirt.DomainPausedReason(reason) {
+	case libvirt.DomainPausedUser:
+		return "paused by a user"
+	case libvirt.DomainPausedMigration:
+		return "migrating"
+	case libvirt.DomainPausedSave:
+		return "saving"
+	case libvirt.DomainPausedDump:
+		return "dumping core"
+	case libvirt.DomainPausedIoerror:
+		return "disk I/O error, e.g. the storage pool is full"
+	case libvirt.DomainPausedWatchdog:
+		return "watchdog fired"
+	case libvirt.DomainPausedFromSnapshot:
+		return "restored from a snapshot"
+	case libvirt.DomainPausedShuttingDown:
+		return "shutting down"
+	case libvirt.DomainPausedSnapshot:
+		return "taking a snapshot"
+	case libvirt.DomainPausedCrashed:
+		return "guest crashed"
+	case libvirt.DomainPausedStartingUp:
+		return "starting up"
+	case libvirt.DomainPausedPostcopy, libvirt.DomainPausedPostcopyFailed:
+		return "post-copy migration"
+	case libvirt.DomainPausedAPIError:
+		return "libvirt API error"
+	}
+	return fmt.Sprintf("reason %d", reason)
 }
 
 func isRunning(state int32) bool {

@@ -3,6 +3,8 @@ package kvm_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -162,6 +164,42 @@ func TestIdentity(t *testing.T) {
 		}
 		if f.Calls(virt.RPCDomainDestroyFlags)+f.Calls(virt.RPCDomainUndefineFlags) != 0 {
 			t.Fatal("destroy or undefine was called on a foreign domain")
+		}
+	})
+
+	t.Run("a failed metadata read is not a foreign domain", func(t *testing.T) {
+		for name, readErr := range map[string]error{
+			"interrupted call": libvirt.ErrInterrupted,
+			"daemon error":     virt.NewError(libvirt.ErrInternalError, "internal error: client socket is closed"),
+		} {
+			t.Run(name, func(t *testing.T) {
+				e := newEnv(t, "hv1")
+				f := e.fakes["hv1"]
+				m := e.machine("hv1", "crawl", "p1", "uid-1")
+				inst, err := e.prov.Create(ctx, m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m.ProviderID = inst.ProviderID
+				for call, do := range map[string]func() error{
+					"Create": func() error { _, err := e.prov.Create(ctx, m); return err },
+					"Get":    func() error { _, err := e.prov.Get(ctx, m); return err },
+					"Delete": func() error { return e.prov.Delete(ctx, m) },
+				} {
+					f.FailNext(virt.RPCDomainGetMetadata, readErr)
+					err := do()
+					var idErr *provider.IdentityError
+					if errors.As(err, &idErr) || provider.Class(err) != provider.ClassTransient {
+						t.Errorf("%s with a failed metadata read: %v (class %s), want transient and no IdentityError", call, err, provider.Class(err))
+					}
+				}
+				if _, ok := f.Domain("crawl.p1"); !ok {
+					t.Fatal("the domain was deleted although its metadata could not be read")
+				}
+				if got, err := e.prov.Get(ctx, m); err != nil || got.State != provider.StateRunning {
+					t.Fatalf("Get once the read works = %+v, %v", got, err)
+				}
+			})
 		}
 	})
 
@@ -369,5 +407,132 @@ func TestSteadyStateGetRPCs(t *testing.T) {
 	// Lookup, metadata, state, agent addresses.
 	if total != 4 {
 		t.Fatalf("steady-state Get made %d RPCs: %v", total, e.rpcs)
+	}
+}
+
+func TestCachedImageDoesNotWaitBehindUploads(t *testing.T) {
+	e := newEnv(t, "hv1")
+	prov := kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns, MaxUploadsPerHost: 1})
+	ctx := context.Background()
+	if _, err := prov.Create(ctx, e.machine("hv1", "crawl", "p1", "uid-1")); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+
+	// Another image's download holds the host's only upload slot.
+	other := kvmtest.NewImageServer("other", 4<<10)
+	other.Close()
+	started, release := make(chan struct{}), make(chan struct{})
+	blocked := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(started)
+		<-release
+		_, _ = w.Write(other.Body)
+	}))
+	defer blocked.Close()
+	defer close(release)
+	img := other.Image
+	img.URL = blocked.URL + "/other.img"
+	done := make(chan error, 1)
+	go func() {
+		_, err := prov.EnsureImage(ctx, "hv1", img, nil)
+		done <- err
+	}()
+	<-started
+
+	// A Create whose image is cached goes through at once.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := prov.Create(cctx, e.machine("hv1", "crawl", "p2", "uid-2")); err != nil {
+		t.Fatalf("Create with a cached image while an upload holds the slot: %v", err)
+	}
+	// An image that is not cached still waits for the slot.
+	uncached := kvmtest.NewImageServer("third", 4<<10)
+	defer uncached.Close()
+	m := e.machine("hv1", "crawl", "p3", "uid-3")
+	m.Image = uncached.Image
+	sctx, cancel2 := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel2()
+	if _, err := prov.Create(sctx, m); err == nil || !strings.Contains(err.Error(), "waiting for an upload slot") {
+		t.Fatalf("Create with an uncached image = %v, want it to wait for the slot", err)
+	}
+	if uncached.Downloads() != 0 {
+		t.Fatal("an upload ran beyond MaxUploadsPerHost")
+	}
+	release <- struct{}{}
+	if err := <-done; err != nil {
+		t.Fatalf("blocked EnsureImage: %v", err)
+	}
+}
+
+func TestPausedDomainIsResumedNotStarted(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "hv1")
+	f := e.fakes["hv1"]
+	m := e.machine("hv1", "crawl", "p1", "uid-1")
+	inst, err := e.prov.Create(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ProviderID = inst.ProviderID
+
+	// libvirt pauses the guest on ENOSPC: Get says so and why.
+	if err := f.Pause("crawl.p1", libvirt.DomainPausedIoerror); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.prov.Get(ctx, m)
+	if err != nil || got.State != provider.StateStopped || !strings.Contains(got.Message, "disk I/O error") {
+		t.Fatalf("Get of a paused domain = %+v, %v; want Stopped naming the reason", got, err)
+	}
+
+	// Space still short: the resume fails, and Create says so.
+	f.FailNext(virt.RPCDomainResume, virt.NewError(libvirt.ErrOperationFailed, "operation failed: resume operation failed"))
+	if _, err := e.prov.Create(ctx, m); provider.Class(err) != provider.ClassTransient || !strings.Contains(err.Error(), "resume operation failed") {
+		t.Fatalf("Create with a failing resume = %v (class %s), want the transient resume error", err, provider.Class(err))
+	}
+	// Space freed: the next Create resumes it; nothing is "started".
+	creates := f.Calls(virt.RPCDomainCreate)
+	if _, err := e.prov.Create(ctx, m); err != nil {
+		t.Fatalf("Create of a paused domain: %v", err)
+	}
+	if d, _ := f.Domain("crawl.p1"); d.State != libvirt.DomainRunning {
+		t.Fatalf("domain state after Create = %d, want running", d.State)
+	}
+	if f.Calls(virt.RPCDomainCreate) != creates {
+		t.Fatal("Create called DomainCreate on a paused domain")
+	}
+
+	// Paused by a job (migration): left to it, reported as waiting.
+	if err := f.Pause("crawl.p1", libvirt.DomainPausedMigration); err != nil {
+		t.Fatal(err)
+	}
+	resumes := f.Calls(virt.RPCDomainResume)
+	if _, err := e.prov.Create(ctx, m); provider.Class(err) != provider.ClassTransient || !strings.Contains(err.Error(), "migrating") {
+		t.Fatalf("Create during a migration = %v, want transient naming it", err)
+	}
+	if f.Calls(virt.RPCDomainResume) != resumes {
+		t.Fatal("a domain paused by a migration was resumed")
+	}
+}
+
+func TestStartErrorOfAnExistingDomainIsNotIgnored(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, "hv1")
+	f := e.fakes["hv1"]
+	m := e.machine("hv1", "crawl", "p1", "uid-1")
+	if _, err := e.prov.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := f.Domain("crawl.p1")
+	if err := f.DomainDestroyFlags(libvirt.Domain{Name: d.Name, UUID: d.UUID}, 0); err != nil {
+		t.Fatal(err)
+	}
+	f.FailNext(virt.RPCDomainCreate, virt.NewError(libvirt.ErrOperationInvalid, "Requested operation is not valid: domain is already running"))
+	if _, err := e.prov.Create(ctx, m); err == nil || !strings.Contains(err.Error(), "starting domain crawl.p1") {
+		t.Fatalf("Create whose DomainCreate failed = %v, want the error", err)
+	}
+	if _, err := e.prov.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := f.Domain("crawl.p1"); d.State != libvirt.DomainRunning {
+		t.Fatalf("domain state = %d, want running", d.State)
 	}
 }

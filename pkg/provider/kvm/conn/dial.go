@@ -58,7 +58,6 @@ func (p *Pool) dialStages(ctx context.Context, h *hostState) (*link, error) {
 	if err != nil {
 		stop()
 		_ = tcp.Close()
-		h.forgetMaterial(m) // the key or known_hosts may have changed: reload next time
 		return nil, transientDialError(StageSSHHandshakeFailed, cfg, withCause(ctx, err))
 	}
 	client := ssh.NewClient(sshConn, chans, reqs)
@@ -79,7 +78,6 @@ func (p *Pool) dialStages(ctx context.Context, h *hostState) (*link, error) {
 	if !stop() { // ctx ended just now and the connection is being closed
 		return fail(context.Cause(ctx))
 	}
-	h.keepMaterial(m)
 	return &link{ssh: client, lv: lv, done: make(chan struct{})}, nil
 }
 
@@ -96,32 +94,19 @@ func withCause(ctx context.Context, err error) error {
 	return fmt.Errorf("%w (%v)", cause, err)
 }
 
+// loadMaterial reads the material afresh for every dial, never from a cache:
+// a host key removed from known_hosts (or a revoked client key) must stop
+// being trusted at the next dial, not only after a handshake happens to fail.
+// Dials are rare (one per link), so the extra Secret read is cheap.
 func (h *hostState) loadMaterial(ctx context.Context) (*Material, error) {
 	h.mu.Lock()
-	m, load := h.material, h.loader
+	load := h.loader
 	h.mu.Unlock()
-	if m != nil {
-		return m, nil
-	}
 	m, err := load(ctx)
 	if err == nil && (m == nil || m.Signer == nil || m.HostKeyCallback == nil) {
 		err = provider.Permanentf("ssh material loader returned no signer or no host key callback")
 	}
 	return m, err
-}
-
-func (h *hostState) keepMaterial(m *Material) {
-	h.mu.Lock()
-	h.material = m
-	h.mu.Unlock()
-}
-
-func (h *hostState) forgetMaterial(m *Material) {
-	h.mu.Lock()
-	if h.material == m {
-		h.material = nil
-	}
-	h.mu.Unlock()
 }
 
 func clientConfig(cfg HostConfig, m *Material, remote net.Addr) *ssh.ClientConfig {

@@ -30,8 +30,9 @@ type Material struct {
 	HostKeyCallback ssh.HostKeyCallback
 }
 
-// MaterialLoader returns the material for a host. The pool calls it lazily,
-// on a dial without cached material. Errors classed provider.ErrPermanent
+// MaterialLoader returns the material for a host. The pool calls it on
+// every dial (never caching the result), so a rotated Secret or file is
+// what the next dial trusts. Errors classed provider.ErrPermanent
 // mean the material is there but unusable (SSHMaterialInvalid); any other
 // error means it is not there yet (SSHMaterialMissing, transient), so a
 // Secret created later is picked up by the next dial without a restart.

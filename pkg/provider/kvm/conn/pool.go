@@ -58,8 +58,9 @@ type HostConfig struct {
 	// MaterialRevision identifies the credentials the loader returns, e.g.
 	// the Secret's namespace/name and resourceVersion. Loaders are funcs and
 	// cannot be compared, so this is how Set learns the material changed:
-	// like any config change it drops the link and the cached material.
-	// Optional; without it new credentials are used from the next dial on.
+	// like any config change it drops the link. Optional: material is read
+	// afresh on every dial anyway, so new credentials are used from the next
+	// dial on; a changed revision only makes that dial happen now.
 	MaterialRevision string
 }
 
@@ -160,10 +161,9 @@ type hostState struct {
 	cancel context.CancelFunc
 	slot   chan struct{} // held while checking or dialing the link
 
-	mu       sync.Mutex
-	loader   MaterialLoader
-	material *Material // cached once a dial with it worked
-	link     *link
+	mu     sync.Mutex
+	loader MaterialLoader // called on every dial; see loadMaterial
+	link   *link
 }
 
 func (h *hostState) current() *link {
@@ -218,7 +218,7 @@ func New(opts Options) *Pool {
 }
 
 // Set adds a host or updates it. A changed config (including
-// MaterialRevision) drops the old link and cached material; an unchanged one
+// MaterialRevision) drops the old link; an unchanged one
 // keeps the link and only swaps in loader for future loads. The error is
 // permanent for an invalid config.
 func (p *Pool) Set(cfg HostConfig, loader MaterialLoader) error {

@@ -428,7 +428,47 @@ func TestMaterialHealsWithoutRestart(t *testing.T) {
 	mustLibVersion(t, p, "hv1")
 }
 
-func TestMaterialCachedUntilHandshakeFails(t *testing.T) {
+func TestRotatedKnownHostsRefusesTheOldHostKeyAtNextDial(t *testing.T) {
+	th := newTestHost(t)
+	dir := t.TempDir()
+	write := func(name string, b []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(PrivateKeyFile, th.keyPEM)
+	write(KnownHostsFile, th.srv.KnownHosts())
+	var d countingDialer
+	p := newPool(t, Options{Dial: d.Dial, KeepaliveInterval: -1})
+	if err := p.Set(th.config("hv1"), FileMaterial(dir)); err != nil {
+		t.Fatal(err)
+	}
+	mustLibVersion(t, p, "hv1")
+
+	// The admin replaces the (compromised) host key in known_hosts; the
+	// server still presents the old one. The link drops (as links do): the
+	// redial must check against what known_hosts says now.
+	replacement, _ := sshtest.NewKey(t)
+	write(KnownHostsFile, []byte(knownhosts.Line([]string{knownhosts.Normalize(th.srv.Addr())}, replacement.PublicKey())+"\n"))
+	th.srv.DropConns()
+	var err error
+	waitFor(t, func() bool {
+		_, err = libVersion(testCtx(t, 5*time.Second), p, "hv1")
+		if err == nil && d.count() > 1 {
+			t.Fatal("the redial trusted a host key no longer in known_hosts")
+		}
+		stage, _ := DialStage(err)
+		return stage != "" // a redial happened (before it: the dropped link's transport errors)
+	})
+	if stage, _ := DialStage(err); stage != StageSSHHandshakeFailed || !strings.Contains(err.Error(), "host key mismatch") {
+		t.Fatalf("err = %v (stage %q), want %s with a host key mismatch", err, stage, StageSSHHandshakeFailed)
+	}
+	if n := th.srv.Sessions(); n != 1 {
+		t.Fatalf("server saw %d authenticated sessions, want only the first one", n)
+	}
+}
+
+func TestRotatedClientKeyUsedAtNextDial(t *testing.T) {
 	th := newTestHost(t)
 	key2, key2PEM := sshtest.NewKey(t)
 	var loads atomic.Int32
@@ -444,33 +484,25 @@ func TestMaterialCachedUntilHandshakeFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustLibVersion(t, p, "hv1")
-
-	// A redial after a network drop reuses the material that worked.
-	th.srv.DropConns()
-	waitFor(t, func() bool {
-		_, err := libVersion(testCtx(t, 5*time.Second), p, "hv1")
-		return err == nil && d.count() == 2
-	})
+	mustLibVersion(t, p, "hv1")
 	if n := loads.Load(); n != 1 {
-		t.Fatalf("loads = %d after redial, want 1 (cached)", n)
+		t.Fatalf("loads = %d with one link, want 1 (material is read per dial, not per call)", n)
 	}
 
-	// The key is rotated: the server only accepts key2 and the Secret has it.
+	// The key is rotated: the server only accepts key2 and the Secret has
+	// it. The redial uses key2 at once, with no failed handshake first.
 	th.srv.SetAuthorizedKeys(key2.PublicKey())
 	current.Store(&key2PEM)
 	th.srv.DropConns()
-	var err error
 	waitFor(t, func() bool {
-		_, err = libVersion(testCtx(t, 5*time.Second), p, "hv1")
-		stage, _ := DialStage(err)
-		return stage == StageSSHHandshakeFailed
+		_, err := libVersion(testCtx(t, 5*time.Second), p, "hv1")
+		if stage, _ := DialStage(err); stage != "" {
+			t.Fatalf("redial failed with the rotated key: %v", err)
+		}
+		return err == nil && d.count() == 2
 	})
-	if n := loads.Load(); n != 1 {
-		t.Fatalf("loads = %d, want the cached (old) material used", n)
-	}
-	mustLibVersion(t, p, "hv1") // reloads after the auth failure
 	if n := loads.Load(); n != 2 {
-		t.Fatalf("loads = %d, want 2", n)
+		t.Fatalf("loads = %d after one redial, want 2", n)
 	}
 }
 

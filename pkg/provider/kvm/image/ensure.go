@@ -99,7 +99,7 @@ func (s spec) label() string {
 	if s.img.Name != "" {
 		return s.img.Name
 	}
-	return RedactURL(s.img.URL)
+	return provider.RedactURL(s.img.URL)
 }
 
 // Ensure makes a verified copy of img exist in pool and returns it.
@@ -144,6 +144,23 @@ func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.Storage
 		return cached(lv, pool, s, st)
 	}
 	return c.fetch(ctx, log, lv, pool, s, st, progress)
+}
+
+// Lookup returns the verified copy of img in pool if there is one, under the
+// same commit rule as Ensure (the marker vouches for the volume); ok is
+// false when the image still has to be uploaded. It takes no upload claim,
+// so a caller can serve a cached image without queueing behind uploads.
+func (c *Cache) Lookup(lv virt.Client, pool libvirt.StoragePool, img provider.Image) (res Result, ok bool, err error) {
+	s, err := newSpec(img)
+	if err != nil {
+		return Result{}, false, err
+	}
+	st, err := lookup(lv, pool, s)
+	if err != nil || !st.ready() {
+		return Result{}, false, err
+	}
+	res, err = cached(lv, pool, s, st)
+	return res, err == nil, err
 }
 
 // state is what the pool holds under an image's names.
@@ -264,7 +281,7 @@ func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool
 	if err != nil {
 		return Result{}, virtError("creating volume", s.volume, pool, err)
 	}
-	log.Info("Uploading image", "url", RedactURL(s.img.URL), "bytes", src.size, "capacity", capacity)
+	log.Info("Uploading image", "url", provider.RedactURL(s.img.URL), "bytes", src.size, "capacity", capacity)
 
 	up := &uploadReader{
 		src:      src,
@@ -288,7 +305,7 @@ func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool
 		fail = provider.Transientf("image %s: source sent %d of %d bytes", s.label(), n, src.size)
 	case sum != s.digest:
 		fail = provider.Permanentf("image %s: checksum mismatch: expected %s, got %s:%s (%d bytes from %s)",
-			s.label(), s.checksum(), Algorithm, sum, n, RedactURL(s.img.URL))
+			s.label(), s.checksum(), Algorithm, sum, n, provider.RedactURL(s.img.URL))
 	}
 	if fail != nil {
 		discard(log, lv, vol)
@@ -494,11 +511,11 @@ func (s *source) readError(ctx context.Context, sp spec, err error) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("image %s: download interrupted: %w", sp.label(), context.Cause(ctx))
 	case errors.Is(context.Cause(s.ctx), errStalled):
-		return provider.Transientf("image %s: no data from %s for %s", sp.label(), RedactURL(sp.img.URL), s.stall)
+		return provider.Transientf("image %s: no data from %s for %s", sp.label(), provider.RedactURL(sp.img.URL), s.stall)
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return provider.Transientf("image %s: download from %s ended early (expected %d bytes): %w", sp.label(), RedactURL(sp.img.URL), s.size, err)
+		return provider.Transientf("image %s: download from %s ended early (expected %d bytes): %w", sp.label(), provider.RedactURL(sp.img.URL), s.size, err)
 	default:
-		return provider.Transientf("image %s: reading %s: %w", sp.label(), RedactURL(sp.img.URL), err)
+		return provider.Transientf("image %s: reading %s: %w", sp.label(), provider.RedactURL(sp.img.URL), err)
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
@@ -362,10 +364,17 @@ func TestEnsureRefetchesUnverified(t *testing.T) {
 			e := newEnv(t)
 			img := provider.Image{Name: "re", URL: e.srv.bytes("/re", b), Checksum: checksumOf(b), Format: FormatRaw}
 			tc.prime(e, img)
+			// Lookup follows the same commit rule: no marker and volume, no hit.
+			if _, ok, err := e.cache.Lookup(e.host, e.pool, img); err != nil || ok {
+				t.Fatalf("Lookup of an unverified image = %v, %v; want a miss", ok, err)
+			}
 			before := e.srv.requests("/re")
 			res, err := e.ensure(img)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if hit, ok, err := e.cache.Lookup(e.host, e.pool, img); err != nil || !ok || hit.Path != res.Path || !hit.Cached {
+				t.Fatalf("Lookup after Ensure = %+v, %v, %v; want the cached volume", hit, ok, err)
 			}
 			if res.Cached || res.Bytes != int64(len(b)) {
 				t.Errorf("Result = %+v, want a fresh upload", res)
@@ -769,4 +778,40 @@ func TestEnsureUploadFailsWhileStillReading(t *testing.T) {
 		t.Errorf("progress called %d times after Ensure returned", calls-atReturn)
 	}
 	e.assertEmpty()
+}
+
+func TestURLCredentialsNeverReachErrorsOrLogs(t *testing.T) {
+	good, other := genBytes(11, 64<<10), genBytes(12, 64<<10)
+	withToken := func(u string) string {
+		return strings.Replace(u, "http://", "http://ghp_t0ken:s3cret@", 1) + "?sig=s1gnature"
+	}
+	for name, url := range map[string]func(e *env) string{
+		"http error":         func(e *env) string { return withToken(e.srv.status("/s", http.StatusForbidden)) },
+		"connection refused": func(e *env) string { return withToken("http://127.0.0.1:1/x.img") },
+		"checksum mismatch":  func(e *env) string { return withToken(e.srv.bytes("/m", other)) },
+		"body cut":           func(e *env) string { return withToken(e.srv.cut("/cut", good, len(good)/2)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			var logs bytes.Buffer
+			var mu sync.Mutex
+			e.ctx = logr.NewContext(e.ctx, funcr.New(func(prefix, args string) {
+				mu.Lock()
+				defer mu.Unlock()
+				logs.WriteString(prefix + args + "\n")
+			}, funcr.Options{Verbosity: 2}))
+			// No name: a Proxy's URL image is labelled by its URL.
+			_, err := e.ensure(provider.Image{URL: url(e), Checksum: checksumOf(good), Format: FormatRaw})
+			if err == nil {
+				t.Fatal("Ensure succeeded")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, secret := range []string{"ghp_t0ken", "s3cret", "s1gnature"} {
+				if strings.Contains(err.Error(), secret) || strings.Contains(logs.String(), secret) {
+					t.Errorf("%q leaked:\nerror: %v\nlogs:\n%s", secret, err, logs.String())
+				}
+			}
+		})
+	}
 }

@@ -21,7 +21,7 @@ type Fetcher func(ctx context.Context, rawURL string) (body io.ReadCloser, size 
 
 // HTTPStatusError is a response other than 200 OK.
 type HTTPStatusError struct {
-	// URL is the requested URL, safe to show (see RedactURL).
+	// URL is the requested URL, safe to show (see provider.RedactURL).
 	URL        string
 	StatusCode int
 	Status     string
@@ -53,26 +53,12 @@ func checkURL(raw string) error {
 	switch u.Scheme {
 	case "http", "https":
 	default:
-		return provider.Permanentf("image URL %s: scheme %q is not supported; want http or https", RedactURL(raw), u.Scheme)
+		return provider.Permanentf("image URL %s: scheme %q is not supported; want http or https", provider.RedactURL(raw), u.Scheme)
 	}
 	if u.Host == "" {
-		return provider.Permanentf("image URL %s has no host", RedactURL(raw))
+		return provider.Permanentf("image URL %s has no host", provider.RedactURL(raw))
 	}
 	return nil
-}
-
-// RedactURL returns raw fit for logs and status conditions: no password
-// and no query, which for pre-signed object storage URLs is a credential.
-func RedactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparsable URL>"
-	}
-	if u.RawQuery != "" {
-		u.RawQuery = "redacted"
-	}
-	u.Fragment, u.RawFragment = "", ""
-	return u.Redacted()
 }
 
 // defaultHTTPClient is shared by every Cache without its own client so
@@ -94,7 +80,7 @@ func httpFetcher(client *http.Client) Fetcher {
 	return func(ctx context.Context, rawURL string) (io.ReadCloser, int64, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
 		if err != nil {
-			return nil, 0, provider.Permanentf("image URL %s: %w", RedactURL(rawURL), err)
+			return nil, 0, provider.Permanentf("image URL %s: %w", provider.RedactURL(rawURL), err)
 		}
 		req.Header.Set("User-Agent", "proxy-operator-image-cache")
 		resp, err := client.Do(req)
@@ -104,14 +90,14 @@ func httpFetcher(client *http.Client) Fetcher {
 			if errors.As(err, &ue) {
 				err = ue.Err
 			}
-			return nil, 0, provider.Transientf("GET %s: %w", RedactURL(rawURL), err)
+			return nil, 0, provider.Transientf("GET %s: %w", provider.RedactURL(rawURL), err)
 		}
 		if resp.StatusCode != http.StatusOK {
 			// A little of the body lets the connection be reused; error
 			// pages are small, and an image is never drained here.
 			_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
 			_ = resp.Body.Close()
-			return nil, 0, classifyStatus(&HTTPStatusError{URL: RedactURL(rawURL), StatusCode: resp.StatusCode, Status: resp.Status})
+			return nil, 0, classifyStatus(&HTTPStatusError{URL: provider.RedactURL(rawURL), StatusCode: resp.StatusCode, Status: resp.Status})
 		}
 		return resp.Body, resp.ContentLength, nil
 	}

@@ -310,6 +310,10 @@ func (c *instrumented) DomainCreate(dom libvirt.Domain) error {
 	return call0(c, RPCDomainCreate, domArgs(dom), func() error { return c.inner.DomainCreate(dom) })
 }
 
+func (c *instrumented) DomainResume(dom libvirt.Domain) error {
+	return call0(c, RPCDomainResume, domArgs(dom), func() error { return c.inner.DomainResume(dom) })
+}
+
 func (c *instrumented) DomainDestroyFlags(dom libvirt.Domain, flags libvirt.DomainDestroyFlagsValues) error {
 	return call0(c, RPCDomainDestroyFlags, domArgs(dom, "flags", uint32(flags)),
 		func() error { return c.inner.DomainDestroyFlags(dom, flags) })

@@ -238,6 +238,7 @@ func TestInstrumentCoversEveryMethod(t *testing.T) {
 	_, _ = c.DomainLookupByName("a")
 	_, _ = c.DomainLookupByUUID(h.UUID)
 	_ = c.DomainCreate(h)
+	_ = c.DomainResume(h)
 	_, _, _ = c.DomainGetState(h, 0)
 	_, _ = c.DomainGetXMLDesc(h, 0)
 	_, _ = c.DomainGetMetadata(h, int32(libvirt.DomainMetadataElement), libvirt.OptString{ns}, 0)

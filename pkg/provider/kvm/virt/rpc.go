@@ -12,6 +12,7 @@ const (
 	RPCDomainLookupByUUID       = "virDomainLookupByUUID"
 	RPCDomainDefineXMLFlags     = "virDomainDefineXMLFlags"
 	RPCDomainCreate             = "virDomainCreate"
+	RPCDomainResume             = "virDomainResume"
 	RPCDomainDestroyFlags       = "virDomainDestroyFlags"
 	RPCDomainUndefineFlags      = "virDomainUndefineFlags"
 	RPCDomainGetState           = "virDomainGetState"
@@ -45,6 +46,7 @@ var RPCNames = []string{
 	RPCDomainLookupByUUID,
 	RPCDomainDefineXMLFlags,
 	RPCDomainCreate,
+	RPCDomainResume,
 	RPCDomainDestroyFlags,
 	RPCDomainUndefineFlags,
 	RPCDomainGetState,

@@ -26,6 +26,7 @@ type Client interface {
 	DomainLookupByUUID(uuid libvirt.UUID) (libvirt.Domain, error)
 	DomainDefineXMLFlags(xml string, flags libvirt.DomainDefineFlags) (libvirt.Domain, error)
 	DomainCreate(dom libvirt.Domain) error
+	DomainResume(dom libvirt.Domain) error
 	DomainDestroyFlags(dom libvirt.Domain, flags libvirt.DomainDestroyFlagsValues) error
 	DomainUndefineFlags(dom libvirt.Domain, flags libvirt.DomainUndefineFlagsValues) error
 	DomainGetState(dom libvirt.Domain, flags uint32) (state int32, reason int32, err error)

@@ -316,6 +316,47 @@ func (f *Fake) start(d *domain) {
 	f.emit(d, libvirt.DomainEventStarted, int32(libvirt.DomainEventStartedBooted))
 }
 
+// DomainResume implements virt.Client like qemu's driver: a paused domain
+// runs again, a running one is left as is, a shut-off one is refused.
+func (c *Conn) DomainResume(dom libvirt.Domain) error {
+	return do0(c, virt.RPCDomainResume, func(f *Fake) error {
+		d, err := f.lookup(dom)
+		if err != nil {
+			return err
+		}
+		switch {
+		case !d.active():
+			return errNotRunning()
+		case d.state == libvirt.DomainPmsuspended:
+			return lverr(libvirt.ErrOperationInvalid, "domain is pmsuspended")
+		case d.state == libvirt.DomainPaused && d.reason == int32(libvirt.DomainPausedPostcopy):
+			return lverr(libvirt.ErrOperationInvalid, "cannot resume domain which is in post-copy migration")
+		case d.state == libvirt.DomainPaused:
+			d.state, d.reason = libvirt.DomainRunning, int32(libvirt.DomainRunningUnpaused)
+			f.emit(d, libvirt.DomainEventResumed, int32(libvirt.DomainEventResumedUnpaused))
+		}
+		return nil
+	})
+}
+
+// Pause makes a running domain paused for reason, as libvirt does on its
+// own (an I/O error such as ENOSPC, a watchdog) or on `virsh suspend`.
+func (f *Fake) Pause(name string, reason libvirt.DomainPausedReason) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := f.domains[name]
+	if d == nil || d.state != libvirt.DomainRunning {
+		return fmt.Errorf("fake: domain %q is not running", name)
+	}
+	d.state, d.reason = libvirt.DomainPaused, int32(reason)
+	detail := libvirt.DomainEventSuspendedPaused
+	if reason == libvirt.DomainPausedIoerror {
+		detail = libvirt.DomainEventSuspendedIoerror
+	}
+	f.emit(d, libvirt.DomainEventSuspended, int32(detail))
+	return nil
+}
+
 // DomainDestroyFlags implements virt.Client. A domain undefined while
 // running (transient) disappears here.
 func (c *Conn) DomainDestroyFlags(dom libvirt.Domain, flags libvirt.DomainDestroyFlagsValues) error {

@@ -464,3 +464,27 @@ func TestRedefineRunningDomainKeepsLiveMetadata(t *testing.T) {
 		t.Errorf("after restart metadata = %s, want gen 2", got)
 	}
 }
+
+func TestResumeLikeQemu(t *testing.T) {
+	f := newFake(t)
+	h := mustDefine(t, f, dom{name: "a", uuid: uuidA})
+	wantErr(t, f.DomainResume(h), libvirt.ErrOperationInvalid, "domain is not running")
+	must(t, f.DomainCreate(h))
+	must(t, f.DomainResume(h)) // running: nothing to do
+
+	must(t, f.Pause("a", libvirt.DomainPausedIoerror))
+	state, reason, err := f.DomainGetState(h, 0)
+	must(t, err)
+	if libvirt.DomainState(state) != libvirt.DomainPaused || libvirt.DomainPausedReason(reason) != libvirt.DomainPausedIoerror {
+		t.Fatalf("state = %d/%d, want paused/ioerror", state, reason)
+	}
+	wantErr(t, f.DomainCreate(h), libvirt.ErrOperationInvalid, "domain is already running")
+	must(t, f.DomainResume(h))
+	state, reason, _ = f.DomainGetState(h, 0)
+	if libvirt.DomainState(state) != libvirt.DomainRunning || libvirt.DomainRunningReason(reason) != libvirt.DomainRunningUnpaused {
+		t.Fatalf("state = %d/%d after resume, want running/unpaused", state, reason)
+	}
+
+	must(t, f.Pause("a", libvirt.DomainPausedPostcopy))
+	wantErr(t, f.DomainResume(h), libvirt.ErrOperationInvalid, "post-copy migration")
+}
