@@ -99,6 +99,13 @@ func TestInstanceName(t *testing.T) {
 	if a == b {
 		t.Errorf("truncated names with different uids collide: %q", a)
 	}
+	// Existing instances are found by these names: they must never change.
+	if got := InstanceName("crawl", "Eu.Egress_1", "u1"); got != "proxy-crawl-eu-egress-1-bb82030d" {
+		t.Errorf("InstanceName changed: %q", got)
+	}
+	if got := InstanceName(strings.Repeat("n", 40), strings.Repeat("a", 40), "u2"); got != "proxy-"+strings.Repeat("n", 40)+"-aaaaaaa-6ca202c8" {
+		t.Errorf("InstanceName changed: %q", got)
+	}
 	if got := InstanceName("crawl", "eu-egress", uid); !strings.HasPrefix(got, "proxy-crawl-eu-egress-") {
 		t.Errorf("InstanceName = %q, want readable prefix", got)
 	}

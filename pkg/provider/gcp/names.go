@@ -1,8 +1,6 @@
 package gcp
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -43,32 +41,7 @@ const maxNameLen = 63
 // recreated under the same name a fresh instance instead of a collision with
 // the one its predecessor left behind.
 func InstanceName(namespace, name, uid string) string {
-	sum := sha256.Sum256([]byte(uid))
-	suffix := "-" + hex.EncodeToString(sum[:])[:8]
-	base := sanitizeName("proxy-" + namespace + "-" + name)
-	if max := maxNameLen - len(suffix); len(base) > max {
-		base = strings.TrimRight(base[:max], "-")
-	}
-	return base + suffix
-}
-
-// sanitizeName lowercases s and turns every run of characters outside
-// [a-z0-9] into one '-'.
-func sanitizeName(s string) string {
-	var b strings.Builder
-	dash := false
-	for _, r := range strings.ToLower(s) {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
-			b.WriteRune(r)
-			dash = false
-			continue
-		}
-		if !dash && b.Len() > 0 {
-			b.WriteByte('-')
-			dash = true
-		}
-	}
-	return strings.TrimRight(b.String(), "-")
+	return provider.DNSLabel("proxy-"+namespace+"-"+name, provider.UIDSuffix(uid), maxNameLen)
 }
 
 // LabelValue makes s a valid GCE label value: lowercase, only [a-z0-9_-],

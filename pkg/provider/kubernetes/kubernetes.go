@@ -46,8 +46,6 @@ package kubernetes
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"sort"
@@ -177,29 +175,7 @@ func (p *Provider) Name() string { return Name }
 // ObjectName is the name of the Pod and ConfigMap of a Proxy: a DNS-1123
 // label (so also a valid hostname), at most 63 characters.
 func ObjectName(proxyName, uid string) string {
-	sum := sha256.Sum256([]byte(uid))
-	suffix := "-" + hex.EncodeToString(sum[:])[:8]
-	base := "proxy-" + dnsLabel(proxyName)
-	if max := validation.DNS1123LabelMaxLength - len(suffix); len(base) > max {
-		base = base[:max]
-	}
-	return strings.TrimRight(base, "-") + suffix
-}
-
-// dnsLabel lowercases s and turns runs of other characters into '-'.
-func dnsLabel(s string) string {
-	var b strings.Builder
-	dash := false
-	for _, r := range strings.ToLower(s) {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
-			b.WriteRune(r)
-			dash = false
-		} else if !dash && b.Len() > 0 {
-			b.WriteByte('-')
-			dash = true
-		}
-	}
-	return strings.TrimRight(b.String(), "-")
+	return provider.DNSLabel("proxy-"+proxyName, provider.UIDSuffix(uid), validation.DNS1123LabelMaxLength)
 }
 
 // labelValue cuts s to a valid label value (Proxy names may be 253 long).

@@ -70,6 +70,13 @@ func TestObjectName(t *testing.T) {
 	if ObjectName(long, "a") == ObjectName(long, "b") {
 		t.Error("same name, different uid: collision")
 	}
+	// Existing pods are found by these names: they must never change.
+	if got := ObjectName("Eu.Egress_1", "u1"); got != "proxy-eu-egress-1-bb82030d" {
+		t.Errorf("ObjectName changed: %q", got)
+	}
+	if got := ObjectName(strings.Repeat("a", 52)+"-b", "u2"); got != "proxy-"+strings.Repeat("a", 48)+"-6ca202c8" {
+		t.Errorf("ObjectName changed: %q", got)
+	}
 	if got := ObjectName("eu-egress", uid); !strings.HasPrefix(got, "proxy-eu-egress-") {
 		t.Errorf("ObjectName = %q", got)
 	}
