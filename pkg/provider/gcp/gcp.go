@@ -235,7 +235,15 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 	case isAlreadyExists(err):
 		// Ours from an earlier call, or someone else's: checkOwner decides.
 	default:
-		return nil, classify(err, "insert instance "+t.String())
+		err = classify(err, "insert instance "+t.String())
+		if provider.Class(err) == provider.ClassNotFound {
+			// insert answers 404 for what the request references (an
+			// image or family gone, an unknown zone or network), never
+			// for the instance it is about to make: that will not fix
+			// itself, and is not "instance missing".
+			return nil, provider.Permanentf("%v", err)
+		}
+		return nil, err
 	}
 
 	inst, err := p.svc.Instances.Get(t.project, t.zone, t.name).Context(ctx).Do()
@@ -484,9 +492,18 @@ func (p *Provider) instance(project string, inst *compute.Instance) *provider.In
 		Message:    inst.StatusMessage,
 		Owner:      owner(inst),
 	}
+	// Statuses: https://cloud.google.com/compute/docs/instances/instance-life-cycle
 	switch inst.Status {
 	case "PROVISIONING", "STAGING":
 		out.State = provider.StatePending
+		if out.Message == "" {
+			out.Message = "Compute Engine is " + strings.ToLower(inst.Status) + " the instance"
+		}
+	case "PENDING":
+		out.State = provider.StatePending
+		if out.Message == "" {
+			out.Message = "waiting for Compute Engine capacity"
+		}
 	case "REPAIRING":
 		out.State = provider.StatePending
 		if out.Message == "" {
@@ -499,8 +516,14 @@ func (p *Provider) instance(project string, inst *compute.Instance) *provider.In
 		} else if out.Message == "" {
 			out.Message = "no external IP assigned yet"
 		}
-	case "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED", "PENDING_STOP":
+	case "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED", "PENDING_STOP", "DEPROVISIONING":
+		// DEPROVISIONING releases resources on the way to TERMINATED,
+		// SUSPENDED or deletion: not running, and nothing to do but wait
+		// (Create starts it once it has stopped).
 		out.State = provider.StateStopped
+		if out.Message == "" {
+			out.Message = "instance is " + inst.Status
+		}
 	default:
 		out.State = provider.StateUnknown
 		if out.Message == "" {

@@ -380,6 +380,11 @@ func TestGetStatusMapping(t *testing.T) {
 		{"SUSPENDING", false, provider.StateStopped, ""},
 		{"SUSPENDED", false, provider.StateStopped, ""},
 		{"TERMINATED", false, provider.StateStopped, ""},
+		// Waiting for capacity (e.g. a reservation or flex-start).
+		{"PENDING", false, provider.StatePending, ""},
+		// Resources being released on the way to stopped, suspended
+		// or deleted.
+		{"DEPROVISIONING", false, provider.StateStopped, ""},
 		{"SOMETHING_NEW", false, provider.StateUnknown, ""},
 	} {
 		t.Run(tc.status, func(t *testing.T) {
@@ -399,6 +404,9 @@ func TestGetStatusMapping(t *testing.T) {
 			}
 			if !tc.running && inst.Address != "" {
 				t.Errorf("status %s reported address %s", tc.status, inst.Address)
+			}
+			if tc.want != provider.StateRunning && inst.Message == "" {
+				t.Errorf("status %s: no message says why it is not running", tc.status)
 			}
 		})
 	}
@@ -466,7 +474,11 @@ func TestErrorClassification(t *testing.T) {
 		{"401", 401, "authError", provider.ClassPermanent},
 		{"500", 500, "backendError", provider.ClassTransient},
 		{"503 no reason", 503, "", provider.ClassTransient},
-		{"412", 412, "conditionNotMet", provider.ClassTransient},
+		// An organisation policy refuses the request until it changes.
+		{"412 org policy", 412, "conditionNotMet", provider.ClassPermanent},
+		// insert's 404 is about what it references (image, family,
+		// zone), never the instance it makes.
+		{"404 on insert", 404, "notFound", provider.ClassPermanent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newServer(t)
@@ -510,6 +522,26 @@ func TestErrorClassification(t *testing.T) {
 	})
 }
 
+func TestCapacityErrorNamesZonesWithCapacity(t *testing.T) {
+	srv := newServer(t)
+	p := newProvider(t, srv)
+	srv.FailNextOperation(gcptest.CallInsert, "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+		"The zone 'projects/p/zones/us-central1-a' does not have enough resources available to fulfill the request.", 503,
+		&compute.OperationErrorErrorsErrorDetails{ErrorInfo: &compute.ErrorInfo{
+			Reason: "RESOURCE_AVAILABILITY", Domain: "compute.googleapis.com",
+			Metadatas: map[string]string{"zone": "us-central1-a", "vmType": "e2-small", "zonesAvailable": "us-central1-b,us-central1-f"},
+		}},
+		&compute.OperationErrorErrorsErrorDetails{LocalizedMessage: &compute.LocalizedMessage{Locale: "en-US", Message: "Try us-central1-b or us-central1-f."}},
+	)
+	_, err := p.Create(ctx(t), machine())
+	wantClass(t, err, provider.ClassTransient)
+	for _, want := range []string{"ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_AVAILABILITY", "zonesAvailable=us-central1-b,us-central1-f", "Try us-central1-b or us-central1-f."} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not carry %q", err, want)
+		}
+	}
+}
+
 func TestOperationErrors(t *testing.T) {
 	for _, tc := range []struct {
 		code   string
@@ -522,6 +554,7 @@ func TestOperationErrors(t *testing.T) {
 		{"INVALID_FIELD_VALUE", 400, provider.ClassPermanent},
 		{"SOMETHING_ELSE", 500, provider.ClassTransient},
 		{"SOMETHING_ELSE", 400, provider.ClassPermanent},
+		{"CONDITION_NOT_MET", 412, provider.ClassPermanent},
 	} {
 		t.Run(tc.code, func(t *testing.T) {
 			srv := newServer(t)

@@ -100,6 +100,7 @@ type opFault struct {
 	code       string
 	message    string
 	httpStatus int
+	details    []*compute.OperationErrorErrorsErrorDetails
 }
 
 // NewServer starts a fake. Close it when done.
@@ -143,11 +144,12 @@ func (s *Server) FailNext(call string, code int, reason, message string) {
 // (200 with an operation) but DONE with error code (e.g. "QUOTA_EXCEEDED",
 // "ZONE_RESOURCE_POOL_EXHAUSTED") and httpStatus, as Compute Engine reports
 // failures found after accepting a request. A failed insert leaves no
-// instance behind.
-func (s *Server) FailNextOperation(call, code, message string, httpStatus int) {
+// instance behind. details become the error's errorDetails, as the API
+// attaches to ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS or QUOTA_EXCEEDED.
+func (s *Server) FailNextOperation(call, code, message string, httpStatus int, details ...*compute.OperationErrorErrorsErrorDetails) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.opFaults = append(s.opFaults, opFault{call: call, code: code, message: message, httpStatus: httpStatus})
+	s.opFaults = append(s.opFaults, opFault{call: call, code: code, message: message, httpStatus: httpStatus, details: details})
 }
 
 // Count is how many calls named call the server has received.
@@ -481,7 +483,7 @@ func (s *Server) startOp(w http.ResponseWriter, project, zone, opType, call stri
 func (s *Server) complete(o *operation) {
 	o.op.Status, o.op.Progress, o.op.EndTime = "DONE", 100, now()
 	if f := o.failure; f != nil {
-		o.op.Error = &compute.OperationError{Errors: []*compute.OperationErrorErrors{{Code: f.code, Message: f.message}}}
+		o.op.Error = &compute.OperationError{Errors: []*compute.OperationErrorErrors{{Code: f.code, Message: f.message, ErrorDetails: f.details}}}
 		o.op.HttpErrorStatusCode = int64(f.httpStatus)
 		o.op.HttpErrorMessage = strings.ToUpper(strings.ReplaceAll(http.StatusText(f.httpStatus), " ", "_"))
 	}
