@@ -11,8 +11,16 @@
 // act on (it owns rebuild decisions for every provider alike), and add a
 // ReplicaSet between the Proxy and its pod. The self-healing that matters is
 // kept: restartPolicy Always lets the kubelet restart a crashed or wedged
-// (liveness probe) squid in place, same pod, same IP; only a pod that is
-// gone for good (node lost, evicted) reaches Failed and a rebuild.
+// (liveness probe) squid in place, same pod, same IP.
+//
+// A pod gone for good is replaced by this provider, under a new name: one
+// in phase Failed (evicted, its node shut down; it stays so until pod
+// garbage collection), or one whose deletion is pending StuckDeletionAfter
+// past its deadline while its node is NotReady or gone (a pod on an
+// unreachable node stays Terminating until the node object is removed).
+// Get reports such a pod as not found, so the controller rebuilds; Create
+// deletes it (if not already deleting) and creates incarnation n+1,
+// "proxy-<name>-<8 hex>-<n>", which never meets the old pod's name.
 //
 // Why no Service: the endpoint is the pod IP. A Proxy is one pod, so a
 // ClusterIP would only add a second object and a virtual IP that, like the
@@ -21,8 +29,9 @@
 // added. The controller re-reads the address through Get, so a rebuilt pod's
 // new IP is picked up.
 //
-// Naming and identity: both objects are named ObjectName(name, uid),
-// "proxy-<name>-<8 hex of sha256(uid)>". Every object carries the tag
+// Naming and identity: the ConfigMap and the first pod are named
+// ObjectName(name, uid), "proxy-<name>-<8 hex of sha256(uid)>"; replacement
+// pods add "-<incarnation>" (PodName). Every object carries the tag
 // contract labels (LabelManagedBy, LabelTag, LabelProxyUID, LabelProxyName)
 // and a controller owner reference to the Proxy, so Kubernetes' garbage
 // collector removes them with the Proxy even if the operator never gets to.
@@ -42,6 +51,7 @@
 // the controller rebuilds (Delete, then Create) when it wants them.
 //
 // +kubebuilder:rbac:groups="",resources=pods;configmaps,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get
 package kubernetes
 
 import (
@@ -49,7 +59,9 @@ import (
 	"flag"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -61,6 +73,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
 )
@@ -79,6 +92,9 @@ const (
 	AnnotationProxyName = "crawl.example.com/proxy-name"
 	// LabelAppName lets NetworkPolicies select proxy pods.
 	LabelAppName = "app.kubernetes.io/name"
+	// AnnotationIncarnation counts the pods of one Proxy: 0 (or absent) for
+	// the first, n for its n-th replacement.
+	AnnotationIncarnation = "crawl.example.com/incarnation"
 
 	ManagedBy = "proxy-operator"
 	AppName   = "squid"
@@ -99,6 +115,12 @@ const (
 
 	DefaultSquidImage = "ubuntu/squid:latest"
 	DefaultPort       = 3128
+
+	// DefaultStuckDeletionAfter is how long past its deletion deadline a
+	// pod on a NotReady node may stay before it is written off. The node
+	// lifecycle controller has already waited (tolerationSeconds, 300 by
+	// default) before it asked for the deletion.
+	DefaultStuckDeletionAfter = 2 * time.Minute
 )
 
 // Options configures the provider.
@@ -115,8 +137,12 @@ type Options struct {
 	// especially with CacheByObject, whose cache holds only our objects) a
 	// same-named foreign object is invisible to the cache; on
 	// AlreadyExists it is read through APIReader to be identified. Default:
-	// the client itself. Pass mgr.GetAPIReader().
+	// the client itself. Pass mgr.GetAPIReader(). It also lists a Proxy's
+	// pods when choosing a replacement's name and reads Nodes (one GET,
+	// only for a pod stuck terminating), so no Node informer is started.
 	APIReader client.Reader
+	// StuckDeletionAfter: see DefaultStuckDeletionAfter.
+	StuckDeletionAfter time.Duration
 }
 
 // BindFlags registers the provider's flags on fs.
@@ -162,6 +188,9 @@ func New(c client.Client, opts Options) provider.Provider {
 	if opts.AllowedClientCIDRs == nil {
 		opts.AllowedClientCIDRs = DefaultAllowedClientCIDRs
 	}
+	if opts.StuckDeletionAfter <= 0 {
+		opts.StuckDeletionAfter = DefaultStuckDeletionAfter
+	}
 	r := opts.APIReader
 	if r == nil {
 		r = c
@@ -175,7 +204,17 @@ func (p *Provider) Name() string { return Name }
 // ObjectName is the name of the Pod and ConfigMap of a Proxy: a DNS-1123
 // label (so also a valid hostname), at most 63 characters.
 func ObjectName(proxyName, uid string) string {
-	return provider.DNSLabel("proxy-"+proxyName, provider.UIDSuffix(uid), validation.DNS1123LabelMaxLength)
+	return PodName(proxyName, uid, 0)
+}
+
+// PodName is the name of a Proxy's pod of the given incarnation: the
+// ObjectName for the first, with "-<incarnation>" for each replacement.
+func PodName(proxyName, uid string, incarnation int) string {
+	suffix := provider.UIDSuffix(uid)
+	if incarnation > 0 {
+		suffix += "-" + strconv.Itoa(incarnation)
+	}
+	return provider.DNSLabel("proxy-"+proxyName, suffix, validation.DNS1123LabelMaxLength)
 }
 
 // labelValue cuts s to a valid label value (Proxy names may be 253 long).
@@ -224,10 +263,10 @@ func key(m *provider.Machine) (types.NamespacedName, error) {
 	return types.NamespacedName{Namespace: ns, Name: pod}, nil
 }
 
-// Create makes the ConfigMap and the Pod exist. An existing pod of ours is
-// reported as it is: a terminating one is a transient error (Create cannot
-// make it run; it will be gone shortly), a Failed one is returned in state
-// Failed for the controller to rebuild.
+// Create makes the ConfigMap and the Pod exist. An existing live pod of
+// ours is reported as it is (a terminating one is a transient error: Create
+// cannot make it run, and it will be gone shortly); one gone for good is
+// deleted and replaced by the next incarnation.
 func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.Instance, error) {
 	k, err := key(m)
 	if err != nil {
@@ -237,18 +276,115 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 		return nil, err
 	}
 
-	cm := p.configMap(m, k)
+	cm := p.configMap(m, configKey(m))
 	if err := p.ensure(ctx, m, cm); err != nil {
 		return nil, err
 	}
-	pod := p.pod(m, k)
+	pods, err := p.podsOf(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	next, recordedExists := 0, false
+	for i := range pods {
+		pod := &pods[i]
+		next = max(next, incarnation(pod)+1)
+		recordedExists = recordedExists || pod.Name == k.Name
+		if why := p.gone(ctx, pod); why != "" {
+			if err := p.deleteGone(ctx, m, pod, why); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		// The recorded pod, or (nothing recorded: a crash between our
+		// create and the status write) the newest live one.
+		if m.ProviderID == "" || pod.Name == k.Name {
+			if pod.DeletionTimestamp != nil {
+				return nil, provider.Transientf("kubernetes: pod %s/%s is terminating; it is recreated once gone", pod.Namespace, pod.Name)
+			}
+			return instance(pod), nil
+		}
+	}
+	name := PodName(m.Name, m.UID, next)
+	if m.ProviderID != "" && !recordedExists {
+		// The recorded pod is simply missing: recreate it where the
+		// status says it is, whatever today's naming would be.
+		name = k.Name
+	}
+	pod := p.pod(m, types.NamespacedName{Namespace: m.Namespace, Name: name}, next)
 	if err := p.ensure(ctx, m, pod); err != nil {
 		return nil, err
 	}
 	if pod.DeletionTimestamp != nil {
-		return nil, provider.Transientf("kubernetes: pod %s is terminating; it is recreated once gone", k)
+		return nil, provider.Transientf("kubernetes: pod %s/%s is terminating; it is recreated once gone", pod.Namespace, pod.Name)
 	}
 	return instance(pod), nil
+}
+
+// podsOf lists the Proxy's pods, newest incarnation first, through the API
+// reader: a replacement's name must not be chosen from a lagging cache.
+func (p *Provider) podsOf(ctx context.Context, m *provider.Machine) ([]corev1.Pod, error) {
+	var list corev1.PodList
+	if err := p.r.List(ctx, &list, client.InNamespace(m.Namespace),
+		client.MatchingLabels{LabelManagedBy: ManagedBy, LabelProxyUID: m.UID}); err != nil {
+		return nil, classify(err, "list pods of Proxy "+m.Namespace+"/"+m.Name)
+	}
+	pods := list.Items[:0]
+	for _, pod := range list.Items {
+		if checkOwner(&pod, m) == nil {
+			pods = append(pods, pod)
+		}
+	}
+	sort.Slice(pods, func(i, j int) bool { return incarnation(&pods[i]) > incarnation(&pods[j]) })
+	return pods, nil
+}
+
+func incarnation(pod *corev1.Pod) int {
+	n, _ := strconv.Atoi(pod.Annotations[AnnotationIncarnation])
+	return n
+}
+
+// gone says why pod will never serve again, or "" while it may.
+func (p *Provider) gone(ctx context.Context, pod *corev1.Pod) string {
+	if ph := pod.Status.Phase; ph == corev1.PodFailed || ph == corev1.PodSucceeded {
+		// restartPolicy Always: a terminal pod was evicted, or its node
+		// shut down; the kubelet will not start it again.
+		return strings.TrimSpace(fmt.Sprintf("pod %s: %s %s", strings.ToLower(string(ph)), pod.Status.Reason, pod.Status.Message))
+	}
+	if pod.DeletionTimestamp == nil || time.Since(pod.DeletionTimestamp.Time) < p.opts.StuckDeletionAfter {
+		return ""
+	}
+	if pod.Spec.NodeName == "" {
+		return "pod stuck terminating, never scheduled"
+	}
+	var node corev1.Node
+	if err := p.r.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, &node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "pod stuck terminating, node " + pod.Spec.NodeName + " is gone"
+		}
+		// Cannot tell: a pod that may still run is not written off.
+		log.FromContext(ctx).V(1).Info("cannot read the node of a pod stuck terminating", "pod", pod.Name, "node", pod.Spec.NodeName, "err", err)
+		return ""
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+			return fmt.Sprintf("pod stuck terminating since %s on node %s, which is NotReady (%s)",
+				pod.DeletionTimestamp.UTC().Format(time.RFC3339), node.Name, c.Reason)
+		}
+	}
+	return ""
+}
+
+// deleteGone deletes a pod written off (UID precondition: only that pod),
+// unless its deletion is pending already. A stuck pod is not force-deleted:
+// its node may be partitioned, not dead, and only its removal proves the
+// container stopped; the replacement's new name does not need the old one
+// gone.
+func (p *Provider) deleteGone(ctx context.Context, m *provider.Machine, pod *corev1.Pod, why string) error {
+	log.FromContext(ctx).Info("replacing a pod gone for good", "pod", pod.Name, "reason", why)
+	if pod.DeletionTimestamp != nil {
+		return nil
+	}
+	return p.deleteOne(ctx, m, client.ObjectKeyFromObject(pod), &corev1.Pod{})
 }
 
 // ensure creates obj, or on AlreadyExists reads the existing object into obj
@@ -292,14 +428,33 @@ func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Inst
 	if err != nil {
 		return nil, err
 	}
-	var pod corev1.Pod
-	if err := p.getFresh(ctx, k, &pod); err != nil {
-		return nil, classify(err, "get pod "+k.String())
+	pod := &corev1.Pod{}
+	if m.ProviderID == "" {
+		// Nothing recorded yet: the newest pod of the Proxy, else the
+		// first pod's name (where a foreign object is found and refused).
+		pods, err := p.podsOf(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		if len(pods) > 0 {
+			pod = &pods[0]
+			k = client.ObjectKeyFromObject(pod)
+		}
 	}
-	if err := checkOwner(&pod, m); err != nil {
+	if pod.Name == "" {
+		if err := p.getFresh(ctx, k, pod); err != nil {
+			return nil, classify(err, "get pod "+k.String())
+		}
+	}
+	if err := checkOwner(pod, m); err != nil {
 		return nil, err
 	}
-	return instance(&pod), nil
+	if why := p.gone(ctx, pod); why != "" {
+		// Not found as far as serving goes: the controller rebuilds, and
+		// Create replaces it under a new name.
+		return nil, provider.NotFoundf("kubernetes: pod %s is gone for good (%s); replacing it", k, why)
+	}
+	return instance(pod), nil
 }
 
 // Delete deletes the pod, then the ConfigMap, each only after checking its
@@ -312,12 +467,26 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 	if err != nil {
 		return err
 	}
-	for _, obj := range []client.Object{&corev1.Pod{}, &corev1.ConfigMap{}} {
-		if err := p.deleteOne(ctx, m, k, obj); err != nil {
+	if err := p.deleteOne(ctx, m, k, &corev1.Pod{}); err != nil {
+		return err
+	}
+	// Earlier incarnations (written off, maybe still terminating) go too.
+	pods, err := p.podsOf(ctx, m)
+	if err != nil {
+		return err
+	}
+	for i := range pods {
+		if err := p.deleteOne(ctx, m, client.ObjectKeyFromObject(&pods[i]), &corev1.Pod{}); err != nil {
 			return err
 		}
 	}
-	return nil
+	return p.deleteOne(ctx, m, configKey(m), &corev1.ConfigMap{})
+}
+
+// configKey is the ConfigMap's name: one per Proxy, shared by every
+// incarnation of its pod.
+func configKey(m *provider.Machine) types.NamespacedName {
+	return types.NamespacedName{Namespace: m.Namespace, Name: ObjectName(m.Name, m.UID)}
 }
 
 func (p *Provider) deleteOne(ctx context.Context, m *provider.Machine, k types.NamespacedName, obj client.Object) error {
@@ -443,7 +612,7 @@ func (p *Provider) configMap(m *provider.Machine, k types.NamespacedName) *corev
 	}
 }
 
-func (p *Provider) pod(m *provider.Machine, k types.NamespacedName) *corev1.Pod {
+func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation int) *corev1.Pod {
 	no := false
 	grace := int64(10) // squid is told to finish within 3s (shutdown_lifetime)
 	res := corev1.ResourceList{}
@@ -454,8 +623,12 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName) *corev1.Pod 
 		res[corev1.ResourceMemory] = *resource.NewQuantity(m.MemoryBytes, resource.BinarySI)
 	}
 	tcp := corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(PortName)}}
+	meta := p.meta(m, k)
+	if incarnation > 0 {
+		meta.Annotations[AnnotationIncarnation] = strconv.Itoa(incarnation)
+	}
 	return &corev1.Pod{
-		ObjectMeta: p.meta(m, k),
+		ObjectMeta: meta,
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyAlways,
 			// squid talks to no Kubernetes API; no token, no service env.
@@ -499,7 +672,7 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName) *corev1.Pod 
 			Volumes: []corev1.Volume{{
 				Name: "config",
 				VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-					LocalObjectReference: corev1.LocalObjectReference{Name: k.Name},
+					LocalObjectReference: corev1.LocalObjectReference{Name: configKey(m).Name},
 				}},
 			}},
 		},
@@ -542,12 +715,12 @@ func instance(pod *corev1.Pod) *provider.Instance {
 		out.State = provider.StateRunning
 		if ip := podIPv4(pod); ip != "" {
 			out.Address, out.AddressSource = ip, provider.AddressSourcePod
+			out.Message = containerReason(pod)
 		} else {
 			out.Message = "pod has no IP yet"
 		}
 	case corev1.PodSucceeded, corev1.PodFailed:
-		// restartPolicy Always: a terminal pod was evicted, its node
-		// lost, or similar. It will not run again.
+		// Get and Create replace such a pod; ListByTag still sees it.
 		out.State = provider.StateFailed
 		out.Message = strings.TrimSpace(fmt.Sprintf("pod %s: %s %s", strings.ToLower(string(pod.Status.Phase)), pod.Status.Reason, pod.Status.Message))
 	default:
@@ -594,21 +767,60 @@ func pendingReason(pod *corev1.Pod) string {
 }
 
 // containerReason describes the squid container when it is not simply
-// running (ImagePullBackOff, CrashLoopBackOff, …).
+// running (ImagePullBackOff, CrashLoopBackOff, …) or has restarted, with
+// how its last run ended (OOMKilled, exit code): the kubelet restarts squid
+// in place, so without this a restart loop shows only as "not ready".
 func containerReason(pod *corev1.Pod) string {
 	for _, cs := range pod.Status.ContainerStatuses {
+		var parts []string
 		if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
-			msg := fmt.Sprintf("container %s: %s", cs.Name, w.Reason)
+			part := w.Reason
 			if w.Message != "" {
-				msg += ": " + w.Message
+				part += ": " + w.Message
 			}
-			if cs.RestartCount > 0 {
-				msg += fmt.Sprintf(" (%d restarts)", cs.RestartCount)
-			}
-			return msg
+			parts = append(parts, part)
+		}
+		if r := restarts(cs); r != "" {
+			parts = append(parts, r)
+		}
+		if len(parts) > 0 {
+			return "container " + cs.Name + ": " + strings.Join(parts, "; ")
 		}
 	}
 	return ""
+}
+
+// maxTerminationMessage bounds what a container's termination message adds
+// to a condition.
+const maxTerminationMessage = 256
+
+// restarts is "<n> restarts, last exit: <reason> (exit code <c>): <message>",
+// or "" for a container that never restarted.
+func restarts(cs corev1.ContainerStatus) string {
+	if cs.RestartCount == 0 {
+		return ""
+	}
+	out := fmt.Sprintf("%d restarts", cs.RestartCount)
+	t := cs.LastTerminationState.Terminated
+	if t == nil {
+		return out
+	}
+	reason := t.Reason
+	if reason == "" {
+		reason = "Error"
+	}
+	out += fmt.Sprintf(", last exit: %s (exit code %d", reason, t.ExitCode)
+	if t.Signal != 0 {
+		out += fmt.Sprintf(", signal %d", t.Signal)
+	}
+	out += ")"
+	if msg := strings.TrimSpace(t.Message); msg != "" {
+		if len(msg) > maxTerminationMessage {
+			msg = msg[:maxTerminationMessage] + "…"
+		}
+		out += ": " + msg
+	}
+	return out
 }
 
 // checkOwner refuses an object whose proxy-uid label is not m's.

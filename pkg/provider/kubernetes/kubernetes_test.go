@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -253,9 +254,21 @@ func TestGetPhaseMapping(t *testing.T) {
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "squid", RestartCount: 4, State: corev1.ContainerState{
 				Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}}}},
 			want: provider.StatePending, msg: "CrashLoopBackOff"},
-		{name: "succeeded", status: corev1.PodStatus{Phase: corev1.PodSucceeded}, want: provider.StateFailed},
-		{name: "failed evicted", status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."},
-			want: provider.StateFailed, msg: "Evicted"},
+		{name: "crash loop after OOM kill", status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3", Conditions: ready(corev1.ConditionFalse),
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "squid", RestartCount: 3,
+				State:                corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137}}}}},
+			want: provider.StatePending, msg: "container squid: CrashLoopBackOff; 3 restarts, last exit: OOMKilled (exit code 137)"},
+		{name: "restarted, not ready yet", status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3", Conditions: ready(corev1.ConditionFalse),
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "squid", RestartCount: 1,
+				State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Error", ExitCode: 1, Message: "FATAL: Bungled squid.conf"}}}}},
+			want: provider.StatePending, msg: "readiness probe not passing: container squid: 1 restarts, last exit: Error (exit code 1): FATAL: Bungled squid.conf"},
+		{name: "running ready after restarts", status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3", Conditions: ready(corev1.ConditionTrue),
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "squid", RestartCount: 2, Ready: true,
+				State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137}}}}},
+			want: provider.StateRunning, addr: "10.1.2.3", msg: "2 restarts, last exit: OOMKilled (exit code 137)"},
 		{name: "unknown", status: corev1.PodStatus{Phase: corev1.PodUnknown}, want: provider.StateUnknown},
 		{name: "terminating", status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: ready(corev1.ConditionTrue), PodIP: "10.1.2.3"},
 			deleting: true, want: provider.StateDeleting},
@@ -263,7 +276,7 @@ func TestGetPhaseMapping(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machine()
 			p0 := newProvider(newFake(t))
-			pod := p0.pod(m, podKey(m))
+			pod := p0.pod(m, podKey(m), 0)
 			pod.Status = tc.status
 			if tc.deleting {
 				now := metav1.Now()
@@ -293,9 +306,144 @@ func TestGetPhaseMapping(t *testing.T) {
 	})
 }
 
+func notReadyNode(name string) *corev1.Node {
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown",
+		}}},
+	}
+}
+
+// replaced checks that the Proxy's pod was written off and replaced under a
+// new name that keeps the identity rule, and that Get, Create and Delete
+// agree on the replacement.
+func replaced(t *testing.T, c client.Client, p *Provider, m *provider.Machine, old string) {
+	t.Helper()
+	ctx := context.Background()
+	recorded := *m
+	recorded.ProviderID = FormatProviderID(m.Namespace, old)
+	_, err := p.Get(ctx, &recorded)
+	wantClass(t, err, provider.ClassNotFound)
+
+	// The controller forgets the provider ID and creates again.
+	inst, err := p.Create(ctx, m)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	want := PodName(m.Name, m.UID, 1)
+	if inst.Name != want || want == old || inst.State != provider.StatePending {
+		t.Fatalf("Create = %+v, want a Pending pod %s", inst, want)
+	}
+	var pod corev1.Pod
+	if err := c.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: want}, &pod); err != nil {
+		t.Fatal(err)
+	}
+	if pod.Labels[LabelProxyUID] != m.UID || pod.Annotations[AnnotationIncarnation] != "1" ||
+		pod.Spec.Volumes[0].ConfigMap.Name != ObjectName(m.Name, m.UID) {
+		t.Errorf("replacement pod: labels %v annotations %v volumes %+v", pod.Labels, pod.Annotations, pod.Spec.Volumes)
+	}
+	if got, err := p.Get(ctx, m); err != nil || got.Name != want {
+		t.Errorf("Get without provider ID = %+v, %v; want the replacement", got, err)
+	}
+	if again, err := p.Create(ctx, m); err != nil || again.Name != want {
+		t.Errorf("second Create = %+v, %v; want the same replacement", again, err)
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(m.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	live := 0
+	for _, pod := range pods.Items {
+		if pod.DeletionTimestamp == nil {
+			live++
+		}
+	}
+	if live != 1 {
+		t.Errorf("%d live pods, want 1", live)
+	}
+
+	byID := *m
+	byID.ProviderID = inst.ProviderID
+	if err := p.Delete(ctx, &byID); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if err := c.List(ctx, &pods, client.InNamespace(m.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range pods.Items {
+		if pod.DeletionTimestamp == nil {
+			t.Errorf("pod %s left after Delete", pod.Name)
+		}
+	}
+}
+
+func TestEvictedPodIsReplacedUnderANewName(t *testing.T) {
+	for _, phase := range []corev1.PodPhase{corev1.PodFailed, corev1.PodSucceeded} {
+		t.Run(string(phase), func(t *testing.T) {
+			m := machine()
+			pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+			pod.Status = corev1.PodStatus{Phase: phase, Reason: "Evicted", Message: "The node was low on resource: memory."}
+			c := newFake(t, pod)
+			p := newProvider(c)
+			replaced(t, c, p, m, pod.Name)
+			// Written off and not deleting yet: Create deleted it.
+			if err := c.Get(context.Background(), podKey(m), &corev1.Pod{}); !apierrors.IsNotFound(err) {
+				t.Errorf("evicted pod after replacement: %v", err)
+			}
+		})
+	}
+}
+
+func TestPodStuckTerminatingOnNotReadyNodeIsReplaced(t *testing.T) {
+	m := machine()
+	pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+	pod.Spec.NodeName = "node-a"
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3",
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	since := metav1.NewTime(time.Now().Add(-DefaultStuckDeletionAfter - time.Minute))
+	pod.DeletionTimestamp, pod.Finalizers = &since, []string{"test/keep"}
+	c := newFake(t, pod, notReadyNode("node-a"))
+	p := newProvider(c)
+	replaced(t, c, p, m, pod.Name)
+	// Not force-deleted: the node may be partitioned, not dead.
+	if err := c.Get(context.Background(), podKey(m), &corev1.Pod{}); err != nil {
+		t.Errorf("stuck pod: %v", err)
+	}
+}
+
+func TestTerminatingPodIsNotWrittenOffEarly(t *testing.T) {
+	ready := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	long := metav1.NewTime(time.Now().Add(-time.Hour))
+	recent := metav1.Now()
+	for _, tc := range []struct {
+		name  string
+		since metav1.Time
+		node  *corev1.Node
+	}{
+		{"long past, node Ready", long, ready},
+		{"recent, node NotReady", recent, notReadyNode("node-a")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := machine()
+			pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+			pod.Spec.NodeName = "node-a"
+			pod.DeletionTimestamp, pod.Finalizers = &tc.since, []string{"test/keep"}
+			p := newProvider(newFake(t, pod, tc.node))
+			inst, err := p.Get(context.Background(), m)
+			if err != nil || inst.State != provider.StateDeleting {
+				t.Fatalf("Get = %+v, %v; want Deleting", inst, err)
+			}
+			_, err = p.Create(context.Background(), m)
+			wantClass(t, err, provider.ClassTransient)
+		})
+	}
+}
+
 func TestCreateOnTerminatingPodIsTransient(t *testing.T) {
 	m := machine()
-	pod := newProvider(newFake(t)).pod(m, podKey(m))
+	pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
 	now := metav1.Now()
 	pod.DeletionTimestamp, pod.Finalizers = &now, []string{"test/keep"}
 	_, err := newProvider(newFake(t, pod)).Create(context.Background(), m)
