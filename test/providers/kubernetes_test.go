@@ -22,6 +22,12 @@ import (
 var _ = Describe("kubernetes provider", func() {
 	It("takes a Proxy from apply to Ready through its squid pod and back to nothing", func() {
 		ns := newNamespace()
+		// The API server's own PodSecurity admission judges the pod: one
+		// short of the restricted level would be refused at create.
+		nsObj := &corev1.Namespace{}
+		Expect(k8sClient.Get(ctx, types.NamespacedName{Name: ns}, nsObj)).To(Succeed())
+		nsObj.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+		Expect(k8sClient.Update(ctx, nsObj)).To(Succeed())
 		p := createProxy(ns, "squid", crawlv1.ProviderKubernetes)
 		key := podKey(p)
 

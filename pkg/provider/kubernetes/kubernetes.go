@@ -112,8 +112,19 @@ const (
 	PortName      = "proxy"
 	ConfigKey     = "squid.conf"
 	ConfigPath    = "/etc/squid/squid.conf"
+	// StateDir is squid's only writable directory (an emptyDir).
+	StateDir = "/var/run/squid"
+	// SquidUID runs squid: "proxy" in Debian and Ubuntu, the owner squid
+	// switches to when started as root. Never root (restricted Pod
+	// Security), so squid cannot bind below 1024 or switch users.
+	SquidUID int64 = 13
 
-	DefaultSquidImage = "ubuntu/squid:latest"
+	// DefaultSquidImage is pinned by digest so every node runs the same
+	// squid; it is the ubuntu/squid image the operator was written
+	// against. Whoever runs the operator pins the digest of the image they
+	// have vetted (--kubernetes-squid-image); any image with squid 5 or
+	// later on PATH meets the contract of SquidCommand.
+	DefaultSquidImage = "docker.io/ubuntu/squid@sha256:6a097f68bae708cedbabd6188d68c7e2e7a38cedd05a176e1cc0ba29e3bbe029"
 	DefaultPort       = 3128
 
 	// DefaultStuckDeletionAfter is how long past its deletion deadline a
@@ -125,10 +136,8 @@ const (
 
 // Options configures the provider.
 type Options struct {
-	// SquidImage runs squid; default DefaultSquidImage. The container is
-	// started with args "-f /etc/squid/squid.conf -NYC", which the Ubuntu
-	// image's entrypoint hands to squid (and which is squid's own argument
-	// list for images whose entrypoint is squid).
+	// SquidImage runs squid; default DefaultSquidImage. Its entrypoint is
+	// not used: the container runs SquidCommand(ConfigPath).
 	SquidImage      string
 	ImagePullPolicy corev1.PullPolicy // default IfNotPresent
 	// AllowedClientCIDRs may use the proxy; default DefaultAllowedClientCIDRs.
@@ -148,7 +157,7 @@ type Options struct {
 // BindFlags registers the provider's flags on fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.SquidImage, "kubernetes-squid-image", DefaultSquidImage,
-		"Container image running squid for Proxies with provider kubernetes.")
+		"Container image running squid for Proxies with provider kubernetes; pin it by digest (@sha256:...). It must have squid (5 or later) on PATH; it runs as uid 13 on a read-only root.")
 }
 
 // CacheByObject restricts a manager's cache of Pods and ConfigMaps to the
@@ -225,6 +234,14 @@ func labelValue(s string) string {
 	return strings.TrimRightFunc(s, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
 	})
+}
+
+// SquidCommand is the squid container's command line, with the entrypoint
+// of the image bypassed so the contract does not depend on it: squid in
+// the foreground (-N: no daemon, so it is the container's process and its
+// exit is the container's), reading configPath. See docs/providers.md.
+func SquidCommand(configPath string) []string {
+	return []string{"squid", "-N", "-f", configPath}
 }
 
 // FormatProviderID returns kubernetes://<namespace>/<pod>.
@@ -560,6 +577,9 @@ func validateMachine(m *provider.Machine) error {
 	if m.Port < 0 || m.Port > 65535 {
 		return provider.Permanentf("kubernetes: port %d out of range", m.Port)
 	}
+	if m.Port != 0 && m.Port < 1024 {
+		return provider.Permanentf("kubernetes: spec.port %d: squid runs unprivileged here and cannot bind below 1024", m.Port)
+	}
 	if m.CPUs < 0 || m.MemoryBytes < 0 {
 		return provider.Permanentf("kubernetes: negative resources (cpus %d, memory %d)", m.CPUs, m.MemoryBytes)
 	}
@@ -613,7 +633,8 @@ func (p *Provider) configMap(m *provider.Machine, k types.NamespacedName) *corev
 }
 
 func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation int) *corev1.Pod {
-	no := false
+	no, yes := false, true
+	uid := SquidUID
 	grace := int64(10) // squid is told to finish within 3s (shutdown_lifetime)
 	res := corev1.ResourceList{}
 	if m.CPUs > 0 {
@@ -635,20 +656,25 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 			AutomountServiceAccountToken:  &no,
 			EnableServiceLinks:            &no,
 			TerminationGracePeriodSeconds: &grace,
+			// The restricted Pod Security level, and a read-only root.
 			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   &yes,
+				RunAsUser:      &uid,
+				RunAsGroup:     &uid,
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			Containers: []corev1.Container{{
 				Name:            ContainerName,
 				Image:           p.opts.SquidImage,
 				ImagePullPolicy: p.opts.ImagePullPolicy,
-				Args:            []string{"-f", ConfigPath, "-NYC"},
+				Command:         SquidCommand(ConfigPath),
 				Ports: []corev1.ContainerPort{{
 					Name: PortName, ContainerPort: port(m), Protocol: corev1.ProtocolTCP,
 				}},
-				VolumeMounts: []corev1.VolumeMount{{
-					Name: "config", MountPath: ConfigPath, SubPath: ConfigKey, ReadOnly: true,
-				}},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "config", MountPath: ConfigPath, SubPath: ConfigKey, ReadOnly: true},
+					{Name: "state", MountPath: StateDir},
+				},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:     tcp,
 					PeriodSeconds:    5,
@@ -665,16 +691,21 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 					FailureThreshold:    3,
 				},
 				Resources: corev1.ResourceRequirements{Requests: res, Limits: res.DeepCopy()},
-				// squid starts as root to bind and drops to its own user;
-				// it never needs to gain privileges.
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: &no,
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					ReadOnlyRootFilesystem:   &yes,
+				},
 			}},
-			Volumes: []corev1.Volume{{
-				Name: "config",
-				VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			Volumes: []corev1.Volume{
+				{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 					LocalObjectReference: corev1.LocalObjectReference{Name: configKey(m).Name},
-				}},
-			}},
+				}}},
+				// A pid file and core dumps only: small, memory-backed.
+				{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+					Medium: corev1.StorageMediumMemory, SizeLimit: resource.NewQuantity(16<<20, resource.BinarySI),
+				}}},
+			},
 		},
 	}
 }

@@ -160,17 +160,87 @@ func TestCreateBuildsObjects(t *testing.T) {
 			t.Errorf("memory = %s", q.String())
 		}
 	}
-	if len(ctr.VolumeMounts) != 1 || ctr.VolumeMounts[0].MountPath != ConfigPath || ctr.VolumeMounts[0].SubPath != ConfigKey {
+	if len(ctr.VolumeMounts) != 2 || ctr.VolumeMounts[0].MountPath != ConfigPath || ctr.VolumeMounts[0].SubPath != ConfigKey ||
+		!ctr.VolumeMounts[0].ReadOnly || ctr.VolumeMounts[1].MountPath != StateDir {
 		t.Errorf("mounts = %+v", ctr.VolumeMounts)
 	}
-	if v := pod.Spec.Volumes; len(v) != 1 || v[0].ConfigMap == nil || v[0].ConfigMap.Name != k.Name {
+	if v := pod.Spec.Volumes; len(v) != 2 || v[0].ConfigMap == nil || v[0].ConfigMap.Name != k.Name || v[1].EmptyDir == nil {
 		t.Errorf("volumes = %+v", v)
 	}
+	if strings.Join(ctr.Command, " ") != "squid -N -f "+ConfigPath || len(ctr.Args) != 0 {
+		t.Errorf("command = %q args %q, want the documented squid command line", ctr.Command, ctr.Args)
+	}
+
 	if pod.Spec.RestartPolicy != corev1.RestartPolicyAlways {
 		t.Errorf("restart policy = %s", pod.Spec.RestartPolicy)
 	}
 	if pod.Annotations[AnnotationProxyName] != "eu-egress" {
 		t.Errorf("annotations = %v", pod.Annotations)
+	}
+}
+
+func TestDefaultSquidImageIsPinnedByDigest(t *testing.T) {
+	if !regexp.MustCompile(`@sha256:[0-9a-f]{64}$`).MatchString(DefaultSquidImage) {
+		t.Errorf("DefaultSquidImage %q is not pinned by digest", DefaultSquidImage)
+	}
+	pod := New(newFake(t), Options{}).(*Provider).pod(machine(), podKey(machine()), 0)
+	if got := pod.Spec.Containers[0].Image; got != DefaultSquidImage {
+		t.Errorf("image = %q", got)
+	}
+}
+
+// TestPodMeetsRestrictedPodSecurity checks the rules of the restricted
+// Pod Security Standard (k8s.io/pod-security-admission is not in the module
+// graph, so the fields are asserted), plus a read-only root whose only
+// writable mount is the state emptyDir.
+func TestPodMeetsRestrictedPodSecurity(t *testing.T) {
+	m := machine()
+	pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+	ps := pod.Spec.SecurityContext
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser == 0 {
+		t.Fatalf("pod security context %+v: want runAsNonRoot and a non-zero runAsUser", ps)
+	}
+	if ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("seccomp = %+v, want RuntimeDefault", ps.SeccompProfile)
+	}
+	if pod.Spec.HostNetwork || pod.Spec.HostPID || pod.Spec.HostIPC {
+		t.Error("host namespaces")
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.ConfigMap == nil && v.EmptyDir == nil {
+			t.Errorf("volume %s is neither a ConfigMap nor an emptyDir", v.Name)
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		sc := c.SecurityContext
+		if sc == nil {
+			t.Fatalf("container %s has no security context", c.Name)
+		}
+		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("%s: allowPrivilegeEscalation must be false", c.Name)
+		}
+		if sc.Privileged != nil && *sc.Privileged {
+			t.Errorf("%s: privileged", c.Name)
+		}
+		if sc.Capabilities == nil || len(sc.Capabilities.Add) != 0 || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+			t.Errorf("%s: capabilities %+v, want drop [ALL] and nothing added", c.Name, sc.Capabilities)
+		}
+		if sc.RunAsUser != nil && *sc.RunAsUser == 0 || sc.RunAsNonRoot != nil && !*sc.RunAsNonRoot {
+			t.Errorf("%s: overrides the pod to root", c.Name)
+		}
+		if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Errorf("%s: root filesystem is writable", c.Name)
+		}
+		for _, vm := range c.VolumeMounts {
+			if !vm.ReadOnly && vm.MountPath != StateDir {
+				t.Errorf("%s: writable mount %s besides %s", c.Name, vm.MountPath, StateDir)
+			}
+		}
+		for _, p := range c.Ports {
+			if p.ContainerPort < 1024 {
+				t.Errorf("%s: port %d needs a privilege squid does not have", c.Name, p.ContainerPort)
+			}
+		}
 	}
 }
 
@@ -673,6 +743,7 @@ func TestInvalidMachine(t *testing.T) {
 		"no uid":    func(m *provider.Machine) { m.UID = "" },
 		"bad tag":   func(m *provider.Machine) { m.Tag = "no spaces allowed" },
 		"bad port":  func(m *provider.Machine) { m.Port = 70000 },
+		"low port":  func(m *provider.Machine) { m.Port = 80 },
 		"neg cpus":  func(m *provider.Machine) { m.CPUs = -1 },
 		"no name":   func(m *provider.Machine) { m.Name = "" },
 		"bad recid": func(m *provider.Machine) { m.ProviderID = "kubernetes://" },
