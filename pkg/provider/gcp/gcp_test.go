@@ -171,7 +171,7 @@ func TestCreateGetDeleteLifecycle(t *testing.T) {
 		t.Fatalf("instance %s not created", name)
 	}
 	wantLabels := map[string]string{
-		"managed-by": "proxy-operator", "proxy-tag": "prod", "proxy-uid": uid,
+		"managed_by": "proxy-operator", "proxy_tag": "prod", "proxy-uid": uid,
 		"proxy-namespace": "crawl", "proxy-name": "eu-egress",
 	}
 	for k, v := range wantLabels {
@@ -323,7 +323,7 @@ func TestForeignInstanceIsNeverTouched(t *testing.T) {
 	name := InstanceName(m.Namespace, m.Name, m.UID)
 	srv.PutInstance(project, zone, &compute.Instance{
 		Name:   name,
-		Labels: map[string]string{"managed-by": "proxy-operator", "proxy-uid": "someone-else"},
+		Labels: map[string]string{"managed_by": "proxy-operator", "proxy-uid": "someone-else"},
 	})
 	unlabelled := machine()
 	unlabelled.Name = "other"
@@ -627,7 +627,7 @@ func TestListByTag(t *testing.T) {
 		}
 	}
 	srv.PutInstance(project, zone, &compute.Instance{Name: "untagged"})
-	srv.PutInstance(project, zone, &compute.Instance{Name: "not-managed", Labels: map[string]string{"proxy-tag": "prod"}})
+	srv.PutInstance(project, zone, &compute.Instance{Name: "not-managed", Labels: map[string]string{"proxy_tag": "prod"}})
 
 	got, err := p.ListByTag(ctx(t), "prod")
 	if err != nil {
@@ -781,4 +781,64 @@ func fmtErr(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+func TestCreateWithAMissingReferenceFailsPermanently(t *testing.T) {
+	for name, mut := range map[string]func(*Options, *provider.Machine){
+		"image family gone": func(o *Options, m *provider.Machine) {
+			m.Image.URL = "projects/debian-cloud/global/images/family/debian-99"
+		},
+		"unknown network":      func(o *Options, m *provider.Machine) { o.Network = "global/networks/vpc-gone" },
+		"unknown zone":         func(o *Options, m *provider.Machine) { m.Zone = "us-central1-z" },
+		"unknown machine type": func(o *Options, m *provider.Machine) { m.MachineType = "e2-huge" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newServer(t)
+			m := machine()
+			p := newProvider(t, srv, func(o *Options) { mut(o, m) })
+			_, err := p.Create(ctx(t), m)
+			// Permanent, not "instance not found": the controller would
+			// rebuild in a loop on that.
+			wantClass(t, err, provider.ClassPermanent)
+		})
+	}
+}
+
+func TestRepairingInstanceIsPendingThenRunning(t *testing.T) {
+	srv := newServer(t)
+	srv.AutoRun = true
+	p := newProvider(t, srv)
+	m := machine()
+	inst, err := p.Create(ctx(t), m)
+	if err != nil || inst.State != provider.StateRunning {
+		t.Fatalf("Create = %+v, %v", inst, err)
+	}
+	addr := inst.Address
+	if err := srv.Repair(project, zone, inst.Name, 1); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Get(ctx(t), m)
+	if err != nil || got.State != provider.StatePending || got.Address != "" || !strings.Contains(got.Message, "repairing") {
+		t.Errorf("repairing: %+v, %v", got, err)
+	}
+	got, err = p.Get(ctx(t), m)
+	if err != nil || got.State != provider.StateRunning || got.Address != addr {
+		t.Errorf("after repair: %+v, %v; want Running at %s", got, err, addr)
+	}
+}
+
+func TestDeleteWaitsThroughDeprovisioning(t *testing.T) {
+	srv := newServer(t)
+	srv.OperationPolls = 4
+	p := newProvider(t, srv)
+	m := machine()
+	if _, err := p.Create(ctx(t), m); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Delete(ctx(t), m); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := srv.Instance(project, zone, InstanceName(m.Namespace, m.Name, m.UID)); ok {
+		t.Error("Delete returned before the instance was gone")
+	}
 }

@@ -10,9 +10,13 @@ import (
 // Label keys written on every instance (and its boot disk). They are the
 // tag contract: ListByTag filters on LabelTag, ownership checks compare
 // LabelUID, garbage collection reads the owner back.
+//
+// Keys that list filters name use underscores: the documented filter
+// grammar has dotted identifiers (labels.owner) and says nothing of
+// hyphens, which AIP-160 reads as negation.
 const (
-	LabelManagedBy = "managed-by"
-	LabelTag       = "proxy-tag"
+	LabelManagedBy = "managed_by"
+	LabelTag       = "proxy_tag"
 	LabelUID       = "proxy-uid"
 	LabelNamespace = "proxy-namespace"
 	LabelName      = "proxy-name"
