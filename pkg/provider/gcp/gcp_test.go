@@ -655,8 +655,17 @@ func TestListByTag(t *testing.T) {
 	}
 }
 
+// proxyFirewall is the rule docs/providers.md tells the VPC owner to make.
+func proxyFirewall() *compute.Firewall {
+	return &compute.Firewall{
+		Name: "allow-proxy", TargetTags: []string{DefaultNetworkTag}, SourceRanges: []string{"10.0.0.0/8"},
+		Allowed: []*compute.FirewallAllowed{{IPProtocol: "tcp", Ports: []string{"3128"}}},
+	}
+}
+
 func TestCheck(t *testing.T) {
 	srv := newServer(t)
+	srv.PutFirewall(project, proxyFirewall())
 	p := newProvider(t, srv)
 	if err := p.Check(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -670,6 +679,74 @@ func TestCheck(t *testing.T) {
 	}
 	if srv.Count(gcptest.CallZoneList) != 1 {
 		t.Error("zones.list not used without a zone")
+	}
+
+	srv.FailNext(gcptest.CallZoneGet, 404, "notFound", "The resource 'projects/proj-1/zones/us-central1-a' was not found")
+	wantClass(t, p.Check(ctx(t)), provider.ClassPermanent)
+	bad := newProvider(t, srv, func(o *Options) { o.Zone = "mars-1a" })
+	if err := bad.Check(ctx(t)); err == nil {
+		t.Error("Check passed with a zone that does not exist")
+	}
+}
+
+func TestCheckNamesAMissingFirewallRule(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mut  func(*compute.Firewall)
+		ok   bool
+	}{
+		{"rule for our tag and port", func(*compute.Firewall) {}, true},
+		{"port range", func(f *compute.Firewall) { f.Allowed[0].Ports = []string{"3000-4000"} }, true},
+		{"all ports", func(f *compute.Firewall) { f.Allowed[0].Ports = nil }, true},
+		{"all instances", func(f *compute.Firewall) { f.TargetTags = nil }, true},
+		{"no rule at all", nil, false},
+		{"other port", func(f *compute.Firewall) { f.Allowed[0].Ports = []string{"22"} }, false},
+		{"other tag", func(f *compute.Firewall) { f.TargetTags = []string{"web"} }, false},
+		{"udp", func(f *compute.Firewall) { f.Allowed[0].IPProtocol = "udp" }, false},
+		{"disabled", func(f *compute.Firewall) { f.Disabled = true }, false},
+		{"egress", func(f *compute.Firewall) { f.Direction = "EGRESS" }, false},
+		{"other network", func(f *compute.Firewall) { f.Network = "global/networks/vpc-b" }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newServer(t)
+			if tc.mut != nil {
+				fw := proxyFirewall()
+				tc.mut(fw)
+				srv.PutFirewall(project, fw)
+			}
+			err := newProvider(t, srv).Check(ctx(t))
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			wantClass(t, err, provider.ClassPermanent)
+			for _, want := range []string{"firewall rule", "tcp:3128", DefaultNetworkTag, "network default"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not name %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestNoExternalIPReportsTheInternalAddress(t *testing.T) {
+	srv := newServer(t)
+	srv.AutoRun = true
+	p := newProvider(t, srv, func(o *Options) { o.NoExternalIP = true })
+	m := machine()
+	inst, err := p.Create(ctx(t), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := srv.Instance(project, zone, inst.Name)
+	if n := len(got.NetworkInterfaces[0].AccessConfigs); n != 0 {
+		t.Errorf("insert asked for %d access configs, want none", n)
+	}
+	if inst.State != provider.StateRunning || inst.Address != got.NetworkInterfaces[0].NetworkIP || inst.Address == "" ||
+		inst.AddressSource != provider.AddressSourceNIC {
+		t.Errorf("Create = %+v, want Running at the internal IP %s", inst, got.NetworkInterfaces[0].NetworkIP)
 	}
 }
 

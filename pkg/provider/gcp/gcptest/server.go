@@ -1,6 +1,7 @@
 // Package gcptest is an in-process fake of the Compute Engine v1 REST API,
 // enough of it for the gcp provider: instances insert/get/delete/list/
-// aggregatedList/start/resume, zoneOperations get/wait, zones get/list.
+// aggregatedList/start/resume, zoneOperations get/wait, zones get/list,
+// firewalls list.
 //
 // It speaks the real wire format: bodies are the compute/v1 package's own
 // types marshalled as the client expects them, errors are the
@@ -60,6 +61,7 @@ const (
 	CallOperationWait  = "zoneOperations.wait"
 	CallZoneGet        = "zones.get"
 	CallZoneList       = "zones.list"
+	CallFirewallList   = "firewalls.list"
 )
 
 // Server is the fake. Set the exported fields before the first request.
@@ -90,7 +92,8 @@ type Server struct {
 	calls     []string
 	nextID    uint64
 	nextIP    int
-	repairs   map[string]int // instance key → gets left in REPAIRING
+	repairs   map[string]int                 // instance key → gets left in REPAIRING
+	firewalls map[string][]*compute.Firewall // by project
 
 	// Resources an insert may reference (see Add*).
 	zones, images, networks, machineTypes map[string]bool
@@ -128,6 +131,7 @@ func NewServer() *Server {
 		ops:            map[string]*operation{},
 		nextID:         1000000000000000000,
 		repairs:        map[string]int{},
+		firewalls:      map[string][]*compute.Firewall{},
 		zones:          set("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "europe-west4-a", "europe-west4-b"),
 		images: set(
 			"projects/debian-cloud/global/images/family/debian-12",
@@ -148,6 +152,25 @@ func set(items ...string) map[string]bool {
 		m[it] = true
 	}
 	return m
+}
+
+// PutFirewall adds a firewall rule to project (network defaults to
+// global/networks/default, direction to INGRESS).
+func (s *Server) PutFirewall(project string, fw *compute.Firewall) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, _ := json.Marshal(fw)
+	var c compute.Firewall
+	_ = json.Unmarshal(b, &c)
+	if c.Network == "" {
+		c.Network = selfLinkBase + "projects/" + project + "/global/networks/default"
+	}
+	if c.Direction == "" {
+		c.Direction = "INGRESS"
+	}
+	c.Kind = "compute#firewall"
+	c.SelfLink = selfLinkBase + "projects/" + project + "/global/firewalls/" + c.Name
+	s.firewalls[project] = append(s.firewalls[project], &c)
 }
 
 // AddZone makes zone exist (in every project).
@@ -341,6 +364,7 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("POST "+p+"/zones/{zone}/operations/{operation}/wait", s.pollOperation(CallOperationWait))
 	mux.HandleFunc("GET "+p+"/zones/{zone}", s.zoneGet)
 	mux.HandleFunc("GET "+p+"/zones", s.zoneList)
+	mux.HandleFunc("GET "+p+"/global/firewalls", s.firewallList)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("gcptest: no such method: %s %s", r.Method, r.URL.Path))
 	})
@@ -949,6 +973,22 @@ func (s *Server) zoneList(w http.ResponseWriter, r *http.Request) {
 		Id:       "projects/" + project + "/zones",
 		Items:    []*compute.Zone{fakeZone(project, "us-central1-a")},
 		SelfLink: selfLinkBase + "projects/" + project + "/zones",
+	})
+}
+
+func (s *Server) firewallList(w http.ResponseWriter, r *http.Request) {
+	project := r.PathValue("project")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f := s.begin(CallFirewallList); f != nil {
+		writeError(w, f.code, f.reason, f.message)
+		return
+	}
+	writeJSON(w, http.StatusOK, &compute.FirewallList{
+		Kind:     "compute#firewallList",
+		Id:       "projects/" + project + "/global/firewalls",
+		Items:    s.firewalls[project],
+		SelfLink: selfLinkBase + "projects/" + project + "/global/firewalls",
 	})
 }
 
