@@ -12,7 +12,11 @@
 // before the instance exists. Once a provider ID is recorded its
 // project/zone/name are used instead of re-deriving them.
 //
-// Cloud-init. Compute Engine's cloud-init datasource reads only the
+// Cloud-init. User-data needs an image that runs cloud-init (Ubuntu, COS;
+// DefaultImage): Google's Debian, EL and Windows images run only the guest
+// agent, which ignores it, and are refused with user-data
+// (CloudInitUnsupported; the Proxy webhook refuses them too).
+// Compute Engine's cloud-init datasource reads only the
 // instance metadata keys "user-data" and "user-data-encoding". User-data is
 // written to "user-data" byte for byte when it is UTF-8 (metadata values are
 // JSON strings, which cannot carry other bytes); otherwise it is sent
@@ -67,8 +71,10 @@ const Name = "gcp"
 
 // Defaults applied by New.
 const (
-	DefaultMachineType      = "e2-small"
-	DefaultImage            = "projects/debian-cloud/global/images/family/debian-12"
+	DefaultMachineType = "e2-small"
+	// DefaultImage runs cloud-init from user-data, which is how a Proxy's
+	// cloudInit configures squid here (Debian's GCE images do not).
+	DefaultImage            = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
 	DefaultNetwork          = "global/networks/default"
 	DefaultNetworkTag       = "proxy-operator"
 	DefaultOperationTimeout = 5 * time.Minute
@@ -502,6 +508,13 @@ func (p *Provider) instanceSpec(m *provider.Machine, t target) (*compute.Instanc
 		{Key: MetadataName, Value: ptr(m.Name)},
 	}
 	if len(m.UserData) > 0 {
+		if why := CloudInitUnsupported(image); why != "" {
+			field := "spec.placement.image"
+			if m.Image.URL == "" && m.Image.Name == "" {
+				field = "--gcp-image"
+			}
+			return nil, provider.Permanentf("gcp: %s %q: %s", field, image, why)
+		}
 		ud, enc := string(m.UserData), ""
 		if !utf8.Valid(m.UserData) {
 			ud, enc = base64.StdEncoding.EncodeToString(m.UserData), "base64"

@@ -919,3 +919,33 @@ func TestDeleteWaitsThroughDeprovisioning(t *testing.T) {
 		t.Error("Delete returned before the instance was gone")
 	}
 }
+
+func TestUserDataOnAnImageWithoutCloudInitIsRefused(t *testing.T) {
+	if why := CloudInitUnsupported(DefaultImage); why != "" {
+		t.Fatalf("the default image %s cannot run cloud-init: %s", DefaultImage, why)
+	}
+	const debian = "projects/debian-cloud/global/images/family/debian-12"
+	srv := newServer(t)
+	m := machine()
+	m.Image.URL = debian
+	_, err := newProvider(t, srv).Create(ctx(t), m)
+	wantClass(t, err, provider.ClassPermanent)
+	if !strings.Contains(err.Error(), "spec.placement.image") || !strings.Contains(err.Error(), "cloud-init") {
+		t.Errorf("error %q does not name the field and the reason", err)
+	}
+	// The same image as the manager's default is the flag's fault.
+	_, err = newProvider(t, srv, func(o *Options) { o.Image = debian }).Create(ctx(t), machine())
+	wantClass(t, err, provider.ClassPermanent)
+	if !strings.Contains(err.Error(), "--gcp-image") {
+		t.Errorf("error %q does not name --gcp-image", err)
+	}
+	if srv.Count(gcptest.CallInsert) != 0 {
+		t.Error("insert sent although the image cannot apply the user-data")
+	}
+	// Without user-data there is nothing for cloud-init to do.
+	m = machine()
+	m.Image.URL, m.UserData = debian, nil
+	if _, err := newProvider(t, srv).Create(ctx(t), m); err != nil {
+		t.Errorf("Debian without user-data: %v", err)
+	}
+}
