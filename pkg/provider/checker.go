@@ -78,8 +78,11 @@ func (c *Checker) CheckAll(ctx context.Context) {
 }
 
 // CheckError is the error of name's last Check (nil when it passed or has
-// not run), for condition messages.
+// not run), for condition messages. A nil Registry has checked nothing.
 func (r *Registry) CheckError(name string) error {
+	if r == nil {
+		return nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.checks[name]

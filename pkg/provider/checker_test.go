@@ -43,7 +43,7 @@ func TestCheckerRecordsEachProvidersLastCheck(t *testing.T) {
 	r.Register("broken", func(context.Context) (Provider, error) { return nil, errors.New("credentials file missing") })
 	c := &Checker{Registry: r}
 
-	if r.CheckError("gcp") != nil {
+	if r.CheckError("gcp") != nil || (*Registry)(nil).CheckError("gcp") != nil {
 		t.Fatal("an error before any check")
 	}
 	c.CheckAll(context.Background())
