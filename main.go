@@ -110,6 +110,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.gcp.Image, "gcp-image", gcp.DefaultImage, "Default GCE source image.")
 	fs.StringVar(&o.gcp.Network, "gcp-network", "", "GCE network (default network when empty).")
 	fs.StringVar(&o.gcp.CredentialsFile, "gcp-credentials-file", "", "GCP credentials file (a mounted Secret); Application Default Credentials when empty.")
+	fs.BoolVar(&o.gcp.NoExternalIP, "gcp-no-external-ip", false, "GCE instances get no external IP (egress through Cloud NAT; the internal IP is the endpoint).")
 }
 
 func main() {
@@ -252,6 +253,9 @@ func run(o options) error {
 		return fmt.Errorf("create Proxy controller: %w", err)
 	}
 	if err := metrics.Registry.Register(controllers.NewProxyPhaseCollector(mgr.GetClient())); err != nil {
+		return err
+	}
+	if err := mgr.Add(&provider.Checker{Registry: registry}); err != nil {
 		return err
 	}
 	if err := mgr.Add(&controllers.OrphanCollector{

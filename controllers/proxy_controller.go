@@ -303,6 +303,10 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy)
 		return ctrl.Result{RequeueAfter: r.ProvisionPollInterval}, nil
 	}
 	msg := fmt.Sprintf("%d consecutive probe failures, last after %s: %v", ps.ConsecutiveFailures, res.Latency.Round(time.Millisecond), res.Err)
+	if why := r.Registry.CheckError(string(p.Spec.Provider)); why != nil {
+		// e.g. no firewall rule admits the port: say so, not just "closed".
+		msg += "; provider check fails: " + why.Error()
+	}
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 	p.Status.Phase = crawlv1.ProxyProvisioning

@@ -40,6 +40,8 @@ type Registry struct {
 	now     func() time.Time
 	// Backoff after the n-th consecutive construction failure.
 	Backoff func(failures int) time.Duration
+	// checks holds the last Check error per provider (see Checker).
+	checks map[string]error
 }
 
 type registryEntry struct {

@@ -6,6 +6,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"google.golang.org/api/compute/v1"
 
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -49,6 +50,28 @@ var _ = Describe("gcp provider", func() {
 		_, ok := instance(name)
 		Expect(ok).To(BeFalse(), "instance left behind")
 		Expect(computeFake.Count(gcptest.CallDelete)).To(Equal(deletes + 1))
+	})
+
+	It("says a missing firewall rule is why a gcp proxy's port is closed", func() {
+		ns := newNamespace()
+		p := createProxy(ns, "walled", crawlv1.ProviderGCP)
+		prober.closePort("203.0.113.20")
+		bootInstance(p, "203.0.113.20")
+
+		// As the Checker does at start-up: the fake project has no rule.
+		checker := &provider.Checker{Registry: mgr.registry}
+		checker.CheckAll(ctx)
+		Eventually(func(g Gomega) {
+			p := getProxy(ns, "walled")
+			g.Expect(conditions.GetReason(p, crawlv1.ReadyCondition)).To(Equal(crawlv1.ProxyPortClosedReason), describe(p))
+			g.Expect(conditions.GetMessage(p, crawlv1.ReadyCondition)).To(ContainSubstring("no firewall rule"))
+			g.Expect(conditions.GetMessage(p, crawlv1.ReadyCondition)).To(ContainSubstring("tcp:3128"))
+		}).WithTimeout(15 * time.Second).Should(Succeed())
+
+		computeFake.PutFirewall(gcpProject, &compute.Firewall{Name: "allow-proxy", TargetTags: []string{gcp.DefaultNetworkTag},
+			SourceRanges: []string{"10.0.0.0/8"}, Allowed: []*compute.FirewallAllowed{{IPProtocol: "tcp", Ports: []string{"3128"}}}})
+		checker.CheckAll(ctx)
+		Expect(mgr.registry.CheckError(gcp.Name)).To(BeNil())
 	})
 
 	It("releases a Proxy with skip-cleanup and leaves its instance running", func() {

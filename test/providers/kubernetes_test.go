@@ -22,6 +22,12 @@ import (
 var _ = Describe("kubernetes provider", func() {
 	It("takes a Proxy from apply to Ready through its squid pod and back to nothing", func() {
 		ns := newNamespace()
+		// The API server's own PodSecurity admission judges the pod: one
+		// short of the restricted level would be refused at create.
+		nsObj := &corev1.Namespace{}
+		Expect(k8sClient.Get(ctx, types.NamespacedName{Name: ns}, nsObj)).To(Succeed())
+		nsObj.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+		Expect(k8sClient.Update(ctx, nsObj)).To(Succeed())
 		p := createProxy(ns, "squid", crawlv1.ProviderKubernetes)
 		key := podKey(p)
 
@@ -80,6 +86,51 @@ var _ = Describe("kubernetes provider", func() {
 		Expect(pod.DeletionTimestamp).NotTo(BeNil(), "pod not deleted")
 		kubeletFinishTermination(key)
 		Expect(podExists(key)).To(BeFalse())
+	})
+
+	It("replaces an evicted squid pod under a new name and is Ready again", func() {
+		ns := newNamespace()
+		p := createProxy(ns, "evicted", crawlv1.ProviderKubernetes)
+		first := podKey(p)
+		startPod(p, "10.244.1.10")
+		waitProxyPhase(ns, "evicted", crawlv1.ProxyReady, 15*time.Second)
+
+		// The kubelet evicts it under memory pressure: phase Failed, kept
+		// until pod garbage collection.
+		Eventually(func() error {
+			pod := &corev1.Pod{}
+			if err := k8sClient.Get(ctx, first, pod); err != nil {
+				return err
+			}
+			pod.Status.Phase, pod.Status.Reason = corev1.PodFailed, "Evicted"
+			pod.Status.Message = "The node was low on resource: memory."
+			pod.Status.Conditions = nil
+			return k8sClient.Status().Update(ctx, pod)
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+
+		next := types.NamespacedName{Namespace: ns, Name: kubernetes.PodName(p.Name, string(p.UID), 1)}
+		pod := waitPod(next)
+		Expect(pod.Labels).To(HaveKeyWithValue(kubernetes.LabelProxyUID, string(p.UID)))
+		schedule(next)
+		kubeletRun(next, "10.244.1.11", true)
+		Eventually(func(g Gomega) {
+			p := getProxy(ns, "evicted")
+			g.Expect(p.Status.Phase).To(Equal(crawlv1.ProxyReady), describe(p))
+			g.Expect(p.Status.ProviderID).To(Equal("kubernetes://" + ns + "/" + next.Name))
+			g.Expect(p.Status.Address).To(Equal("10.244.1.11"))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		// The evicted pod was deleted (it is bound: only marked).
+		old := &corev1.Pod{}
+		if err := k8sClient.Get(ctx, first, old); err == nil {
+			Expect(old.DeletionTimestamp).NotTo(BeNil(), "evicted pod not deleted")
+		}
+		kubeletFinishTermination(first)
+
+		deleteProxy(ns, "evicted")
+		waitProxyGone(ns, "evicted", 15*time.Second)
+		kubeletFinishTermination(next)
+		Expect(podExists(next)).To(BeFalse())
+		Expect(configMapExists(first)).To(BeFalse(), "ConfigMap left behind")
 	})
 
 	It("releases a Proxy with skip-cleanup and leaves its pod and ConfigMap running", func() {

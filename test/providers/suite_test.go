@@ -2,6 +2,7 @@ package providers
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -105,13 +106,27 @@ func fakeGCP(ctx context.Context) (provider.Provider, error) {
 type fakeProber struct {
 	mu     sync.Mutex
 	probes map[string]int
+	closed map[string]bool // addresses whose port refuses connections
 }
 
 func (p *fakeProber) Probe(_ context.Context, addr string, _ int32) proxyprobe.Result {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.probes[addr]++
+	if p.closed[addr] {
+		return proxyprobe.Result{Latency: time.Millisecond, Err: errors.New("connection refused")}
+	}
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
+}
+
+// closePort makes probes of addr fail as a closed (or firewalled) port does.
+func (p *fakeProber) closePort(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed == nil {
+		p.closed = map[string]bool{}
+	}
+	p.closed[addr] = true
 }
 
 func (p *fakeProber) count(addr string) int {

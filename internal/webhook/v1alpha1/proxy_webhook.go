@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider/gcp"
 )
 
 // Smallest sizes a squid guest boots with.
@@ -173,6 +174,11 @@ func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 		}
 		if s.Provider == crawlv1.ProviderKubernetes && s.Placement.Image != "" {
 			errs = append(errs, field.Forbidden(pl.Child("image"), "the kubernetes provider runs the manager's --kubernetes-squid-image"))
+		}
+		if s.Provider == crawlv1.ProviderGCP && (s.CloudInit.UserData != "" || len(s.CloudInit.UserDataBase64) > 0) {
+			if why := gcp.CloudInitUnsupported(s.Placement.Image); why != "" {
+				errs = append(errs, field.Invalid(pl.Child("image"), s.Placement.Image, why))
+			}
 		}
 	case "":
 		errs = append(errs, field.Required(spec.Child("provider"), "one of kvm, kubernetes, gcp"))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
 
 	"google.golang.org/api/compute/v1"
@@ -35,6 +36,11 @@ var (
 		"invalid":             true,
 		"required":            true,
 		"badRequest":          true,
+		// 412: an organisation policy (constraints/compute.vmExternalIpAccess,
+		// requireShieldedVm, ...) refuses the request. It holds until an
+		// administrator changes the policy or the Proxy. (A stale
+		// fingerprint is also 412, but this provider sends none.)
+		"conditionNotMet": true,
 	}
 )
 
@@ -76,12 +82,12 @@ func classifyHTTP(code int, err error) error {
 	case code == http.StatusNotFound:
 		return provider.NotFound(err)
 	case code == http.StatusTooManyRequests, code == http.StatusRequestTimeout,
-		code == http.StatusConflict, code == http.StatusPreconditionFailed,
+		code == http.StatusConflict,
 		code >= 500, code == 0:
 		return provider.Transient(err)
 	case code >= 400:
-		// 400 invalid, 401 bad credentials, 403 denied: the same request
-		// will be refused again.
+		// 400 invalid, 401 bad credentials, 403 denied, 412 policy
+		// violated: the same request will be refused again.
 		return provider.Permanent(err)
 	default:
 		return provider.Transient(err)
@@ -127,6 +133,7 @@ var permanentOpCodes = map[string]bool{
 	"PERMISSIONS_ERROR":     true,
 	"FORBIDDEN":             true,
 	"UNSUPPORTED_OPERATION": true,
+	"CONDITION_NOT_MET":     true,
 }
 
 // operationError returns the classified error of a DONE operation, or nil.
@@ -137,7 +144,11 @@ func operationError(op *compute.Operation) error {
 	var codes, msgs []string
 	for _, e := range op.Error.Errors {
 		codes = append(codes, e.Code)
-		msgs = append(msgs, e.Message)
+		msg := e.Message
+		if d := errorDetails(e.ErrorDetails); d != "" {
+			msg += " (" + d + ")"
+		}
+		msgs = append(msgs, msg)
 	}
 	err := fmt.Errorf("gcp: operation %s (%s %s) failed: %s: %s",
 		op.Name, op.OperationType, lastSegment(op.TargetLink), strings.Join(codes, ","), strings.Join(msgs, "; "))
@@ -157,4 +168,40 @@ func operationError(op *compute.Operation) error {
 		}
 	}
 	return classifyHTTP(int(op.HttpErrorStatusCode), err)
+}
+
+// errorDetails renders an operation error's details for the Proxy
+// condition: for ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS they say which
+// zones or machine types have capacity, which is what a user acts on.
+func errorDetails(details []*compute.OperationErrorErrorsErrorDetails) string {
+	var out []string
+	for _, d := range details {
+		if d == nil {
+			continue
+		}
+		if i := d.ErrorInfo; i != nil {
+			s := i.Reason
+			keys := make([]string, 0, len(i.Metadatas))
+			for k := range i.Metadatas {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				s += " " + k + "=" + i.Metadatas[k]
+			}
+			out = append(out, strings.TrimSpace(s))
+		}
+		if q := d.QuotaInfo; q != nil {
+			out = append(out, fmt.Sprintf("quota %s limit %g", q.MetricName, q.Limit))
+		}
+		if l := d.LocalizedMessage; l != nil && l.Message != "" {
+			out = append(out, l.Message)
+		}
+		if h := d.Help; h != nil {
+			for _, l := range h.Links {
+				out = append(out, "see "+l.Url)
+			}
+		}
+	}
+	return strings.Join(out, "; ")
 }

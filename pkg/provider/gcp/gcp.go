@@ -12,7 +12,11 @@
 // before the instance exists. Once a provider ID is recorded its
 // project/zone/name are used instead of re-deriving them.
 //
-// Cloud-init. Compute Engine's cloud-init datasource reads only the
+// Cloud-init. User-data needs an image that runs cloud-init (Ubuntu, COS;
+// DefaultImage): Google's Debian, EL and Windows images run only the guest
+// agent, which ignores it, and are refused with user-data
+// (CloudInitUnsupported; the Proxy webhook refuses them too).
+// Compute Engine's cloud-init datasource reads only the
 // instance metadata keys "user-data" and "user-data-encoding". User-data is
 // written to "user-data" byte for byte when it is UTF-8 (metadata values are
 // JSON strings, which cannot carry other bytes); otherwise it is sent
@@ -29,7 +33,9 @@
 //
 // Networking. The instance gets one NIC on Options.Network with an
 // ephemeral external IP (ONE_TO_ONE_NAT), reported as the Address once the
-// instance runs. It gets the network tags in Options.NetworkTags; the
+// instance runs. With Options.NoExternalIP it gets none (an organisation
+// policy may forbid them): egress then goes through Cloud NAT, clients in
+// the VPC reach the proxy on its internal IP, which is the Address. It gets the network tags in Options.NetworkTags; the
 // firewall rule admitting clients to the proxy port is the platform's, not
 // this provider's (an open forward proxy on the Internet is abused within
 // hours, so who may connect is a decision for whoever owns the VPC). No
@@ -46,7 +52,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,8 +70,10 @@ const Name = "gcp"
 
 // Defaults applied by New.
 const (
-	DefaultMachineType      = "e2-small"
-	DefaultImage            = "projects/debian-cloud/global/images/family/debian-12"
+	DefaultMachineType = "e2-small"
+	// DefaultImage runs cloud-init from user-data, which is how a Proxy's
+	// cloudInit configures squid here (Debian's GCE images do not).
+	DefaultImage            = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"
 	DefaultNetwork          = "global/networks/default"
 	DefaultNetworkTag       = "proxy-operator"
 	DefaultOperationTimeout = 5 * time.Minute
@@ -89,6 +99,12 @@ type Options struct {
 	// NetworkTags are set on every instance for firewall rules; nil means
 	// [DefaultNetworkTag], an empty non-nil slice none.
 	NetworkTags []string
+	// NoExternalIP gives instances no external address: the Address is
+	// the internal one, egress needs Cloud NAT on the subnetwork.
+	NoExternalIP bool
+	// ProxyPort is the port Check expects a firewall rule to admit;
+	// default 3128 (the Proxy default).
+	ProxyPort int32
 
 	// CredentialsJSON or CredentialsFile hold a credential document
 	// (service_account, authorized_user, external_account or
@@ -143,6 +159,9 @@ func New(ctx context.Context, opts Options) (provider.Provider, error) {
 	}
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = DefaultPollInterval
+	}
+	if opts.ProxyPort <= 0 {
+		opts.ProxyPort = 3128
 	}
 
 	var copts []option.ClientOption
@@ -234,7 +253,15 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 	case isAlreadyExists(err):
 		// Ours from an earlier call, or someone else's: checkOwner decides.
 	default:
-		return nil, classify(err, "insert instance "+t.String())
+		err = classify(err, "insert instance "+t.String())
+		if provider.Class(err) == provider.ClassNotFound {
+			// insert answers 404 for what the request references (an
+			// image or family gone, an unknown zone or network), never
+			// for the instance it is about to make: that will not fix
+			// itself, and is not "instance missing".
+			return nil, provider.Permanentf("%v", err)
+		}
+		return nil, err
 	}
 
 	inst, err := p.svc.Instances.Get(t.project, t.zone, t.name).Context(ctx).Do()
@@ -334,18 +361,93 @@ func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instan
 	return out, nil
 }
 
-// Check reads the default zone (or lists one zone): one small authenticated
-// call that proves credentials, project access and the API being enabled.
+// Check proves what every Create needs: credentials, the project and the
+// default zone (one zones.get; zones.list without a default zone), and a
+// firewall rule admitting the proxy port to our instances. Without that
+// rule every Proxy would boot and then only ever report PortClosed.
 func (p *Provider) Check(ctx context.Context) error {
 	if p.opts.Project == "" {
 		return provider.Permanentf("gcp: no project configured")
 	}
+	var err error
 	if p.opts.Zone != "" {
-		_, err := p.svc.Zones.Get(p.opts.Project, p.opts.Zone).Context(ctx).Do()
-		return classify(err, "get zone "+p.opts.Project+"/"+p.opts.Zone)
+		_, err = p.svc.Zones.Get(p.opts.Project, p.opts.Zone).Context(ctx).Do()
+		err = classify(err, "get zone "+p.opts.Project+"/"+p.opts.Zone)
+	} else {
+		_, err = p.svc.Zones.List(p.opts.Project).MaxResults(1).Context(ctx).Do()
+		err = classify(err, "list zones of "+p.opts.Project)
 	}
-	_, err := p.svc.Zones.List(p.opts.Project).MaxResults(1).Context(ctx).Do()
-	return classify(err, "list zones of "+p.opts.Project)
+	if provider.Class(err) == provider.ClassNotFound {
+		// A project or zone that does not exist is misconfiguration.
+		return provider.Permanentf("%v (check --gcp-project and --gcp-zone)", err)
+	}
+	if err != nil {
+		return err
+	}
+	return p.checkFirewall(ctx)
+}
+
+// checkFirewall looks for an enabled ingress rule on our network that
+// allows tcp:ProxyPort to instances with one of our network tags (or to all
+// instances). Which sources it admits is the VPC owner's choice; they are
+// not judged here.
+func (p *Provider) checkFirewall(ctx context.Context) error {
+	network := lastSegment(p.opts.Network)
+	var found bool
+	err := p.svc.Firewalls.List(p.opts.Project).Context(ctx).Pages(ctx, func(page *compute.FirewallList) error {
+		for _, fw := range page.Items {
+			if !found && p.admits(fw, network) {
+				found = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return classify(err, "list firewall rules of "+p.opts.Project)
+	}
+	if !found {
+		return provider.Permanentf("gcp: no firewall rule in project %s admits tcp:%d to instances tagged %s on network %s; clients cannot reach the proxies (create one with --target-tags and the clients' --source-ranges)",
+			p.opts.Project, p.opts.ProxyPort, strings.Join(p.opts.NetworkTags, ","), network)
+	}
+	return nil
+}
+
+func (p *Provider) admits(fw *compute.Firewall, network string) bool {
+	if fw.Disabled || (fw.Direction != "" && fw.Direction != "INGRESS") || lastSegment(fw.Network) != network {
+		return false
+	}
+	if len(fw.TargetServiceAccounts) > 0 {
+		return false // we attach no service account
+	}
+	if len(fw.TargetTags) > 0 {
+		hit := false
+		for _, t := range fw.TargetTags {
+			hit = hit || slices.Contains(p.opts.NetworkTags, t)
+		}
+		if !hit {
+			return false
+		}
+	}
+	for _, a := range fw.Allowed {
+		if a.IPProtocol != "tcp" && a.IPProtocol != "all" && a.IPProtocol != "6" {
+			continue
+		}
+		if len(a.Ports) == 0 {
+			return true
+		}
+		for _, r := range a.Ports {
+			lo, hi, _ := strings.Cut(r, "-")
+			if hi == "" {
+				hi = lo
+			}
+			l, err1 := strconv.Atoi(lo)
+			h, err2 := strconv.Atoi(hi)
+			if err1 == nil && err2 == nil && int(p.opts.ProxyPort) >= l && int(p.opts.ProxyPort) <= h {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // wait blocks until op is DONE, then returns its classified error.
@@ -405,6 +507,13 @@ func (p *Provider) instanceSpec(m *provider.Machine, t target) (*compute.Instanc
 		{Key: MetadataName, Value: ptr(m.Name)},
 	}
 	if len(m.UserData) > 0 {
+		if why := CloudInitUnsupported(image); why != "" {
+			field := "spec.placement.image"
+			if m.Image.URL == "" && m.Image.Name == "" {
+				field = "--gcp-image"
+			}
+			return nil, provider.Permanentf("gcp: %s %q: %s", field, image, why)
+		}
 		ud, enc := crawlv1.GCEUserDataValue(m.UserData)
 		if len(ud) > maxMetadataValue {
 			return nil, provider.Permanentf("gcp: user-data is %d bytes as metadata, over Compute Engine's %d", len(ud), maxMetadataValue)
@@ -429,22 +538,19 @@ func (p *Provider) instanceSpec(m *provider.Machine, t target) (*compute.Instanc
 		disk.InitializeParams.DiskSizeGb = (m.DiskBytes + gib - 1) / gib
 	}
 
+	nic := &compute.NetworkInterface{Network: p.opts.Network, Subnetwork: p.opts.Subnetwork}
+	if !p.opts.NoExternalIP {
+		nic.AccessConfigs = []*compute.AccessConfig{{Name: "External NAT", Type: "ONE_TO_ONE_NAT"}}
+	}
 	return &compute.Instance{
-		Name:        t.name,
-		Description: fmt.Sprintf("Proxy %s/%s (uid %s), managed by proxy-operator", m.Namespace, m.Name, m.UID),
-		MachineType: machineType,
-		Labels:      labels,
-		Metadata:    &compute.Metadata{Items: items},
-		Disks:       []*compute.AttachedDisk{disk},
-		NetworkInterfaces: []*compute.NetworkInterface{{
-			Network:    p.opts.Network,
-			Subnetwork: p.opts.Subnetwork,
-			AccessConfigs: []*compute.AccessConfig{{
-				Name: "External NAT",
-				Type: "ONE_TO_ONE_NAT",
-			}},
-		}},
-		Tags: &compute.Tags{Items: p.opts.NetworkTags},
+		Name:              t.name,
+		Description:       fmt.Sprintf("Proxy %s/%s (uid %s), managed by proxy-operator", m.Namespace, m.Name, m.UID),
+		MachineType:       machineType,
+		Labels:            labels,
+		Metadata:          &compute.Metadata{Items: items},
+		Disks:             []*compute.AttachedDisk{disk},
+		NetworkInterfaces: []*compute.NetworkInterface{nic},
+		Tags:              &compute.Tags{Items: p.opts.NetworkTags},
 	}, nil
 }
 
@@ -480,9 +586,18 @@ func (p *Provider) instance(project string, inst *compute.Instance) *provider.In
 		Message:    inst.StatusMessage,
 		Owner:      owner(inst),
 	}
+	// Statuses: https://cloud.google.com/compute/docs/instances/instance-life-cycle
 	switch inst.Status {
 	case "PROVISIONING", "STAGING":
 		out.State = provider.StatePending
+		if out.Message == "" {
+			out.Message = "Compute Engine is " + strings.ToLower(inst.Status) + " the instance"
+		}
+	case "PENDING":
+		out.State = provider.StatePending
+		if out.Message == "" {
+			out.Message = "waiting for Compute Engine capacity"
+		}
 	case "REPAIRING":
 		out.State = provider.StatePending
 		if out.Message == "" {
@@ -490,13 +605,23 @@ func (p *Provider) instance(project string, inst *compute.Instance) *provider.In
 		}
 	case "RUNNING":
 		out.State = provider.StateRunning
-		if ip := natIP(inst); ip != "" {
+		ip, what := natIP(inst), "external"
+		if p.opts.NoExternalIP {
+			ip, what = internalIP(inst), "internal"
+		}
+		if ip != "" {
 			out.Address, out.AddressSource = ip, provider.AddressSourceNIC
 		} else if out.Message == "" {
-			out.Message = "no external IP assigned yet"
+			out.Message = "no " + what + " IP assigned yet"
 		}
-	case "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED", "PENDING_STOP":
+	case "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED", "PENDING_STOP", "DEPROVISIONING":
+		// DEPROVISIONING releases resources on the way to TERMINATED,
+		// SUSPENDED or deletion: not running, and nothing to do but wait
+		// (Create starts it once it has stopped).
 		out.State = provider.StateStopped
+		if out.Message == "" {
+			out.Message = "instance is " + inst.Status
+		}
 	default:
 		out.State = provider.StateUnknown
 		if out.Message == "" {
@@ -513,6 +638,16 @@ func natIP(inst *compute.Instance) string {
 			if ac.NatIP != "" {
 				return ac.NatIP
 			}
+		}
+	}
+	return ""
+}
+
+// internalIP is the first NIC's internal IPv4.
+func internalIP(inst *compute.Instance) string {
+	for _, nic := range inst.NetworkInterfaces {
+		if nic.NetworkIP != "" {
+			return nic.NetworkIP
 		}
 	}
 	return ""

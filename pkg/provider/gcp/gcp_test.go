@@ -99,6 +99,13 @@ func TestInstanceName(t *testing.T) {
 	if a == b {
 		t.Errorf("truncated names with different uids collide: %q", a)
 	}
+	// Existing instances are found by these names: they must never change.
+	if got := InstanceName("crawl", "Eu.Egress_1", "u1"); got != "proxy-crawl-eu-egress-1-bb82030d" {
+		t.Errorf("InstanceName changed: %q", got)
+	}
+	if got := InstanceName(strings.Repeat("n", 40), strings.Repeat("a", 40), "u2"); got != "proxy-"+strings.Repeat("n", 40)+"-aaaaaaa-6ca202c8" {
+		t.Errorf("InstanceName changed: %q", got)
+	}
 	if got := InstanceName("crawl", "eu-egress", uid); !strings.HasPrefix(got, "proxy-crawl-eu-egress-") {
 		t.Errorf("InstanceName = %q, want readable prefix", got)
 	}
@@ -164,7 +171,7 @@ func TestCreateGetDeleteLifecycle(t *testing.T) {
 		t.Fatalf("instance %s not created", name)
 	}
 	wantLabels := map[string]string{
-		"managed-by": "proxy-operator", "proxy-tag": "prod", "proxy-uid": uid,
+		"managed_by": "proxy-operator", "proxy_tag": "prod", "proxy-uid": uid,
 		"proxy-namespace": "crawl", "proxy-name": "eu-egress",
 	}
 	for k, v := range wantLabels {
@@ -316,7 +323,7 @@ func TestForeignInstanceIsNeverTouched(t *testing.T) {
 	name := InstanceName(m.Namespace, m.Name, m.UID)
 	srv.PutInstance(project, zone, &compute.Instance{
 		Name:   name,
-		Labels: map[string]string{"managed-by": "proxy-operator", "proxy-uid": "someone-else"},
+		Labels: map[string]string{"managed_by": "proxy-operator", "proxy-uid": "someone-else"},
 	})
 	unlabelled := machine()
 	unlabelled.Name = "other"
@@ -373,6 +380,11 @@ func TestGetStatusMapping(t *testing.T) {
 		{"SUSPENDING", false, provider.StateStopped, ""},
 		{"SUSPENDED", false, provider.StateStopped, ""},
 		{"TERMINATED", false, provider.StateStopped, ""},
+		// Waiting for capacity (e.g. a reservation or flex-start).
+		{"PENDING", false, provider.StatePending, ""},
+		// Resources being released on the way to stopped, suspended
+		// or deleted.
+		{"DEPROVISIONING", false, provider.StateStopped, ""},
 		{"SOMETHING_NEW", false, provider.StateUnknown, ""},
 	} {
 		t.Run(tc.status, func(t *testing.T) {
@@ -392,6 +404,9 @@ func TestGetStatusMapping(t *testing.T) {
 			}
 			if !tc.running && inst.Address != "" {
 				t.Errorf("status %s reported address %s", tc.status, inst.Address)
+			}
+			if tc.want != provider.StateRunning && inst.Message == "" {
+				t.Errorf("status %s: no message says why it is not running", tc.status)
 			}
 		})
 	}
@@ -459,7 +474,11 @@ func TestErrorClassification(t *testing.T) {
 		{"401", 401, "authError", provider.ClassPermanent},
 		{"500", 500, "backendError", provider.ClassTransient},
 		{"503 no reason", 503, "", provider.ClassTransient},
-		{"412", 412, "conditionNotMet", provider.ClassTransient},
+		// An organisation policy refuses the request until it changes.
+		{"412 org policy", 412, "conditionNotMet", provider.ClassPermanent},
+		// insert's 404 is about what it references (image, family,
+		// zone), never the instance it makes.
+		{"404 on insert", 404, "notFound", provider.ClassPermanent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := newServer(t)
@@ -503,6 +522,26 @@ func TestErrorClassification(t *testing.T) {
 	})
 }
 
+func TestCapacityErrorNamesZonesWithCapacity(t *testing.T) {
+	srv := newServer(t)
+	p := newProvider(t, srv)
+	srv.FailNextOperation(gcptest.CallInsert, "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+		"The zone 'projects/p/zones/us-central1-a' does not have enough resources available to fulfill the request.", 503,
+		&compute.OperationErrorErrorsErrorDetails{ErrorInfo: &compute.ErrorInfo{
+			Reason: "RESOURCE_AVAILABILITY", Domain: "compute.googleapis.com",
+			Metadatas: map[string]string{"zone": "us-central1-a", "vmType": "e2-small", "zonesAvailable": "us-central1-b,us-central1-f"},
+		}},
+		&compute.OperationErrorErrorsErrorDetails{LocalizedMessage: &compute.LocalizedMessage{Locale: "en-US", Message: "Try us-central1-b or us-central1-f."}},
+	)
+	_, err := p.Create(ctx(t), machine())
+	wantClass(t, err, provider.ClassTransient)
+	for _, want := range []string{"ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_AVAILABILITY", "zonesAvailable=us-central1-b,us-central1-f", "Try us-central1-b or us-central1-f."} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not carry %q", err, want)
+		}
+	}
+}
+
 func TestOperationErrors(t *testing.T) {
 	for _, tc := range []struct {
 		code   string
@@ -515,6 +554,7 @@ func TestOperationErrors(t *testing.T) {
 		{"INVALID_FIELD_VALUE", 400, provider.ClassPermanent},
 		{"SOMETHING_ELSE", 500, provider.ClassTransient},
 		{"SOMETHING_ELSE", 400, provider.ClassPermanent},
+		{"CONDITION_NOT_MET", 412, provider.ClassPermanent},
 	} {
 		t.Run(tc.code, func(t *testing.T) {
 			srv := newServer(t)
@@ -587,7 +627,7 @@ func TestListByTag(t *testing.T) {
 		}
 	}
 	srv.PutInstance(project, zone, &compute.Instance{Name: "untagged"})
-	srv.PutInstance(project, zone, &compute.Instance{Name: "not-managed", Labels: map[string]string{"proxy-tag": "prod"}})
+	srv.PutInstance(project, zone, &compute.Instance{Name: "not-managed", Labels: map[string]string{"proxy_tag": "prod"}})
 
 	got, err := p.ListByTag(ctx(t), "prod")
 	if err != nil {
@@ -615,8 +655,17 @@ func TestListByTag(t *testing.T) {
 	}
 }
 
+// proxyFirewall is the rule docs/providers.md tells the VPC owner to make.
+func proxyFirewall() *compute.Firewall {
+	return &compute.Firewall{
+		Name: "allow-proxy", TargetTags: []string{DefaultNetworkTag}, SourceRanges: []string{"10.0.0.0/8"},
+		Allowed: []*compute.FirewallAllowed{{IPProtocol: "tcp", Ports: []string{"3128"}}},
+	}
+}
+
 func TestCheck(t *testing.T) {
 	srv := newServer(t)
+	srv.PutFirewall(project, proxyFirewall())
 	p := newProvider(t, srv)
 	if err := p.Check(ctx(t)); err != nil {
 		t.Fatal(err)
@@ -630,6 +679,74 @@ func TestCheck(t *testing.T) {
 	}
 	if srv.Count(gcptest.CallZoneList) != 1 {
 		t.Error("zones.list not used without a zone")
+	}
+
+	srv.FailNext(gcptest.CallZoneGet, 404, "notFound", "The resource 'projects/proj-1/zones/us-central1-a' was not found")
+	wantClass(t, p.Check(ctx(t)), provider.ClassPermanent)
+	bad := newProvider(t, srv, func(o *Options) { o.Zone = "mars-1a" })
+	if err := bad.Check(ctx(t)); err == nil {
+		t.Error("Check passed with a zone that does not exist")
+	}
+}
+
+func TestCheckNamesAMissingFirewallRule(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mut  func(*compute.Firewall)
+		ok   bool
+	}{
+		{"rule for our tag and port", func(*compute.Firewall) {}, true},
+		{"port range", func(f *compute.Firewall) { f.Allowed[0].Ports = []string{"3000-4000"} }, true},
+		{"all ports", func(f *compute.Firewall) { f.Allowed[0].Ports = nil }, true},
+		{"all instances", func(f *compute.Firewall) { f.TargetTags = nil }, true},
+		{"no rule at all", nil, false},
+		{"other port", func(f *compute.Firewall) { f.Allowed[0].Ports = []string{"22"} }, false},
+		{"other tag", func(f *compute.Firewall) { f.TargetTags = []string{"web"} }, false},
+		{"udp", func(f *compute.Firewall) { f.Allowed[0].IPProtocol = "udp" }, false},
+		{"disabled", func(f *compute.Firewall) { f.Disabled = true }, false},
+		{"egress", func(f *compute.Firewall) { f.Direction = "EGRESS" }, false},
+		{"other network", func(f *compute.Firewall) { f.Network = "global/networks/vpc-b" }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newServer(t)
+			if tc.mut != nil {
+				fw := proxyFirewall()
+				tc.mut(fw)
+				srv.PutFirewall(project, fw)
+			}
+			err := newProvider(t, srv).Check(ctx(t))
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			wantClass(t, err, provider.ClassPermanent)
+			for _, want := range []string{"firewall rule", "tcp:3128", DefaultNetworkTag, "network default"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not name %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestNoExternalIPReportsTheInternalAddress(t *testing.T) {
+	srv := newServer(t)
+	srv.AutoRun = true
+	p := newProvider(t, srv, func(o *Options) { o.NoExternalIP = true })
+	m := machine()
+	inst, err := p.Create(ctx(t), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := srv.Instance(project, zone, inst.Name)
+	if n := len(got.NetworkInterfaces[0].AccessConfigs); n != 0 {
+		t.Errorf("insert asked for %d access configs, want none", n)
+	}
+	if inst.State != provider.StateRunning || inst.Address != got.NetworkInterfaces[0].NetworkIP || inst.Address == "" ||
+		inst.AddressSource != provider.AddressSourceNIC {
+		t.Errorf("Create = %+v, want Running at the internal IP %s", inst, got.NetworkInterfaces[0].NetworkIP)
 	}
 }
 
@@ -741,4 +858,94 @@ func fmtErr(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+func TestCreateWithAMissingReferenceFailsPermanently(t *testing.T) {
+	for name, mut := range map[string]func(*Options, *provider.Machine){
+		"image family gone": func(o *Options, m *provider.Machine) {
+			m.Image.URL = "projects/debian-cloud/global/images/family/debian-99"
+		},
+		"unknown network":      func(o *Options, m *provider.Machine) { o.Network = "global/networks/vpc-gone" },
+		"unknown zone":         func(o *Options, m *provider.Machine) { m.Zone = "us-central1-z" },
+		"unknown machine type": func(o *Options, m *provider.Machine) { m.MachineType = "e2-huge" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := newServer(t)
+			m := machine()
+			p := newProvider(t, srv, func(o *Options) { mut(o, m) })
+			_, err := p.Create(ctx(t), m)
+			// Permanent, not "instance not found": the controller would
+			// rebuild in a loop on that.
+			wantClass(t, err, provider.ClassPermanent)
+		})
+	}
+}
+
+func TestRepairingInstanceIsPendingThenRunning(t *testing.T) {
+	srv := newServer(t)
+	srv.AutoRun = true
+	p := newProvider(t, srv)
+	m := machine()
+	inst, err := p.Create(ctx(t), m)
+	if err != nil || inst.State != provider.StateRunning {
+		t.Fatalf("Create = %+v, %v", inst, err)
+	}
+	addr := inst.Address
+	if err := srv.Repair(project, zone, inst.Name, 1); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Get(ctx(t), m)
+	if err != nil || got.State != provider.StatePending || got.Address != "" || !strings.Contains(got.Message, "repairing") {
+		t.Errorf("repairing: %+v, %v", got, err)
+	}
+	got, err = p.Get(ctx(t), m)
+	if err != nil || got.State != provider.StateRunning || got.Address != addr {
+		t.Errorf("after repair: %+v, %v; want Running at %s", got, err, addr)
+	}
+}
+
+func TestDeleteWaitsThroughDeprovisioning(t *testing.T) {
+	srv := newServer(t)
+	srv.OperationPolls = 4
+	p := newProvider(t, srv)
+	m := machine()
+	if _, err := p.Create(ctx(t), m); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Delete(ctx(t), m); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := srv.Instance(project, zone, InstanceName(m.Namespace, m.Name, m.UID)); ok {
+		t.Error("Delete returned before the instance was gone")
+	}
+}
+
+func TestUserDataOnAnImageWithoutCloudInitIsRefused(t *testing.T) {
+	if why := CloudInitUnsupported(DefaultImage); why != "" {
+		t.Fatalf("the default image %s cannot run cloud-init: %s", DefaultImage, why)
+	}
+	const debian = "projects/debian-cloud/global/images/family/debian-12"
+	srv := newServer(t)
+	m := machine()
+	m.Image.URL = debian
+	_, err := newProvider(t, srv).Create(ctx(t), m)
+	wantClass(t, err, provider.ClassPermanent)
+	if !strings.Contains(err.Error(), "spec.placement.image") || !strings.Contains(err.Error(), "cloud-init") {
+		t.Errorf("error %q does not name the field and the reason", err)
+	}
+	// The same image as the manager's default is the flag's fault.
+	_, err = newProvider(t, srv, func(o *Options) { o.Image = debian }).Create(ctx(t), machine())
+	wantClass(t, err, provider.ClassPermanent)
+	if !strings.Contains(err.Error(), "--gcp-image") {
+		t.Errorf("error %q does not name --gcp-image", err)
+	}
+	if srv.Count(gcptest.CallInsert) != 0 {
+		t.Error("insert sent although the image cannot apply the user-data")
+	}
+	// Without user-data there is nothing for cloud-init to do.
+	m = machine()
+	m.Image.URL, m.UserData = debian, nil
+	if _, err := newProvider(t, srv).Create(ctx(t), m); err != nil {
+		t.Errorf("Debian without user-data: %v", err)
+	}
 }

@@ -1,8 +1,6 @@
 package gcp
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -12,9 +10,13 @@ import (
 // Label keys written on every instance (and its boot disk). They are the
 // tag contract: ListByTag filters on LabelTag, ownership checks compare
 // LabelUID, garbage collection reads the owner back.
+//
+// Keys that list filters name use underscores: the documented filter
+// grammar has dotted identifiers (labels.owner) and says nothing of
+// hyphens, which AIP-160 reads as negation.
 const (
-	LabelManagedBy = "managed-by"
-	LabelTag       = "proxy-tag"
+	LabelManagedBy = "managed_by"
+	LabelTag       = "proxy_tag"
 	LabelUID       = "proxy-uid"
 	LabelNamespace = "proxy-namespace"
 	LabelName      = "proxy-name"
@@ -43,32 +45,7 @@ const maxNameLen = 63
 // recreated under the same name a fresh instance instead of a collision with
 // the one its predecessor left behind.
 func InstanceName(namespace, name, uid string) string {
-	sum := sha256.Sum256([]byte(uid))
-	suffix := "-" + hex.EncodeToString(sum[:])[:8]
-	base := sanitizeName("proxy-" + namespace + "-" + name)
-	if max := maxNameLen - len(suffix); len(base) > max {
-		base = strings.TrimRight(base[:max], "-")
-	}
-	return base + suffix
-}
-
-// sanitizeName lowercases s and turns every run of characters outside
-// [a-z0-9] into one '-'.
-func sanitizeName(s string) string {
-	var b strings.Builder
-	dash := false
-	for _, r := range strings.ToLower(s) {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
-			b.WriteRune(r)
-			dash = false
-			continue
-		}
-		if !dash && b.Len() > 0 {
-			b.WriteByte('-')
-			dash = true
-		}
-	}
-	return strings.TrimRight(b.String(), "-")
+	return provider.DNSLabel("proxy-"+namespace+"-"+name, provider.UIDSuffix(uid), maxNameLen)
 }
 
 // LabelValue makes s a valid GCE label value: lowercase, only [a-z0-9_-],

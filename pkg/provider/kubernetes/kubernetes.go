@@ -11,8 +11,16 @@
 // act on (it owns rebuild decisions for every provider alike), and add a
 // ReplicaSet between the Proxy and its pod. The self-healing that matters is
 // kept: restartPolicy Always lets the kubelet restart a crashed or wedged
-// (liveness probe) squid in place, same pod, same IP; only a pod that is
-// gone for good (node lost, evicted) reaches Failed and a rebuild.
+// (liveness probe) squid in place, same pod, same IP.
+//
+// A pod gone for good is replaced by this provider, under a new name: one
+// in phase Failed (evicted, its node shut down; it stays so until pod
+// garbage collection), or one whose deletion is pending StuckDeletionAfter
+// past its deadline while its node is NotReady or gone (a pod on an
+// unreachable node stays Terminating until the node object is removed).
+// Get reports such a pod as not found, so the controller rebuilds; Create
+// deletes it (if not already deleting) and creates incarnation n+1,
+// "proxy-<name>-<8 hex>-<n>", which never meets the old pod's name.
 //
 // Why no Service: the endpoint is the pod IP. A Proxy is one pod, so a
 // ClusterIP would only add a second object and a virtual IP that, like the
@@ -21,8 +29,9 @@
 // added. The controller re-reads the address through Get, so a rebuilt pod's
 // new IP is picked up.
 //
-// Naming and identity: both objects are named ObjectName(name, uid),
-// "proxy-<name>-<8 hex of sha256(uid)>". Every object carries the tag
+// Naming and identity: the ConfigMap and the first pod are named
+// ObjectName(name, uid), "proxy-<name>-<8 hex of sha256(uid)>"; replacement
+// pods add "-<incarnation>" (PodName). Every object carries the tag
 // contract labels (LabelManagedBy, LabelTag, LabelProxyUID, LabelProxyName)
 // and a controller owner reference to the Proxy, so Kubernetes' garbage
 // collector removes them with the Proxy even if the operator never gets to.
@@ -42,16 +51,17 @@
 // the controller rebuilds (Delete, then Create) when it wants them.
 //
 // +kubebuilder:rbac:groups="",resources=pods;configmaps,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get
 package kubernetes
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -63,6 +73,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
 )
@@ -81,6 +92,9 @@ const (
 	AnnotationProxyName = "crawl.example.com/proxy-name"
 	// LabelAppName lets NetworkPolicies select proxy pods.
 	LabelAppName = "app.kubernetes.io/name"
+	// AnnotationIncarnation counts the pods of one Proxy: 0 (or absent) for
+	// the first, n for its n-th replacement.
+	AnnotationIncarnation = "crawl.example.com/incarnation"
 
 	ManagedBy = "proxy-operator"
 	AppName   = "squid"
@@ -98,17 +112,32 @@ const (
 	PortName      = "proxy"
 	ConfigKey     = "squid.conf"
 	ConfigPath    = "/etc/squid/squid.conf"
+	// StateDir is squid's only writable directory (an emptyDir).
+	StateDir = "/var/run/squid"
+	// SquidUID runs squid: "proxy" in Debian and Ubuntu, the owner squid
+	// switches to when started as root. Never root (restricted Pod
+	// Security), so squid cannot bind below 1024 or switch users.
+	SquidUID int64 = 13
 
-	DefaultSquidImage = "ubuntu/squid:latest"
+	// DefaultSquidImage is pinned by digest so every node runs the same
+	// squid; it is the ubuntu/squid image the operator was written
+	// against. Whoever runs the operator pins the digest of the image they
+	// have vetted (--kubernetes-squid-image); any image with squid 5 or
+	// later on PATH meets the contract of SquidCommand.
+	DefaultSquidImage = "docker.io/ubuntu/squid@sha256:6a097f68bae708cedbabd6188d68c7e2e7a38cedd05a176e1cc0ba29e3bbe029"
 	DefaultPort       = 3128
+
+	// DefaultStuckDeletionAfter is how long past its deletion deadline a
+	// pod on a NotReady node may stay before it is written off. The node
+	// lifecycle controller has already waited (tolerationSeconds, 300 by
+	// default) before it asked for the deletion.
+	DefaultStuckDeletionAfter = 2 * time.Minute
 )
 
 // Options configures the provider.
 type Options struct {
-	// SquidImage runs squid; default DefaultSquidImage. The container is
-	// started with args "-f /etc/squid/squid.conf -NYC", which the Ubuntu
-	// image's entrypoint hands to squid (and which is squid's own argument
-	// list for images whose entrypoint is squid).
+	// SquidImage runs squid; default DefaultSquidImage. Its entrypoint is
+	// not used: the container runs SquidCommand(ConfigPath).
 	SquidImage      string
 	ImagePullPolicy corev1.PullPolicy // default IfNotPresent
 	// AllowedClientCIDRs may use the proxy; default DefaultAllowedClientCIDRs.
@@ -117,14 +146,18 @@ type Options struct {
 	// especially with CacheByObject, whose cache holds only our objects) a
 	// same-named foreign object is invisible to the cache; on
 	// AlreadyExists it is read through APIReader to be identified. Default:
-	// the client itself. Pass mgr.GetAPIReader().
+	// the client itself. Pass mgr.GetAPIReader(). It also lists a Proxy's
+	// pods when choosing a replacement's name and reads Nodes (one GET,
+	// only for a pod stuck terminating), so no Node informer is started.
 	APIReader client.Reader
+	// StuckDeletionAfter: see DefaultStuckDeletionAfter.
+	StuckDeletionAfter time.Duration
 }
 
 // BindFlags registers the provider's flags on fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.SquidImage, "kubernetes-squid-image", DefaultSquidImage,
-		"Container image running squid for Proxies with provider kubernetes.")
+		"Container image running squid for Proxies with provider kubernetes; pin it by digest (@sha256:...). It must have squid (5 or later) on PATH; it runs as uid 13 on a read-only root.")
 }
 
 // CacheByObject restricts a manager's cache of Pods and ConfigMaps to the
@@ -164,6 +197,9 @@ func New(c client.Client, opts Options) provider.Provider {
 	if opts.AllowedClientCIDRs == nil {
 		opts.AllowedClientCIDRs = DefaultAllowedClientCIDRs
 	}
+	if opts.StuckDeletionAfter <= 0 {
+		opts.StuckDeletionAfter = DefaultStuckDeletionAfter
+	}
 	r := opts.APIReader
 	if r == nil {
 		r = c
@@ -177,29 +213,17 @@ func (p *Provider) Name() string { return Name }
 // ObjectName is the name of the Pod and ConfigMap of a Proxy: a DNS-1123
 // label (so also a valid hostname), at most 63 characters.
 func ObjectName(proxyName, uid string) string {
-	sum := sha256.Sum256([]byte(uid))
-	suffix := "-" + hex.EncodeToString(sum[:])[:8]
-	base := "proxy-" + dnsLabel(proxyName)
-	if max := validation.DNS1123LabelMaxLength - len(suffix); len(base) > max {
-		base = base[:max]
-	}
-	return strings.TrimRight(base, "-") + suffix
+	return PodName(proxyName, uid, 0)
 }
 
-// dnsLabel lowercases s and turns runs of other characters into '-'.
-func dnsLabel(s string) string {
-	var b strings.Builder
-	dash := false
-	for _, r := range strings.ToLower(s) {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
-			b.WriteRune(r)
-			dash = false
-		} else if !dash && b.Len() > 0 {
-			b.WriteByte('-')
-			dash = true
-		}
+// PodName is the name of a Proxy's pod of the given incarnation: the
+// ObjectName for the first, with "-<incarnation>" for each replacement.
+func PodName(proxyName, uid string, incarnation int) string {
+	suffix := provider.UIDSuffix(uid)
+	if incarnation > 0 {
+		suffix += "-" + strconv.Itoa(incarnation)
 	}
-	return strings.TrimRight(b.String(), "-")
+	return provider.DNSLabel("proxy-"+proxyName, suffix, validation.DNS1123LabelMaxLength)
 }
 
 // labelValue cuts s to a valid label value (Proxy names may be 253 long).
@@ -210,6 +234,14 @@ func labelValue(s string) string {
 	return strings.TrimRightFunc(s, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
 	})
+}
+
+// SquidCommand is the squid container's command line, with the entrypoint
+// of the image bypassed so the contract does not depend on it: squid in
+// the foreground (-N: no daemon, so it is the container's process and its
+// exit is the container's), reading configPath. See docs/providers.md.
+func SquidCommand(configPath string) []string {
+	return []string{"squid", "-N", "-f", configPath}
 }
 
 // FormatProviderID returns kubernetes://<namespace>/<pod>.
@@ -248,10 +280,10 @@ func key(m *provider.Machine) (types.NamespacedName, error) {
 	return types.NamespacedName{Namespace: ns, Name: pod}, nil
 }
 
-// Create makes the ConfigMap and the Pod exist. An existing pod of ours is
-// reported as it is: a terminating one is a transient error (Create cannot
-// make it run; it will be gone shortly), a Failed one is returned in state
-// Failed for the controller to rebuild.
+// Create makes the ConfigMap and the Pod exist. An existing live pod of
+// ours is reported as it is (a terminating one is a transient error: Create
+// cannot make it run, and it will be gone shortly); one gone for good is
+// deleted and replaced by the next incarnation.
 func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.Instance, error) {
 	k, err := key(m)
 	if err != nil {
@@ -261,18 +293,115 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 		return nil, err
 	}
 
-	cm := p.configMap(m, k)
+	cm := p.configMap(m, configKey(m))
 	if err := p.ensure(ctx, m, cm); err != nil {
 		return nil, err
 	}
-	pod := p.pod(m, k)
+	pods, err := p.podsOf(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	next, recordedExists := 0, false
+	for i := range pods {
+		pod := &pods[i]
+		next = max(next, incarnation(pod)+1)
+		recordedExists = recordedExists || pod.Name == k.Name
+		if why := p.gone(ctx, pod); why != "" {
+			if err := p.deleteGone(ctx, m, pod, why); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		// The recorded pod, or (nothing recorded: a crash between our
+		// create and the status write) the newest live one.
+		if m.ProviderID == "" || pod.Name == k.Name {
+			if pod.DeletionTimestamp != nil {
+				return nil, provider.Transientf("kubernetes: pod %s/%s is terminating; it is recreated once gone", pod.Namespace, pod.Name)
+			}
+			return instance(pod), nil
+		}
+	}
+	name := PodName(m.Name, m.UID, next)
+	if m.ProviderID != "" && !recordedExists {
+		// The recorded pod is simply missing: recreate it where the
+		// status says it is, whatever today's naming would be.
+		name = k.Name
+	}
+	pod := p.pod(m, types.NamespacedName{Namespace: m.Namespace, Name: name}, next)
 	if err := p.ensure(ctx, m, pod); err != nil {
 		return nil, err
 	}
 	if pod.DeletionTimestamp != nil {
-		return nil, provider.Transientf("kubernetes: pod %s is terminating; it is recreated once gone", k)
+		return nil, provider.Transientf("kubernetes: pod %s/%s is terminating; it is recreated once gone", pod.Namespace, pod.Name)
 	}
 	return instance(pod), nil
+}
+
+// podsOf lists the Proxy's pods, newest incarnation first, through the API
+// reader: a replacement's name must not be chosen from a lagging cache.
+func (p *Provider) podsOf(ctx context.Context, m *provider.Machine) ([]corev1.Pod, error) {
+	var list corev1.PodList
+	if err := p.r.List(ctx, &list, client.InNamespace(m.Namespace),
+		client.MatchingLabels{LabelManagedBy: ManagedBy, LabelProxyUID: m.UID}); err != nil {
+		return nil, classify(err, "list pods of Proxy "+m.Namespace+"/"+m.Name)
+	}
+	pods := list.Items[:0]
+	for _, pod := range list.Items {
+		if checkOwner(&pod, m) == nil {
+			pods = append(pods, pod)
+		}
+	}
+	sort.Slice(pods, func(i, j int) bool { return incarnation(&pods[i]) > incarnation(&pods[j]) })
+	return pods, nil
+}
+
+func incarnation(pod *corev1.Pod) int {
+	n, _ := strconv.Atoi(pod.Annotations[AnnotationIncarnation])
+	return n
+}
+
+// gone says why pod will never serve again, or "" while it may.
+func (p *Provider) gone(ctx context.Context, pod *corev1.Pod) string {
+	if ph := pod.Status.Phase; ph == corev1.PodFailed || ph == corev1.PodSucceeded {
+		// restartPolicy Always: a terminal pod was evicted, or its node
+		// shut down; the kubelet will not start it again.
+		return strings.TrimSpace(fmt.Sprintf("pod %s: %s %s", strings.ToLower(string(ph)), pod.Status.Reason, pod.Status.Message))
+	}
+	if pod.DeletionTimestamp == nil || time.Since(pod.DeletionTimestamp.Time) < p.opts.StuckDeletionAfter {
+		return ""
+	}
+	if pod.Spec.NodeName == "" {
+		return "pod stuck terminating, never scheduled"
+	}
+	var node corev1.Node
+	if err := p.r.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, &node); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "pod stuck terminating, node " + pod.Spec.NodeName + " is gone"
+		}
+		// Cannot tell: a pod that may still run is not written off.
+		log.FromContext(ctx).V(1).Info("cannot read the node of a pod stuck terminating", "pod", pod.Name, "node", pod.Spec.NodeName, "err", err)
+		return ""
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+			return fmt.Sprintf("pod stuck terminating since %s on node %s, which is NotReady (%s)",
+				pod.DeletionTimestamp.UTC().Format(time.RFC3339), node.Name, c.Reason)
+		}
+	}
+	return ""
+}
+
+// deleteGone deletes a pod written off (UID precondition: only that pod),
+// unless its deletion is pending already. A stuck pod is not force-deleted:
+// its node may be partitioned, not dead, and only its removal proves the
+// container stopped; the replacement's new name does not need the old one
+// gone.
+func (p *Provider) deleteGone(ctx context.Context, m *provider.Machine, pod *corev1.Pod, why string) error {
+	log.FromContext(ctx).Info("replacing a pod gone for good", "pod", pod.Name, "reason", why)
+	if pod.DeletionTimestamp != nil {
+		return nil
+	}
+	return p.deleteOne(ctx, m, client.ObjectKeyFromObject(pod), &corev1.Pod{})
 }
 
 // ensure creates obj, or on AlreadyExists reads the existing object into obj
@@ -316,14 +445,33 @@ func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Inst
 	if err != nil {
 		return nil, err
 	}
-	var pod corev1.Pod
-	if err := p.getFresh(ctx, k, &pod); err != nil {
-		return nil, classify(err, "get pod "+k.String())
+	pod := &corev1.Pod{}
+	if m.ProviderID == "" {
+		// Nothing recorded yet: the newest pod of the Proxy, else the
+		// first pod's name (where a foreign object is found and refused).
+		pods, err := p.podsOf(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		if len(pods) > 0 {
+			pod = &pods[0]
+			k = client.ObjectKeyFromObject(pod)
+		}
 	}
-	if err := checkOwner(&pod, m); err != nil {
+	if pod.Name == "" {
+		if err := p.getFresh(ctx, k, pod); err != nil {
+			return nil, classify(err, "get pod "+k.String())
+		}
+	}
+	if err := checkOwner(pod, m); err != nil {
 		return nil, err
 	}
-	return instance(&pod), nil
+	if why := p.gone(ctx, pod); why != "" {
+		// Not found as far as serving goes: the controller rebuilds, and
+		// Create replaces it under a new name.
+		return nil, provider.NotFoundf("kubernetes: pod %s is gone for good (%s); replacing it", k, why)
+	}
+	return instance(pod), nil
 }
 
 // Delete deletes the pod, then the ConfigMap, each only after checking its
@@ -336,12 +484,26 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 	if err != nil {
 		return err
 	}
-	for _, obj := range []client.Object{&corev1.Pod{}, &corev1.ConfigMap{}} {
-		if err := p.deleteOne(ctx, m, k, obj); err != nil {
+	if err := p.deleteOne(ctx, m, k, &corev1.Pod{}); err != nil {
+		return err
+	}
+	// Earlier incarnations (written off, maybe still terminating) go too.
+	pods, err := p.podsOf(ctx, m)
+	if err != nil {
+		return err
+	}
+	for i := range pods {
+		if err := p.deleteOne(ctx, m, client.ObjectKeyFromObject(&pods[i]), &corev1.Pod{}); err != nil {
 			return err
 		}
 	}
-	return nil
+	return p.deleteOne(ctx, m, configKey(m), &corev1.ConfigMap{})
+}
+
+// configKey is the ConfigMap's name: one per Proxy, shared by every
+// incarnation of its pod.
+func configKey(m *provider.Machine) types.NamespacedName {
+	return types.NamespacedName{Namespace: m.Namespace, Name: ObjectName(m.Name, m.UID)}
 }
 
 func (p *Provider) deleteOne(ctx context.Context, m *provider.Machine, k types.NamespacedName, obj client.Object) error {
@@ -415,6 +577,9 @@ func validateMachine(m *provider.Machine) error {
 	if m.Port < 0 || m.Port > 65535 {
 		return provider.Permanentf("kubernetes: port %d out of range", m.Port)
 	}
+	if m.Port != 0 && m.Port < 1024 {
+		return provider.Permanentf("kubernetes: spec.port %d: squid runs unprivileged here and cannot bind below 1024", m.Port)
+	}
 	if m.CPUs < 0 || m.MemoryBytes < 0 {
 		return provider.Permanentf("kubernetes: negative resources (cpus %d, memory %d)", m.CPUs, m.MemoryBytes)
 	}
@@ -467,8 +632,9 @@ func (p *Provider) configMap(m *provider.Machine, k types.NamespacedName) *corev
 	}
 }
 
-func (p *Provider) pod(m *provider.Machine, k types.NamespacedName) *corev1.Pod {
-	no := false
+func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation int) *corev1.Pod {
+	no, yes := false, true
+	uid := SquidUID
 	grace := int64(10) // squid is told to finish within 3s (shutdown_lifetime)
 	res := corev1.ResourceList{}
 	if m.CPUs > 0 {
@@ -478,28 +644,37 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName) *corev1.Pod 
 		res[corev1.ResourceMemory] = *resource.NewQuantity(m.MemoryBytes, resource.BinarySI)
 	}
 	tcp := corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(PortName)}}
+	meta := p.meta(m, k)
+	if incarnation > 0 {
+		meta.Annotations[AnnotationIncarnation] = strconv.Itoa(incarnation)
+	}
 	return &corev1.Pod{
-		ObjectMeta: p.meta(m, k),
+		ObjectMeta: meta,
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyAlways,
 			// squid talks to no Kubernetes API; no token, no service env.
 			AutomountServiceAccountToken:  &no,
 			EnableServiceLinks:            &no,
 			TerminationGracePeriodSeconds: &grace,
+			// The restricted Pod Security level, and a read-only root.
 			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   &yes,
+				RunAsUser:      &uid,
+				RunAsGroup:     &uid,
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			Containers: []corev1.Container{{
 				Name:            ContainerName,
 				Image:           p.opts.SquidImage,
 				ImagePullPolicy: p.opts.ImagePullPolicy,
-				Args:            []string{"-f", ConfigPath, "-NYC"},
+				Command:         SquidCommand(ConfigPath),
 				Ports: []corev1.ContainerPort{{
 					Name: PortName, ContainerPort: port(m), Protocol: corev1.ProtocolTCP,
 				}},
-				VolumeMounts: []corev1.VolumeMount{{
-					Name: "config", MountPath: ConfigPath, SubPath: ConfigKey, ReadOnly: true,
-				}},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "config", MountPath: ConfigPath, SubPath: ConfigKey, ReadOnly: true},
+					{Name: "state", MountPath: StateDir},
+				},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:     tcp,
 					PeriodSeconds:    5,
@@ -516,16 +691,21 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName) *corev1.Pod 
 					FailureThreshold:    3,
 				},
 				Resources: corev1.ResourceRequirements{Requests: res, Limits: res.DeepCopy()},
-				// squid starts as root to bind and drops to its own user;
-				// it never needs to gain privileges.
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: &no,
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					ReadOnlyRootFilesystem:   &yes,
+				},
 			}},
-			Volumes: []corev1.Volume{{
-				Name: "config",
-				VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-					LocalObjectReference: corev1.LocalObjectReference{Name: k.Name},
-				}},
-			}},
+			Volumes: []corev1.Volume{
+				{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+					LocalObjectReference: corev1.LocalObjectReference{Name: configKey(m).Name},
+				}}},
+				// A pid file and core dumps only: small, memory-backed.
+				{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+					Medium: corev1.StorageMediumMemory, SizeLimit: resource.NewQuantity(16<<20, resource.BinarySI),
+				}}},
+			},
 		},
 	}
 }
@@ -566,12 +746,12 @@ func instance(pod *corev1.Pod) *provider.Instance {
 		out.State = provider.StateRunning
 		if ip := podIPv4(pod); ip != "" {
 			out.Address, out.AddressSource = ip, provider.AddressSourcePod
+			out.Message = containerReason(pod)
 		} else {
 			out.Message = "pod has no IP yet"
 		}
 	case corev1.PodSucceeded, corev1.PodFailed:
-		// restartPolicy Always: a terminal pod was evicted, its node
-		// lost, or similar. It will not run again.
+		// Get and Create replace such a pod; ListByTag still sees it.
 		out.State = provider.StateFailed
 		out.Message = strings.TrimSpace(fmt.Sprintf("pod %s: %s %s", strings.ToLower(string(pod.Status.Phase)), pod.Status.Reason, pod.Status.Message))
 	default:
@@ -618,21 +798,60 @@ func pendingReason(pod *corev1.Pod) string {
 }
 
 // containerReason describes the squid container when it is not simply
-// running (ImagePullBackOff, CrashLoopBackOff, …).
+// running (ImagePullBackOff, CrashLoopBackOff, …) or has restarted, with
+// how its last run ended (OOMKilled, exit code): the kubelet restarts squid
+// in place, so without this a restart loop shows only as "not ready".
 func containerReason(pod *corev1.Pod) string {
 	for _, cs := range pod.Status.ContainerStatuses {
+		var parts []string
 		if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
-			msg := fmt.Sprintf("container %s: %s", cs.Name, w.Reason)
+			part := w.Reason
 			if w.Message != "" {
-				msg += ": " + w.Message
+				part += ": " + w.Message
 			}
-			if cs.RestartCount > 0 {
-				msg += fmt.Sprintf(" (%d restarts)", cs.RestartCount)
-			}
-			return msg
+			parts = append(parts, part)
+		}
+		if r := restarts(cs); r != "" {
+			parts = append(parts, r)
+		}
+		if len(parts) > 0 {
+			return "container " + cs.Name + ": " + strings.Join(parts, "; ")
 		}
 	}
 	return ""
+}
+
+// maxTerminationMessage bounds what a container's termination message adds
+// to a condition.
+const maxTerminationMessage = 256
+
+// restarts is "<n> restarts, last exit: <reason> (exit code <c>): <message>",
+// or "" for a container that never restarted.
+func restarts(cs corev1.ContainerStatus) string {
+	if cs.RestartCount == 0 {
+		return ""
+	}
+	out := fmt.Sprintf("%d restarts", cs.RestartCount)
+	t := cs.LastTerminationState.Terminated
+	if t == nil {
+		return out
+	}
+	reason := t.Reason
+	if reason == "" {
+		reason = "Error"
+	}
+	out += fmt.Sprintf(", last exit: %s (exit code %d", reason, t.ExitCode)
+	if t.Signal != 0 {
+		out += fmt.Sprintf(", signal %d", t.Signal)
+	}
+	out += ")"
+	if msg := strings.TrimSpace(t.Message); msg != "" {
+		if len(msg) > maxTerminationMessage {
+			msg = msg[:maxTerminationMessage] + "…"
+		}
+		out += ": " + msg
+	}
+	return out
 }
 
 // checkOwner refuses an object whose proxy-uid label is not m's.

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -69,6 +70,13 @@ func TestObjectName(t *testing.T) {
 	long := strings.Repeat("x", 100)
 	if ObjectName(long, "a") == ObjectName(long, "b") {
 		t.Error("same name, different uid: collision")
+	}
+	// Existing pods are found by these names: they must never change.
+	if got := ObjectName("Eu.Egress_1", "u1"); got != "proxy-eu-egress-1-bb82030d" {
+		t.Errorf("ObjectName changed: %q", got)
+	}
+	if got := ObjectName(strings.Repeat("a", 52)+"-b", "u2"); got != "proxy-"+strings.Repeat("a", 48)+"-6ca202c8" {
+		t.Errorf("ObjectName changed: %q", got)
 	}
 	if got := ObjectName("eu-egress", uid); !strings.HasPrefix(got, "proxy-eu-egress-") {
 		t.Errorf("ObjectName = %q", got)
@@ -152,17 +160,87 @@ func TestCreateBuildsObjects(t *testing.T) {
 			t.Errorf("memory = %s", q.String())
 		}
 	}
-	if len(ctr.VolumeMounts) != 1 || ctr.VolumeMounts[0].MountPath != ConfigPath || ctr.VolumeMounts[0].SubPath != ConfigKey {
+	if len(ctr.VolumeMounts) != 2 || ctr.VolumeMounts[0].MountPath != ConfigPath || ctr.VolumeMounts[0].SubPath != ConfigKey ||
+		!ctr.VolumeMounts[0].ReadOnly || ctr.VolumeMounts[1].MountPath != StateDir {
 		t.Errorf("mounts = %+v", ctr.VolumeMounts)
 	}
-	if v := pod.Spec.Volumes; len(v) != 1 || v[0].ConfigMap == nil || v[0].ConfigMap.Name != k.Name {
+	if v := pod.Spec.Volumes; len(v) != 2 || v[0].ConfigMap == nil || v[0].ConfigMap.Name != k.Name || v[1].EmptyDir == nil {
 		t.Errorf("volumes = %+v", v)
 	}
+	if strings.Join(ctr.Command, " ") != "squid -N -f "+ConfigPath || len(ctr.Args) != 0 {
+		t.Errorf("command = %q args %q, want the documented squid command line", ctr.Command, ctr.Args)
+	}
+
 	if pod.Spec.RestartPolicy != corev1.RestartPolicyAlways {
 		t.Errorf("restart policy = %s", pod.Spec.RestartPolicy)
 	}
 	if pod.Annotations[AnnotationProxyName] != "eu-egress" {
 		t.Errorf("annotations = %v", pod.Annotations)
+	}
+}
+
+func TestDefaultSquidImageIsPinnedByDigest(t *testing.T) {
+	if !regexp.MustCompile(`@sha256:[0-9a-f]{64}$`).MatchString(DefaultSquidImage) {
+		t.Errorf("DefaultSquidImage %q is not pinned by digest", DefaultSquidImage)
+	}
+	pod := New(newFake(t), Options{}).(*Provider).pod(machine(), podKey(machine()), 0)
+	if got := pod.Spec.Containers[0].Image; got != DefaultSquidImage {
+		t.Errorf("image = %q", got)
+	}
+}
+
+// TestPodMeetsRestrictedPodSecurity checks the rules of the restricted
+// Pod Security Standard (k8s.io/pod-security-admission is not in the module
+// graph, so the fields are asserted), plus a read-only root whose only
+// writable mount is the state emptyDir.
+func TestPodMeetsRestrictedPodSecurity(t *testing.T) {
+	m := machine()
+	pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+	ps := pod.Spec.SecurityContext
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser == 0 {
+		t.Fatalf("pod security context %+v: want runAsNonRoot and a non-zero runAsUser", ps)
+	}
+	if ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("seccomp = %+v, want RuntimeDefault", ps.SeccompProfile)
+	}
+	if pod.Spec.HostNetwork || pod.Spec.HostPID || pod.Spec.HostIPC {
+		t.Error("host namespaces")
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.ConfigMap == nil && v.EmptyDir == nil {
+			t.Errorf("volume %s is neither a ConfigMap nor an emptyDir", v.Name)
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		sc := c.SecurityContext
+		if sc == nil {
+			t.Fatalf("container %s has no security context", c.Name)
+		}
+		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("%s: allowPrivilegeEscalation must be false", c.Name)
+		}
+		if sc.Privileged != nil && *sc.Privileged {
+			t.Errorf("%s: privileged", c.Name)
+		}
+		if sc.Capabilities == nil || len(sc.Capabilities.Add) != 0 || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+			t.Errorf("%s: capabilities %+v, want drop [ALL] and nothing added", c.Name, sc.Capabilities)
+		}
+		if sc.RunAsUser != nil && *sc.RunAsUser == 0 || sc.RunAsNonRoot != nil && !*sc.RunAsNonRoot {
+			t.Errorf("%s: overrides the pod to root", c.Name)
+		}
+		if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Errorf("%s: root filesystem is writable", c.Name)
+		}
+		for _, vm := range c.VolumeMounts {
+			if !vm.ReadOnly && vm.MountPath != StateDir {
+				t.Errorf("%s: writable mount %s besides %s", c.Name, vm.MountPath, StateDir)
+			}
+		}
+		for _, p := range c.Ports {
+			if p.ContainerPort < 1024 {
+				t.Errorf("%s: port %d needs a privilege squid does not have", c.Name, p.ContainerPort)
+			}
+		}
 	}
 }
 
@@ -246,9 +324,21 @@ func TestGetPhaseMapping(t *testing.T) {
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "squid", RestartCount: 4, State: corev1.ContainerState{
 				Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}}}},
 			want: provider.StatePending, msg: "CrashLoopBackOff"},
-		{name: "succeeded", status: corev1.PodStatus{Phase: corev1.PodSucceeded}, want: provider.StateFailed},
-		{name: "failed evicted", status: corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."},
-			want: provider.StateFailed, msg: "Evicted"},
+		{name: "crash loop after OOM kill", status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3", Conditions: ready(corev1.ConditionFalse),
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "squid", RestartCount: 3,
+				State:                corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137}}}}},
+			want: provider.StatePending, msg: "container squid: CrashLoopBackOff; 3 restarts, last exit: OOMKilled (exit code 137)"},
+		{name: "restarted, not ready yet", status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3", Conditions: ready(corev1.ConditionFalse),
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "squid", RestartCount: 1,
+				State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Error", ExitCode: 1, Message: "FATAL: Bungled squid.conf"}}}}},
+			want: provider.StatePending, msg: "readiness probe not passing: container squid: 1 restarts, last exit: Error (exit code 1): FATAL: Bungled squid.conf"},
+		{name: "running ready after restarts", status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3", Conditions: ready(corev1.ConditionTrue),
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "squid", RestartCount: 2, Ready: true,
+				State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137}}}}},
+			want: provider.StateRunning, addr: "10.1.2.3", msg: "2 restarts, last exit: OOMKilled (exit code 137)"},
 		{name: "unknown", status: corev1.PodStatus{Phase: corev1.PodUnknown}, want: provider.StateUnknown},
 		{name: "terminating", status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: ready(corev1.ConditionTrue), PodIP: "10.1.2.3"},
 			deleting: true, want: provider.StateDeleting},
@@ -256,7 +346,7 @@ func TestGetPhaseMapping(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machine()
 			p0 := newProvider(newFake(t))
-			pod := p0.pod(m, podKey(m))
+			pod := p0.pod(m, podKey(m), 0)
 			pod.Status = tc.status
 			if tc.deleting {
 				now := metav1.Now()
@@ -286,9 +376,144 @@ func TestGetPhaseMapping(t *testing.T) {
 	})
 }
 
+func notReadyNode(name string) *corev1.Node {
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown",
+		}}},
+	}
+}
+
+// replaced checks that the Proxy's pod was written off and replaced under a
+// new name that keeps the identity rule, and that Get, Create and Delete
+// agree on the replacement.
+func replaced(t *testing.T, c client.Client, p *Provider, m *provider.Machine, old string) {
+	t.Helper()
+	ctx := context.Background()
+	recorded := *m
+	recorded.ProviderID = FormatProviderID(m.Namespace, old)
+	_, err := p.Get(ctx, &recorded)
+	wantClass(t, err, provider.ClassNotFound)
+
+	// The controller forgets the provider ID and creates again.
+	inst, err := p.Create(ctx, m)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	want := PodName(m.Name, m.UID, 1)
+	if inst.Name != want || want == old || inst.State != provider.StatePending {
+		t.Fatalf("Create = %+v, want a Pending pod %s", inst, want)
+	}
+	var pod corev1.Pod
+	if err := c.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: want}, &pod); err != nil {
+		t.Fatal(err)
+	}
+	if pod.Labels[LabelProxyUID] != m.UID || pod.Annotations[AnnotationIncarnation] != "1" ||
+		pod.Spec.Volumes[0].ConfigMap.Name != ObjectName(m.Name, m.UID) {
+		t.Errorf("replacement pod: labels %v annotations %v volumes %+v", pod.Labels, pod.Annotations, pod.Spec.Volumes)
+	}
+	if got, err := p.Get(ctx, m); err != nil || got.Name != want {
+		t.Errorf("Get without provider ID = %+v, %v; want the replacement", got, err)
+	}
+	if again, err := p.Create(ctx, m); err != nil || again.Name != want {
+		t.Errorf("second Create = %+v, %v; want the same replacement", again, err)
+	}
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods, client.InNamespace(m.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	live := 0
+	for _, pod := range pods.Items {
+		if pod.DeletionTimestamp == nil {
+			live++
+		}
+	}
+	if live != 1 {
+		t.Errorf("%d live pods, want 1", live)
+	}
+
+	byID := *m
+	byID.ProviderID = inst.ProviderID
+	if err := p.Delete(ctx, &byID); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if err := c.List(ctx, &pods, client.InNamespace(m.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range pods.Items {
+		if pod.DeletionTimestamp == nil {
+			t.Errorf("pod %s left after Delete", pod.Name)
+		}
+	}
+}
+
+func TestEvictedPodIsReplacedUnderANewName(t *testing.T) {
+	for _, phase := range []corev1.PodPhase{corev1.PodFailed, corev1.PodSucceeded} {
+		t.Run(string(phase), func(t *testing.T) {
+			m := machine()
+			pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+			pod.Status = corev1.PodStatus{Phase: phase, Reason: "Evicted", Message: "The node was low on resource: memory."}
+			c := newFake(t, pod)
+			p := newProvider(c)
+			replaced(t, c, p, m, pod.Name)
+			// Written off and not deleting yet: Create deleted it.
+			if err := c.Get(context.Background(), podKey(m), &corev1.Pod{}); !apierrors.IsNotFound(err) {
+				t.Errorf("evicted pod after replacement: %v", err)
+			}
+		})
+	}
+}
+
+func TestPodStuckTerminatingOnNotReadyNodeIsReplaced(t *testing.T) {
+	m := machine()
+	pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+	pod.Spec.NodeName = "node-a"
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3",
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	since := metav1.NewTime(time.Now().Add(-DefaultStuckDeletionAfter - time.Minute))
+	pod.DeletionTimestamp, pod.Finalizers = &since, []string{"test/keep"}
+	c := newFake(t, pod, notReadyNode("node-a"))
+	p := newProvider(c)
+	replaced(t, c, p, m, pod.Name)
+	// Not force-deleted: the node may be partitioned, not dead.
+	if err := c.Get(context.Background(), podKey(m), &corev1.Pod{}); err != nil {
+		t.Errorf("stuck pod: %v", err)
+	}
+}
+
+func TestTerminatingPodIsNotWrittenOffEarly(t *testing.T) {
+	ready := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	long := metav1.NewTime(time.Now().Add(-time.Hour))
+	recent := metav1.Now()
+	for _, tc := range []struct {
+		name  string
+		since metav1.Time
+		node  *corev1.Node
+	}{
+		{"long past, node Ready", long, ready},
+		{"recent, node NotReady", recent, notReadyNode("node-a")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := machine()
+			pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+			pod.Spec.NodeName = "node-a"
+			pod.DeletionTimestamp, pod.Finalizers = &tc.since, []string{"test/keep"}
+			p := newProvider(newFake(t, pod, tc.node))
+			inst, err := p.Get(context.Background(), m)
+			if err != nil || inst.State != provider.StateDeleting {
+				t.Fatalf("Get = %+v, %v; want Deleting", inst, err)
+			}
+			_, err = p.Create(context.Background(), m)
+			wantClass(t, err, provider.ClassTransient)
+		})
+	}
+}
+
 func TestCreateOnTerminatingPodIsTransient(t *testing.T) {
 	m := machine()
-	pod := newProvider(newFake(t)).pod(m, podKey(m))
+	pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
 	now := metav1.Now()
 	pod.DeletionTimestamp, pod.Finalizers = &now, []string{"test/keep"}
 	_, err := newProvider(newFake(t, pod)).Create(context.Background(), m)
@@ -518,6 +743,7 @@ func TestInvalidMachine(t *testing.T) {
 		"no uid":    func(m *provider.Machine) { m.UID = "" },
 		"bad tag":   func(m *provider.Machine) { m.Tag = "no spaces allowed" },
 		"bad port":  func(m *provider.Machine) { m.Port = 70000 },
+		"low port":  func(m *provider.Machine) { m.Port = 80 },
 		"neg cpus":  func(m *provider.Machine) { m.CPUs = -1 },
 		"no name":   func(m *provider.Machine) { m.Name = "" },
 		"bad recid": func(m *provider.Machine) { m.ProviderID = "kubernetes://" },

@@ -1,6 +1,7 @@
 // Package gcptest is an in-process fake of the Compute Engine v1 REST API,
 // enough of it for the gcp provider: instances insert/get/delete/list/
-// aggregatedList/start/resume, zoneOperations get/wait, zones get/list.
+// aggregatedList/start/resume, zoneOperations get/wait, zones get/list,
+// firewalls list.
 //
 // It speaks the real wire format: bodies are the compute/v1 package's own
 // types marshalled as the client expects them, errors are the
@@ -13,6 +14,14 @@
 //	defer srv.Close()
 //	svc, _ := compute.NewService(ctx, option.WithEndpoint(srv.Endpoint()),
 //		option.WithHTTPClient(srv.Client()))
+//
+// Like the API it refuses what it does not know: an insert naming an
+// unknown zone, image or network is a 404 notFound ("The resource '…' was
+// not found"), an unknown machine type a 400 invalid; NewServer knows a few
+// real ones and Add* adds more. Instances pass through the statuses the
+// API reports: PROVISIONING (PENDING while InsertCapacityWait), STAGING,
+// RUNNING; STOPPING and DEPROVISIONING while a delete runs; REPAIRING
+// after Repair. The list filter accepts only the documented grammar.
 //
 // Tests steer it with SetRunning/SetStatus/PutInstance, inject failures with
 // FailNext (an HTTP error for one call) and FailNextOperation (an operation
@@ -52,6 +61,7 @@ const (
 	CallOperationWait  = "zoneOperations.wait"
 	CallZoneGet        = "zones.get"
 	CallZoneList       = "zones.list"
+	CallFirewallList   = "firewalls.list"
 )
 
 // Server is the fake. Set the exported fields before the first request.
@@ -68,6 +78,9 @@ type Server struct {
 	// PageSize caps items per list page (the client's maxResults can lower
 	// it). NewServer sets 500, the API's default.
 	PageSize int
+	// InsertCapacityWait keeps an inserted instance PENDING (waiting for
+	// capacity) instead of PROVISIONING while its operation runs.
+	InsertCapacityWait bool
 
 	srv *httptest.Server
 
@@ -79,12 +92,18 @@ type Server struct {
 	calls     []string
 	nextID    uint64
 	nextIP    int
+	repairs   map[string]int                 // instance key → gets left in REPAIRING
+	firewalls map[string][]*compute.Firewall // by project
+
+	// Resources an insert may reference (see Add*).
+	zones, images, networks, machineTypes map[string]bool
 }
 
 type operation struct {
 	op      *compute.Operation
 	left    int      // polls until DONE
 	finish  func()   // effect applied at DONE (under mu)
+	running func()   // effect of a poll before DONE, if any (under mu)
 	failure *opFault // if set, DONE with this error instead
 }
 
@@ -100,6 +119,7 @@ type opFault struct {
 	code       string
 	message    string
 	httpStatus int
+	details    []*compute.OperationErrorErrorsErrorDetails
 }
 
 // NewServer starts a fake. Close it when done.
@@ -110,9 +130,82 @@ func NewServer() *Server {
 		instances:      map[string]*compute.Instance{},
 		ops:            map[string]*operation{},
 		nextID:         1000000000000000000,
+		repairs:        map[string]int{},
+		firewalls:      map[string][]*compute.Firewall{},
+		zones:          set("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f", "europe-west4-a", "europe-west4-b"),
+		images: set(
+			"projects/debian-cloud/global/images/family/debian-12",
+			"projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64",
+			"projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts",
+			"projects/cos-cloud/global/images/family/cos-stable",
+		),
+		networks:     set("default"),
+		machineTypes: set("e2-micro", "e2-small", "e2-medium", "e2-standard-2", "n2-standard-2"),
 	}
 	s.srv = httptest.NewServer(s.handler())
 	return s
+}
+
+func set(items ...string) map[string]bool {
+	m := map[string]bool{}
+	for _, it := range items {
+		m[it] = true
+	}
+	return m
+}
+
+// PutFirewall adds a firewall rule to project (network defaults to
+// global/networks/default, direction to INGRESS).
+func (s *Server) PutFirewall(project string, fw *compute.Firewall) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, _ := json.Marshal(fw)
+	var c compute.Firewall
+	_ = json.Unmarshal(b, &c)
+	if c.Network == "" {
+		c.Network = selfLinkBase + "projects/" + project + "/global/networks/default"
+	}
+	if c.Direction == "" {
+		c.Direction = "INGRESS"
+	}
+	c.Kind = "compute#firewall"
+	c.SelfLink = selfLinkBase + "projects/" + project + "/global/firewalls/" + c.Name
+	s.firewalls[project] = append(s.firewalls[project], &c)
+}
+
+// AddZone makes zone exist (in every project).
+func (s *Server) AddZone(zone string) { s.add(s.zones, zone) }
+
+// AddImage makes an image or image family exist, as
+// "projects/<p>/global/images/<name>" or ".../images/family/<family>".
+func (s *Server) AddImage(path string) { s.add(s.images, path) }
+
+// AddNetwork makes a network exist (by name, in every project).
+func (s *Server) AddNetwork(name string) { s.add(s.networks, name) }
+
+// AddMachineType makes a machine type exist (by name, in every zone).
+func (s *Server) AddMachineType(name string) { s.add(s.machineTypes, name) }
+
+func (s *Server) add(m map[string]bool, v string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m[v] = true
+}
+
+// Repair puts a RUNNING instance into REPAIRING (its host failed) for the
+// next gets instances.get calls on it, then RUNNING again on the same
+// address, as after a live migration or host repair.
+func (s *Server) Repair(project, zone, name string, gets int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := key(project, zone, name)
+	inst, ok := s.instances[k]
+	if !ok {
+		return fmt.Errorf("gcptest: no instance %s", k)
+	}
+	inst.Status = "REPAIRING"
+	s.repairs[k] = gets
+	return nil
 }
 
 // Close shuts the server down.
@@ -143,11 +236,12 @@ func (s *Server) FailNext(call string, code int, reason, message string) {
 // (200 with an operation) but DONE with error code (e.g. "QUOTA_EXCEEDED",
 // "ZONE_RESOURCE_POOL_EXHAUSTED") and httpStatus, as Compute Engine reports
 // failures found after accepting a request. A failed insert leaves no
-// instance behind.
-func (s *Server) FailNextOperation(call, code, message string, httpStatus int) {
+// instance behind. details become the error's errorDetails, as the API
+// attaches to ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS or QUOTA_EXCEEDED.
+func (s *Server) FailNextOperation(call, code, message string, httpStatus int, details ...*compute.OperationErrorErrorsErrorDetails) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.opFaults = append(s.opFaults, opFault{call: call, code: code, message: message, httpStatus: httpStatus})
+	s.opFaults = append(s.opFaults, opFault{call: call, code: code, message: message, httpStatus: httpStatus, details: details})
 }
 
 // Count is how many calls named call the server has received.
@@ -270,6 +364,7 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("POST "+p+"/zones/{zone}/operations/{operation}/wait", s.pollOperation(CallOperationWait))
 	mux.HandleFunc("GET "+p+"/zones/{zone}", s.zoneGet)
 	mux.HandleFunc("GET "+p+"/zones", s.zoneList)
+	mux.HandleFunc("GET "+p+"/global/firewalls", s.firewallList)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("gcptest: no such method: %s %s", r.Method, r.URL.Path))
 	})
@@ -325,6 +420,10 @@ func (s *Server) insert(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid", msg)
 		return
 	}
+	if code, reason, msg := s.references(project, zone, &inst); code != 0 {
+		writeError(w, code, reason, msg)
+		return
+	}
 	k := key(project, zone, inst.Name)
 	if _, ok := s.instances[k]; ok {
 		writeError(w, http.StatusConflict, "alreadyExists",
@@ -333,6 +432,9 @@ func (s *Server) insert(w http.ResponseWriter, r *http.Request) {
 	}
 	s.fill(project, zone, &inst)
 	inst.Status = "PROVISIONING"
+	if s.InsertCapacityWait {
+		inst.Status = "PENDING"
+	}
 	stored := &inst
 	s.instances[k] = stored
 	s.startOp(w, project, zone, "insert", CallInsert, stored, func() {
@@ -395,6 +497,56 @@ func validate(inst *compute.Instance) string {
 	return ""
 }
 
+// references checks what an insert refers to, in the order and with the
+// answers of the API. Callers hold mu.
+func (s *Server) references(project, zone string, inst *compute.Instance) (int, string, string) {
+	if !s.zones[zone] {
+		return http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s' was not found", project, zone)
+	}
+	if mt := lastPathSegment(inst.MachineType); !s.machineTypes[mt] {
+		// The API answers an unknown machine type with 400, not 404.
+		return http.StatusBadRequest, "invalid", fmt.Sprintf("Invalid value for field 'resource.machineType': '%s'. Machine type with name '%s' does not exist in zone '%s'.", inst.MachineType, mt, zone)
+	}
+	for _, d := range inst.Disks {
+		if d.InitializeParams == nil || d.InitializeParams.SourceImage == "" {
+			continue
+		}
+		img := resourcePath(project, d.InitializeParams.SourceImage)
+		if !s.images[img] {
+			return http.StatusNotFound, "notFound", fmt.Sprintf("The resource '%s' was not found", img)
+		}
+	}
+	for _, nic := range inst.NetworkInterfaces {
+		network := nic.Network
+		if network == "" {
+			network = "global/networks/default"
+		}
+		if !s.networks[lastPathSegment(network)] {
+			return http.StatusNotFound, "notFound", fmt.Sprintf("The resource '%s' was not found", resourcePath(project, network))
+		}
+	}
+	return 0, "", ""
+}
+
+// resourcePath turns a resource URL or partial path into
+// "projects/<p>/…", the form the API's messages use.
+func resourcePath(project, s string) string {
+	for _, prefix := range []string{selfLinkBase, "https://compute.googleapis.com/compute/v1/"} {
+		s = strings.TrimPrefix(s, prefix)
+	}
+	if !strings.HasPrefix(s, "projects/") {
+		s = "projects/" + project + "/" + s
+	}
+	return s
+}
+
+func lastPathSegment(s string) string {
+	if i := strings.LastIndex(s, "/"); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
 // fill sets the server-side fields of a new instance.
 func (s *Server) fill(project, zone string, inst *compute.Instance) {
 	s.nextID++
@@ -444,7 +596,7 @@ func (s *Server) fill(project, zone string, inst *compute.Instance) {
 // startOp creates an operation for a mutation of inst and writes it. finish
 // runs at DONE; undo runs instead when the operation was told to fail.
 // Callers hold mu.
-func (s *Server) startOp(w http.ResponseWriter, project, zone, opType, call string, inst *compute.Instance, finish, undo func()) {
+func (s *Server) startOp(w http.ResponseWriter, project, zone, opType, call string, inst *compute.Instance, finish, undo func()) *operation {
 	s.nextID++
 	name := fmt.Sprintf("operation-%d-%s-%08x", time.Now().UnixMilli(), opType, s.nextID&0xffffffff)
 	zoneURL := selfLinkBase + "projects/" + project + "/zones/" + zone
@@ -475,13 +627,14 @@ func (s *Server) startOp(w http.ResponseWriter, project, zone, opType, call stri
 		s.complete(o)
 	}
 	writeJSON(w, http.StatusOK, o.op)
+	return o
 }
 
 // complete moves an operation to DONE and applies its effect.
 func (s *Server) complete(o *operation) {
 	o.op.Status, o.op.Progress, o.op.EndTime = "DONE", 100, now()
 	if f := o.failure; f != nil {
-		o.op.Error = &compute.OperationError{Errors: []*compute.OperationErrorErrors{{Code: f.code, Message: f.message}}}
+		o.op.Error = &compute.OperationError{Errors: []*compute.OperationErrorErrors{{Code: f.code, Message: f.message, ErrorDetails: f.details}}}
 		o.op.HttpErrorStatusCode = int64(f.httpStatus)
 		o.op.HttpErrorMessage = strings.ToUpper(strings.ReplaceAll(http.StatusText(f.httpStatus), " ", "_"))
 	}
@@ -511,6 +664,9 @@ func (s *Server) pollOperation(call string) http.HandlerFunc {
 				s.complete(o)
 			} else {
 				o.op.Status, o.op.Progress = "RUNNING", 50
+				if o.running != nil {
+					o.running()
+				}
 			}
 		}
 		writeJSON(w, http.StatusOK, o.op)
@@ -525,10 +681,19 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, f.code, f.reason, f.message)
 		return
 	}
-	inst, ok := s.instances[key(project, zone, name)]
+	k := key(project, zone, name)
+	inst, ok := s.instances[k]
 	if !ok {
 		writeNotFound(w, project, zone, name)
 		return
+	}
+	if left, ok := s.repairs[k]; ok {
+		if left <= 0 {
+			delete(s.repairs, k)
+			inst.Status = "RUNNING"
+		} else {
+			s.repairs[k] = left - 1
+		}
 	}
 	writeJSON(w, http.StatusOK, inst)
 }
@@ -549,9 +714,13 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	}
 	prev := inst.Status
 	inst.Status = "STOPPING"
-	s.startOp(w, project, zone, "delete", CallDelete, inst,
+	o := s.startOp(w, project, zone, "delete", CallDelete, inst,
 		func() { delete(s.instances, k) },
 		func() { inst.Status = prev })
+	if o.failure == nil {
+		// Stopped, its resources being released.
+		o.running = func() { inst.Status = "DEPROVISIONING" }
+	}
 }
 
 func (s *Server) start(call string) http.HandlerFunc {
@@ -712,40 +881,63 @@ func (s *Server) sortedKeys(prefix string) []string {
 	return ks
 }
 
-// filterTermRE matches one comparison of the list filter grammar the
-// provider uses: `labels.KEY = "VALUE"`, `name != x`, optionally
-// parenthesized; several terms are ANDed.
-var filterTermRE = regexp.MustCompile(`^\(?\s*(labels\.[a-z][a-z0-9_-]*|name|status)\s*(=|!=)\s*("[^"]*"|[^\s()"]+)\s*\)?`)
+// filterTermRE matches one comparison of the documented list filter
+// grammar (the AIP-160 form of the instances.list "filter" parameter):
+// `FIELD OP VALUE`, FIELD a dotted path of identifiers ([A-Za-z_][A-Za-z0-9_]*,
+// so `labels.owner` but not a hyphenated key, which the grammar does not
+// document), OP one of = != :, VALUE a quoted string, a bare word, or * after
+// ':' (key defined). Several comparisons are each parenthesized and ANDed,
+// by juxtaposition or an explicit AND; a lone one may go bare.
+var filterTermRE = regexp.MustCompile(`^(\()?\s*((?:[A-Za-z_][A-Za-z0-9_]*)(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\s*(=|!=|:)\s*("[^"]*"|[^\s()"]+)\s*(\))?`)
 
-// parseFilter compiles a list filter. Anything outside the subset is a
+// parseFilter compiles a list filter. Anything outside the grammar is a
 // 400, as the real API answers an expression it cannot parse.
 func parseFilter(f string) (func(*compute.Instance) bool, error) {
 	type term struct {
 		field, op, value string
 	}
+	invalid := fmt.Errorf("Invalid list filter expression '%s'", f)
 	var terms []term
 	rest := strings.TrimSpace(f)
 	for rest != "" {
 		m := filterTermRE.FindStringSubmatch(rest)
-		if m == nil {
-			return nil, fmt.Errorf("Invalid list filter expression '%s'", f)
+		if m == nil || (m[1] == "") != (m[5] == "") {
+			return nil, invalid
 		}
-		terms = append(terms, term{m[1], m[2], strings.Trim(m[3], `"`)})
+		field := m[2]
+		if field != "name" && field != "status" && !(strings.HasPrefix(field, "labels.") && strings.Count(field, ".") == 1) {
+			return nil, fmt.Errorf("Invalid list filter expression '%s': gcptest supports name, status and labels.KEY", f)
+		}
+		terms = append(terms, term{field, m[3], strings.Trim(m[4], `"`)})
 		rest = strings.TrimSpace(rest[len(m[0]):])
+		if rest != "" && m[1] == "" {
+			// Only parenthesized comparisons can be combined.
+			return nil, invalid
+		}
 		rest = strings.TrimSpace(strings.TrimPrefix(rest, "AND "))
 	}
 	return func(inst *compute.Instance) bool {
 		for _, t := range terms {
 			var got string
+			var has bool
 			switch {
 			case t.field == "name":
-				got = inst.Name
+				got, has = inst.Name, true
 			case t.field == "status":
-				got = inst.Status
+				got, has = inst.Status, true
 			default:
-				got = inst.Labels[strings.TrimPrefix(t.field, "labels.")]
+				got, has = inst.Labels[strings.TrimPrefix(t.field, "labels.")]
 			}
-			if (got == t.value) != (t.op == "=") {
+			var ok bool
+			switch t.op {
+			case ":":
+				ok = has && (t.value == "*" || got == t.value)
+			case "=":
+				ok = got == t.value
+			default:
+				ok = got != t.value
+			}
+			if !ok {
 				return false
 			}
 		}
@@ -759,6 +951,10 @@ func (s *Server) zoneGet(w http.ResponseWriter, r *http.Request) {
 	defer s.mu.Unlock()
 	if f := s.begin(CallZoneGet); f != nil {
 		writeError(w, f.code, f.reason, f.message)
+		return
+	}
+	if !s.zones[zone] {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s' was not found", project, zone))
 		return
 	}
 	writeJSON(w, http.StatusOK, fakeZone(project, zone))
@@ -777,6 +973,22 @@ func (s *Server) zoneList(w http.ResponseWriter, r *http.Request) {
 		Id:       "projects/" + project + "/zones",
 		Items:    []*compute.Zone{fakeZone(project, "us-central1-a")},
 		SelfLink: selfLinkBase + "projects/" + project + "/zones",
+	})
+}
+
+func (s *Server) firewallList(w http.ResponseWriter, r *http.Request) {
+	project := r.PathValue("project")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f := s.begin(CallFirewallList); f != nil {
+		writeError(w, f.code, f.reason, f.message)
+		return
+	}
+	writeJSON(w, http.StatusOK, &compute.FirewallList{
+		Kind:     "compute#firewallList",
+		Id:       "projects/" + project + "/global/firewalls",
+		Items:    s.firewalls[project],
+		SelfLink: selfLinkBase + "projects/" + project + "/global/firewalls",
 	})
 }
 
