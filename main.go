@@ -56,6 +56,7 @@ type options struct {
 
 	providers     string
 	tag           string
+	installID     string
 	checkInterval durationFlag
 	checkTimeout  durationFlag
 	sshKeyDir     string
@@ -87,7 +88,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off: CVE-2023-44487 rapid reset).")
 
 	fs.StringVar(&o.providers, "providers", "kvm,kubernetes", "Comma-separated providers to enable: kvm, kubernetes, gcp.")
-	fs.StringVar(&o.tag, "instance-tag", "proxy-operator", "Tag written on every instance; the orphan sweep only considers instances with it. Give each operator install its own.")
+	fs.StringVar(&o.tag, "instance-tag", "proxy-operator", "Tag written on every instance; the orphan sweep only considers instances with it (and with this install's id).")
+	fs.StringVar(&o.installID, "install-id", "", "Id of this operator install, written on every instance; the orphan sweep only deletes instances carrying it. Empty: the UID of the kube-system namespace. Set it only for a second install in the same cluster.")
 	fs.Var(&o.checkInterval, "provider-check-interval", "Default interval between KVM host health checks (a KVMHost's spec.checkInterval overrides it).")
 	fs.Var(&o.checkTimeout, "provider-check-timeout", "Default bound of one health check; 0 derives min(15s, interval). Must not exceed the interval.")
 	fs.StringVar(&o.sshKeyDir, "ssh-key-dir", "/etc/kvm-ssh", "Directory with ssh-privatekey and known_hosts (the mounted kvm-ssh Secret) for KVMHosts without sshKeySecretRef.")
@@ -165,6 +167,10 @@ func run(o options) error {
 		return fmt.Errorf("create manager: %w", err)
 	}
 	ctx := ctrl.SetupSignalHandler()
+	installID, err := controllers.ResolveInstallID(ctx, mgr.GetAPIReader(), o.installID)
+	if err != nil {
+		return err
+	}
 
 	if o.enableWebhooks {
 		for name, setup := range map[string]func(ctrl.Manager) error{
@@ -212,6 +218,7 @@ func run(o options) error {
 			OnConnect: func(host string, c virt.Client, d <-chan struct{}) { kvmProvider.OnConnect(host, c, d) },
 		})
 		kvmProvider = kvm.New(kvm.Options{
+			InstallID:         installID,
 			Hosts:             &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial},
 			Pool:              pool,
 			Observer:          rpcObserver,
@@ -239,10 +246,12 @@ func run(o options) error {
 	if enabled[kubernetes.Name] {
 		ko := o.kubernetes
 		ko.APIReader = mgr.GetAPIReader()
+		ko.InstallID = installID
 		registry.Add(kubernetes.New(mgr.GetClient(), ko))
 	}
 	if enabled[gcp.Name] {
 		gopts := o.gcp
+		gopts.InstallID = installID
 		// Built lazily and retried: missing credentials never stop the
 		// manager or the other providers.
 		registry.Register(gcp.Name, func(ctx context.Context) (provider.Provider, error) { return gcp.New(ctx, gopts) })
@@ -255,7 +264,7 @@ func run(o options) error {
 		return err
 	}
 	if err := mgr.Add(&controllers.OrphanCollector{
-		Reader: mgr.GetAPIReader(), Registry: registry, Tag: o.tag, Interval: o.gcInterval,
+		Reader: mgr.GetAPIReader(), Registry: registry, Tag: o.tag, InstallID: installID, Interval: o.gcInterval,
 	}); err != nil {
 		return err
 	}
@@ -271,7 +280,7 @@ func run(o options) error {
 		return err
 	}
 
-	log.Info("starting manager", "providers", registry.Enabled(), "checkInterval", o.checkInterval.Duration,
+	log.Info("starting manager", "providers", registry.Enabled(), "installID", installID, "checkInterval", o.checkInterval.Duration,
 		"checkTimeout", crawlv1.EffectiveCheckTimeout(o.checkInterval.Duration, o.checkTimeout.Duration))
 	return mgr.Start(ctx)
 }

@@ -214,12 +214,19 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		ns := newNamespace()
 		readyProxy(h, ns, "alive", image, "192.0.2.17")
 
-		orphan, err := domxml.Domain(domxml.Params{Name: ns + ".gone", DomainType: "kvm", VCPUs: 1, MemoryBytes: 256 << 20,
-			DiskPath: "/var/lib/libvirt/images/x.qcow2", SeedPath: "/var/lib/libvirt/images/x.iso",
-			Network:  domxml.Network{Name: kvmtest.NetworkName},
-			Metadata: domxml.Metadata{Namespace: ns, Name: "gone", UID: "0c7f0d0e-dead-4bee-8000-000000000001", Tag: testTag}})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(h.fake.AddDomain(orphan, true)).To(Succeed())
+		gone := func(name, uid, install string) {
+			orphan, err := domxml.Domain(domxml.Params{Name: ns + "." + name, DomainType: "kvm", VCPUs: 1, MemoryBytes: 256 << 20,
+				DiskPath: "/var/lib/libvirt/images/x.qcow2", SeedPath: "/var/lib/libvirt/images/x.iso",
+				Network:  domxml.Network{Name: kvmtest.NetworkName},
+				Metadata: domxml.Metadata{Namespace: ns, Name: name, UID: uid, Tag: testTag, InstallID: install}})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(h.fake.AddDomain(orphan, true)).To(Succeed())
+		}
+		gone("gone", "0c7f0d0e-dead-4bee-8000-000000000001", testInstallID)
+		// Another install's, and one made before install ids: whose they
+		// are cannot be told from this cluster.
+		gone("theirs", "0c7f0d0e-dead-4bee-8000-000000000002", "other-install")
+		gone("old", "0c7f0d0e-dead-4bee-8000-000000000003", "")
 		foreign := `<domain type="kvm"><name>` + ns + `.alien</name><memory unit="MiB">64</memory><os><type arch="x86_64" machine="q35">hvm</type></os></domain>`
 		Expect(h.fake.AddDomain(foreign, true)).To(Succeed())
 
@@ -230,7 +237,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 			Expect(err.Error()).NotTo(ContainSubstring(h.name))
 		}
 		Expect(n).To(BeNumerically(">=", 1))
-		Expect(domainNames(h, ns)).To(ConsistOf(ns+".alive", ns+".alien"))
+		Expect(domainNames(h, ns)).To(ConsistOf(ns+".alive", ns+".alien", ns+".theirs", ns+".old"))
 	})
 
 	It("refuses a foreign domain with the Proxy's name and holds deletion until skip-cleanup", func() {

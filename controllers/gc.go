@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,18 +15,24 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider"
 )
 
-// OrphanCollector periodically deletes instances that carry our tag but whose
-// Proxy (by UID) no longer exists. Instances without our tag are never
-// listed; instances whose Proxy exists are never touched; Delete itself
-// re-checks identity on the instance.
+// OrphanCollector periodically deletes instances that carry our tag and
+// this install's id but whose Proxy (by UID) no longer exists in this
+// cluster. Instances without our tag are never listed; instances of another
+// install, or of none (made before install ids), are never deleted: their
+// Proxy lives, or lived, in a cluster this one cannot see. Instances whose
+// Proxy exists are never touched; Delete itself re-checks identity on the
+// instance.
 type OrphanCollector struct {
 	// Reader must read the API server directly, not a cache: a cache that
 	// has not caught up would make a live Proxy look gone.
 	Reader   client.Reader
 	Registry *provider.Registry
 	Tag      string
-	Interval time.Duration
-	Recorder record.EventRecorder
+	// InstallID is this install's id (ResolveInstallID), the one the
+	// providers were built with.
+	InstallID string
+	Interval  time.Duration
+	Recorder  record.EventRecorder
 }
 
 // Start runs the sweep until ctx ends (a manager Runnable).
@@ -55,6 +62,10 @@ func (c *OrphanCollector) NeedLeaderElection() bool { return true }
 // orphans it deleted.
 func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 	log := logf.FromContext(ctx)
+	// Without an install id nothing is provably ours.
+	if err := provider.ValidateInstallID(c.InstallID); err != nil {
+		return 0, fmt.Errorf("orphan sweep: %w", err)
+	}
 	deleted := 0
 	var firstErr error
 	for _, prov := range c.Registry.Constructed() {
@@ -65,6 +76,12 @@ func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 			firstErr = cmpErr(firstErr, err)
 		}
 		for _, inst := range instances {
+			// ListByTag promised this install's only; a provider built
+			// with another id (or none) must not make us delete.
+			if inst.InstallID != c.InstallID {
+				log.V(1).Info("skipping instance of another install", "provider", prov.Name(), "instance", inst.Name, "host", inst.Host, "install", inst.InstallID)
+				continue
+			}
 			orphan, err := c.isOrphan(ctx, inst.Owner)
 			if err != nil {
 				firstErr = cmpErr(firstErr, err)

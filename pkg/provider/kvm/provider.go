@@ -59,7 +59,12 @@ var _ Connections = (*conn.Pool)(nil)
 
 // Options configure a Provider.
 type Options struct {
-	Hosts HostSource
+	// InstallID names this operator install (provider.ValidateInstallID):
+	// written into every domain's metadata, and ListByTag returns only
+	// domains carrying it, so installs sharing a host never collect each
+	// other's domains.
+	InstallID string
+	Hosts     HostSource
 	// Pool holds the connections; the provider adds hosts to it as they are
 	// used. Build it with conn.New and pass OnConnect: p.OnConnect to get
 	// lifecycle events.
@@ -210,7 +215,7 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 			DiskPath:    diskPath,
 			SeedPath:    seedPath,
 			Network:     hs.Network,
-			Metadata:    domxml.Metadata{Namespace: m.Namespace, Name: m.Name, UID: m.UID, Tag: m.Tag},
+			Metadata:    domxml.Metadata{Namespace: m.Namespace, Name: m.Name, UID: m.UID, Tag: m.Tag, InstallID: p.opts.InstallID},
 		})
 		if err != nil {
 			return err
@@ -311,9 +316,10 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 	return err
 }
 
-// ListByTag returns the domains whose metadata carries tag, on every host.
-// Domains without our metadata are skipped, as are domains that cannot be
-// read; an unreachable host fails the listing (after the other hosts).
+// ListByTag returns the domains whose metadata carries tag and this
+// install's id, on every host. Domains without our metadata are skipped, as
+// are domains that cannot be read; an unreachable host fails the listing
+// (after the other hosts).
 func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instance, error) {
 	hosts, err := p.opts.Hosts.List(ctx)
 	if err != nil {
@@ -329,7 +335,7 @@ func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instan
 			}
 			for _, dom := range doms {
 				md, ok := readMetadata(c, dom)
-				if !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag {
+				if !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag || md.InstallID != p.opts.InstallID {
 					continue
 				}
 				out = append(out, provider.Instance{
@@ -338,6 +344,7 @@ func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instan
 					Host:       host,
 					State:      provider.StateUnknown,
 					Owner:      provider.Owner{Namespace: md.Namespace, Name: md.Name, UID: md.UID},
+					InstallID:  md.InstallID,
 				})
 			}
 			return nil

@@ -371,3 +371,47 @@ func TestSteadyStateGetRPCs(t *testing.T) {
 		t.Fatalf("steady-state Get made %d RPCs: %v", total, e.rpcs)
 	}
 }
+
+// Two installs on one host list only their own domains, and domains made
+// before install ids (none recorded) are nobody's to collect. The id
+// survives libvirt's metadata handling: the fake stores and returns the
+// <metadata> element the way libvirt does.
+func TestListByTagReturnsOnlyThisInstall(t *testing.T) {
+	e := newEnv(t, "hv1")
+	ctx := context.Background()
+	mine := kvm.New(kvm.Options{InstallID: "install-a", Hosts: e.hosts, Pool: e.conns})
+	theirs := kvm.New(kvm.Options{InstallID: "install-b", Hosts: e.hosts, Pool: e.conns})
+	a, b, old := e.machine("hv1", "a", "p1", "u1"), e.machine("hv1", "b", "p2", "u2"), e.machine("hv1", "c", "p3", "u3")
+	for p, m := range map[*kvm.Provider]*provider.Machine{mine: a, theirs: b, e.prov: old} {
+		if _, err := p.Create(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := mine.ListByTag(ctx, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Owner.UID != "u1" || list[0].InstallID != "install-a" {
+		t.Fatalf("ListByTag = %+v, want only u1 of install-a", list)
+	}
+
+	f := e.fakes["hv1"]
+	dom, err := f.DomainLookupByName(domxml.DomainName("a", "p1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := f.DomainGetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{domxml.MetadataNS}, libvirt.DomainAffectCurrent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md, err := domxml.ParseMetadata(s); err != nil || md.InstallID != "install-a" {
+		t.Fatalf("DomainGetMetadata = %q: %+v, %v; want install-a", s, md, err)
+	}
+	x, err := f.DomainGetXMLDesc(dom, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md, found, err := domxml.MetadataFromDomainXML(x); err != nil || !found || md.InstallID != "install-a" {
+		t.Fatalf("metadata in the domain XML: %+v, %v, %v; want install-a", md, found, err)
+	}
+}

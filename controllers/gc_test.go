@@ -1,0 +1,219 @@
+package controllers
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	clientfake "sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/gcp"
+	"crawl.example.com/proxy-operator/pkg/provider/gcp/gcptest"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
+	"crawl.example.com/proxy-operator/test/envtestutil"
+)
+
+// sweepInstall is one operator install for sweep tests: its own cluster (a
+// fake API holding its Proxies), its providers and its collector, on
+// hypervisors or a cloud project it may share with other installs. Every
+// install uses the default tag, as installs with default flags do.
+type sweepInstall struct {
+	t   *testing.T
+	id  string
+	api client.Client
+	gc  *OrphanCollector
+	img *kvmtest.ImageServer
+}
+
+func newSweepInstall(t *testing.T, id string) *sweepInstall {
+	t.Helper()
+	api := clientfake.NewClientBuilder().WithScheme(envtestutil.Scheme()).Build()
+	img := kvmtest.NewImageServer("debian", 4<<10)
+	t.Cleanup(img.Close)
+	return &sweepInstall{t: t, id: id, api: api, img: img,
+		gc: &OrphanCollector{Reader: api, Registry: provider.NewRegistry(), Tag: "proxy-operator", InstallID: id}}
+}
+
+// withKVM adds this install's kvm provider on the shared hosts.
+func (s *sweepInstall) withKVM(conns *kvmtest.Conns, hosts *kvmtest.Hosts) *kvm.Provider {
+	p := kvm.New(kvm.Options{InstallID: s.id, Hosts: hosts, Pool: conns})
+	s.gc.Registry.Add(p)
+	return p
+}
+
+// withGCP adds this install's gcp provider on the shared project.
+func (s *sweepInstall) withGCP(srv *gcptest.Server) provider.Provider {
+	s.t.Helper()
+	p, err := gcp.New(context.Background(), gcp.Options{InstallID: s.id, Project: "shared", Zone: "europe-west4-a",
+		Endpoint: srv.Endpoint(), HTTPClient: srv.Client(), PollInterval: time.Millisecond})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.gc.Registry.Add(p)
+	return p
+}
+
+// proxy records a Proxy in this install's cluster and creates its instance,
+// as the Proxy controller would (kvm when host is set, else gcp).
+func (s *sweepInstall) proxy(prov provider.Provider, host, ns, name, uid string) {
+	s.t.Helper()
+	p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid)}}
+	if err := s.api.Create(context.Background(), p); err != nil {
+		s.t.Fatal(err)
+	}
+	m := &provider.Machine{Namespace: ns, Name: name, UID: uid, Tag: s.gc.Tag, Host: host,
+		CPUs: 1, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, UserData: []byte("#cloud-config\n"), Port: 3128}
+	if host != "" {
+		m.Image = s.img.Image
+	}
+	if _, err := prov.Create(context.Background(), m); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// forget deletes the Proxy from the cluster without its finalizer running:
+// its instance becomes an orphan of this install.
+func (s *sweepInstall) forget(ns, name string) {
+	s.t.Helper()
+	if err := s.api.Delete(context.Background(), &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *sweepInstall) sweep() int {
+	s.t.Helper()
+	n, err := s.gc.Sweep(context.Background())
+	if err != nil {
+		s.t.Fatalf("sweep of install %s: %v", s.id, err)
+	}
+	return n
+}
+
+// Two installs with default flags on one hypervisor: each one's Proxies are
+// absent from the other's cluster, so each must leave the other's domains
+// alone and still collect its own orphans.
+func TestSweepNeverDeletesAnotherInstallsDomains(t *testing.T) {
+	conns, hosts := kvmtest.NewConns(), kvmtest.NewHosts("hv1")
+	host := kvmtest.NewHost()
+	conns.Add("hv1", host)
+	staging, production := newSweepInstall(t, "staging-cluster"), newSweepInstall(t, "production-cluster")
+	sk, pk := staging.withKVM(conns, hosts), production.withKVM(conns, hosts)
+	staging.proxy(sk, "hv1", "crawl", "s1", "5a1e0000-0000-4000-8000-000000000001")
+	staging.proxy(sk, "hv1", "crawl", "s2", "5a1e0000-0000-4000-8000-000000000002")
+	production.proxy(pk, "hv1", "web", "p1", "9e0d0000-0000-4000-8000-000000000001")
+
+	if n := staging.sweep(); n != 0 {
+		t.Errorf("staging swept %d instances, want 0", n)
+	}
+	if n := production.sweep(); n != 0 {
+		t.Errorf("production swept %d instances, want 0", n)
+	}
+	wantDomains(t, host, "crawl.s1", "crawl.s2", "web.p1")
+
+	// A real orphan of staging is still collected, by staging only.
+	staging.forget("crawl", "s2")
+	if n := production.sweep(); n != 0 {
+		t.Errorf("production swept %d instances, want 0", n)
+	}
+	wantDomains(t, host, "crawl.s1", "crawl.s2", "web.p1")
+	if n := staging.sweep(); n != 1 {
+		t.Errorf("staging swept %d instances, want 1", n)
+	}
+	wantDomains(t, host, "crawl.s1", "web.p1")
+}
+
+// The same two installs sharing one GCP project.
+func TestSweepNeverDeletesAnotherInstallsGCEInstances(t *testing.T) {
+	srv := gcptest.NewServer()
+	t.Cleanup(srv.Close)
+	staging, production := newSweepInstall(t, "staging-cluster"), newSweepInstall(t, "production-cluster")
+	sg, pg := staging.withGCP(srv), production.withGCP(srv)
+	staging.proxy(sg, "", "crawl", "s1", "5a1e0000-0000-4000-8000-000000000001")
+	staging.proxy(sg, "", "crawl", "s2", "5a1e0000-0000-4000-8000-000000000002")
+	production.proxy(pg, "", "web", "p1", "9e0d0000-0000-4000-8000-000000000001")
+	want := func(owners ...string) {
+		t.Helper()
+		var got []string
+		for _, inst := range srv.Instances("shared") {
+			got = append(got, inst.Labels[gcp.LabelNamespace]+"/"+inst.Labels[gcp.LabelName])
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, owners) {
+			t.Fatalf("instances of %v, want %v", got, owners)
+		}
+	}
+
+	if n := staging.sweep() + production.sweep(); n != 0 {
+		t.Errorf("swept %d instances, want 0", n)
+	}
+	want("crawl/s1", "crawl/s2", "web/p1")
+	staging.forget("crawl", "s2")
+	if n := production.sweep(); n != 0 {
+		t.Errorf("production swept %d instances, want 0", n)
+	}
+	if n := staging.sweep(); n != 1 {
+		t.Errorf("staging swept %d instances, want 1", n)
+	}
+	want("crawl/s1", "web/p1")
+}
+
+// Domains made before install ids record none: whose they are cannot be
+// proven, so no install ever sweeps them, even when their owner is gone.
+func TestSweepKeepsDomainsWithoutInstallID(t *testing.T) {
+	conns, hosts := kvmtest.NewConns(), kvmtest.NewHosts("hv1")
+	host := kvmtest.NewHost()
+	conns.Add("hv1", host)
+	s := newSweepInstall(t, "c0ffee00-0000-4000-8000-000000000001")
+	s.withKVM(conns, hosts)
+	// As an operator without install ids defined it.
+	xml, err := domxml.Domain(domxml.Params{Name: "crawl.old", DomainType: domxml.DomainTypeKVM, VCPUs: 1, MemoryBytes: 256 << 20,
+		DiskPath: "/var/lib/libvirt/images/x.qcow2", SeedPath: "/var/lib/libvirt/images/x.iso",
+		Network:  domxml.Network{Type: domxml.NetworkTypeNetwork, Name: kvmtest.NetworkName},
+		Metadata: domxml.Metadata{Namespace: "crawl", Name: "old", UID: "0c7f0d0e-dead-4bee-8000-000000000001", Tag: s.gc.Tag}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := host.AddDomain(xml, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.sweep(); n != 0 {
+		t.Errorf("swept %d instances, want 0", n)
+	}
+	wantDomains(t, host, "crawl.old")
+}
+
+// A collector without an install id refuses to sweep rather than treat
+// every tagged instance as its own.
+func TestSweepRefusesWithoutInstallID(t *testing.T) {
+	conns, hosts := kvmtest.NewConns(), kvmtest.NewHosts("hv1")
+	host := kvmtest.NewHost()
+	conns.Add("hv1", host)
+	s := newSweepInstall(t, "")
+	s.proxy(s.withKVM(conns, hosts), "hv1", "crawl", "s1", "5a1e0000-0000-4000-8000-000000000001")
+	s.forget("crawl", "s1")
+	n, err := s.gc.Sweep(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "install id") || n != 0 {
+		t.Fatalf("Sweep = %d, %v; want a refusal naming the install id", n, err)
+	}
+	wantDomains(t, host, "crawl.s1")
+}
+
+func wantDomains(t *testing.T, f *fake.Fake, want ...string) {
+	t.Helper()
+	got := f.DomainNames()
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("domains %v, want %v", got, want)
+	}
+}
