@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -32,8 +33,16 @@ type OrphanCollector struct {
 	// providers were built with.
 	InstallID string
 	Interval  time.Duration
-	Recorder  record.EventRecorder
+	// CallTimeout bounds each provider call and owner lookup of a sweep;
+	// default DefaultSweepCallTimeout.
+	CallTimeout time.Duration
+	Recorder    record.EventRecorder
 }
+
+// DefaultSweepCallTimeout bounds one list or delete of the sweep: long
+// enough for a GCE delete operation, short enough that a wedged host delays
+// the pass by minutes, not forever.
+const DefaultSweepCallTimeout = 2 * time.Minute
 
 // Start runs the sweep until ctx ends (a manager Runnable).
 func (c *OrphanCollector) Start(ctx context.Context) error {
@@ -59,22 +68,34 @@ func (c *OrphanCollector) Start(ctx context.Context) error {
 func (c *OrphanCollector) NeedLeaderElection() bool { return true }
 
 // Sweep runs one pass over every constructed provider and returns how many
-// orphans it deleted.
+// orphans it deleted. Every provider call and owner lookup gets CallTimeout,
+// so a host or cloud that does not answer costs the pass one deadline per
+// call, never the pass: the other providers and hosts are still swept, and
+// the remaining orphans of a host that let a delete run out of time wait for
+// the next pass instead of a deadline each.
 func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 	log := logf.FromContext(ctx)
 	// Without an install id nothing is provably ours.
 	if err := provider.ValidateInstallID(c.InstallID); err != nil {
 		return 0, fmt.Errorf("orphan sweep: %w", err)
 	}
+	timeout := c.CallTimeout
+	if timeout <= 0 {
+		timeout = DefaultSweepCallTimeout
+	}
 	deleted := 0
-	var firstErr error
+	var errs []error
 	for _, prov := range c.Registry.Constructed() {
-		instances, err := prov.ListByTag(ctx, c.Tag)
+		listCtx, cancel := context.WithTimeout(ctx, timeout)
+		instances, err := prov.ListByTag(listCtx, c.Tag)
+		cancel()
 		if err != nil {
-			// An unreachable host fails this provider's sweep, not the others.
+			// An unreachable host fails its part of this provider's
+			// sweep, not the other hosts' or providers'.
 			log.Error(err, "list tagged instances", "provider", prov.Name())
-			firstErr = cmpErr(firstErr, err)
+			errs = append(errs, fmt.Errorf("%s: %w", prov.Name(), err))
 		}
+		unanswered := map[string]bool{} // hosts where a call ran out of time
 		for _, inst := range instances {
 			// ListByTag promised this install's only; a provider built
 			// with another id (or none) must not make us delete.
@@ -82,9 +103,12 @@ func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 				log.V(1).Info("skipping instance of another install", "provider", prov.Name(), "instance", inst.Name, "host", inst.Host, "install", inst.InstallID)
 				continue
 			}
-			orphan, err := c.isOrphan(ctx, inst.Owner)
+			if unanswered[inst.Host] {
+				continue
+			}
+			orphan, err := c.isOrphan(ctx, timeout, inst.Owner)
 			if err != nil {
-				firstErr = cmpErr(firstErr, err)
+				errs = append(errs, err)
 				continue
 			}
 			if !orphan {
@@ -94,9 +118,16 @@ func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 				Namespace: inst.Owner.Namespace, Name: inst.Owner.Name, UID: inst.Owner.UID,
 				ProviderID: inst.ProviderID, Host: inst.Host, Tag: c.Tag,
 			}
-			if err := prov.Delete(ctx, m); err != nil {
+			delCtx, cancel := context.WithTimeout(ctx, timeout)
+			err = prov.Delete(delCtx, m)
+			timedOut := delCtx.Err() == context.DeadlineExceeded
+			cancel()
+			if err != nil {
 				log.Error(err, "delete orphan", "provider", prov.Name(), "instance", inst.Name, "host", inst.Host)
-				firstErr = cmpErr(firstErr, err)
+				errs = append(errs, fmt.Errorf("%s: delete orphan %s on %q: %w", prov.Name(), inst.Name, inst.Host, err))
+				if timedOut {
+					unanswered[inst.Host] = true
+				}
 				continue
 			}
 			deleted++
@@ -104,16 +135,18 @@ func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 				"proxy", types.NamespacedName{Namespace: inst.Owner.Namespace, Name: inst.Owner.Name}, "uid", inst.Owner.UID)
 		}
 	}
-	return deleted, firstErr
+	return deleted, errors.Join(errs...)
 }
 
 // isOrphan reports whether no Proxy with the owner's UID exists. An
 // instance with no recorded owner UID is never an orphan: it is not
 // provably ours to delete.
-func (c *OrphanCollector) isOrphan(ctx context.Context, o provider.Owner) (bool, error) {
+func (c *OrphanCollector) isOrphan(ctx context.Context, timeout time.Duration, o provider.Owner) (bool, error) {
 	if o.UID == "" || o.Namespace == "" || o.Name == "" {
 		return false, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	p := &crawlv1.Proxy{}
 	err := c.Reader.Get(ctx, types.NamespacedName{Namespace: o.Namespace, Name: o.Name}, p)
 	switch {
@@ -125,11 +158,4 @@ func (c *OrphanCollector) isOrphan(ctx context.Context, o provider.Owner) (bool,
 	// Same name, another UID: the Proxy was recreated; the old instance is
 	// an orphan, the new Proxy gets its own (UID-derived) instance.
 	return string(p.UID) != o.UID, nil
-}
-
-func cmpErr(first, err error) error {
-	if first != nil {
-		return first
-	}
-	return err
 }

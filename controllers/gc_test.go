@@ -19,6 +19,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
 	"crawl.example.com/proxy-operator/test/envtestutil"
 )
@@ -215,5 +216,62 @@ func wantDomains(t *testing.T, f *fake.Fake, want ...string) {
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Fatalf("domains %v, want %v", got, want)
+	}
+}
+
+// One hypervisor whose libvirtd hangs (behind a live sshd) and one whose
+// deletes hang must cost the sweep a deadline each, not the sweep: orphans
+// on the other hosts and of the other providers are still deleted, and the
+// second orphan on the host that did not answer is not tried.
+func TestSweepFinishesPastAWedgedHost(t *testing.T) {
+	conns, hosts := kvmtest.NewConns(), kvmtest.NewHosts("hv1-wedged", "hv2-ok", "hv3-nodelete")
+	fakes := map[string]*fake.Fake{}
+	for _, h := range []string{"hv1-wedged", "hv2-ok", "hv3-nodelete"} {
+		fakes[h] = kvmtest.NewHost()
+		conns.Add(h, fakes[h])
+	}
+	srv := gcptest.NewServer()
+	t.Cleanup(srv.Close)
+	s := newSweepInstall(t, "c0ffee00-0000-4000-8000-000000000001")
+	s.gc.CallTimeout = 300 * time.Millisecond
+	k, g := s.withKVM(conns, hosts), s.withGCP(srv)
+	s.proxy(k, "hv1-wedged", "crawl", "w1", "00000000-0000-4000-8000-000000000001")
+	s.proxy(k, "hv2-ok", "crawl", "ok1", "00000000-0000-4000-8000-000000000002")
+	s.proxy(k, "hv3-nodelete", "crawl", "nd1", "00000000-0000-4000-8000-000000000003")
+	s.proxy(k, "hv3-nodelete", "crawl", "nd2", "00000000-0000-4000-8000-000000000004")
+	s.proxy(g, "", "crawl", "cloud", "00000000-0000-4000-8000-000000000005")
+	for _, name := range []string{"w1", "ok1", "nd1", "nd2", "cloud"} {
+		s.forget("crawl", name)
+	}
+	t.Cleanup(kvmtest.Wedge(fakes["hv1-wedged"]))
+	t.Cleanup(fakes["hv3-nodelete"].Block(virt.RPCDomainDestroyFlags))
+
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := s.gc.Sweep(context.Background())
+		done <- result{n, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("sweep still running after 10s: a host that does not answer holds it")
+	}
+	if r.n != 2 {
+		t.Errorf("swept %d instances, want 2 (hv2-ok's and the gcp one)", r.n)
+	}
+	if r.err == nil || !strings.Contains(r.err.Error(), "hv1-wedged") {
+		t.Errorf("sweep error %v, want one naming hv1-wedged", r.err)
+	}
+	wantDomains(t, fakes["hv2-ok"])
+	if len(srv.Instances("shared")) != 0 {
+		t.Errorf("gcp orphan not swept: %v", srv.Instances("shared"))
+	}
+	if n := fakes["hv3-nodelete"].Calls(virt.RPCDomainDestroyFlags); n != 1 {
+		t.Errorf("%d deletes tried on hv3-nodelete, want 1 (the host did not answer the first)", n)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -318,42 +319,76 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 
 // ListByTag returns the domains whose metadata carries tag and this
 // install's id, on every host. Domains without our metadata are skipped, as
-// are domains that cannot be read; an unreachable host fails the listing
-// (after the other hosts).
+// are domains that cannot be read. Hosts are listed concurrently, so a host
+// that does not answer costs the others nothing: it fails its part when ctx
+// ends, and the listing returns the other hosts' domains with that error.
 func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instance, error) {
 	hosts, err := p.opts.Hosts.List(ctx)
 	if err != nil {
 		return nil, provider.Transient(err)
 	}
-	var out []provider.Instance
-	var errs []error
+	var (
+		mu   sync.Mutex
+		out  []provider.Instance
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, listConcurrency)
+	)
 	for _, host := range hosts {
-		err := p.withHost(ctx, host, func(c virt.Client, _ HostSpec) error {
-			doms, _, err := c.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			case <-ctx.Done():
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("host %q: not listed: %w", host, ctx.Err()))
+				mu.Unlock()
+				return
+			}
+			found, err := p.listHost(ctx, host, tag)
+			mu.Lock()
+			defer mu.Unlock()
+			out = append(out, found...)
 			if err != nil {
-				return classify(err)
+				errs = append(errs, fmt.Errorf("host %q: %w", host, err))
 			}
-			for _, dom := range doms {
-				md, ok := readMetadata(c, dom)
-				if !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag || md.InstallID != p.opts.InstallID {
-					continue
-				}
-				out = append(out, provider.Instance{
-					ProviderID: provider.FormatKVMProviderID(host, virt.FormatUUID(dom.UUID)),
-					Name:       dom.Name,
-					Host:       host,
-					State:      provider.StateUnknown,
-					Owner:      provider.Owner{Namespace: md.Namespace, Name: md.Name, UID: md.UID},
-					InstallID:  md.InstallID,
-				})
-			}
-			return nil
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("host %q: %w", host, err))
-		}
+		}()
 	}
+	wg.Wait()
+	sort.Slice(out, func(i, j int) bool { return out[i].ProviderID < out[j].ProviderID })
+	sort.Slice(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
 	return out, errors.Join(errs...)
+}
+
+// listConcurrency bounds the hosts ListByTag lists at once.
+const listConcurrency = 16
+
+func (p *Provider) listHost(ctx context.Context, host, tag string) ([]provider.Instance, error) {
+	var out []provider.Instance
+	err := p.withHost(ctx, host, func(c virt.Client, _ HostSpec) error {
+		doms, _, err := c.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+		if err != nil {
+			return classify(err)
+		}
+		for _, dom := range doms {
+			md, ok := readMetadata(c, dom)
+			if !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag || md.InstallID != p.opts.InstallID {
+				continue
+			}
+			out = append(out, provider.Instance{
+				ProviderID: provider.FormatKVMProviderID(host, virt.FormatUUID(dom.UUID)),
+				Name:       dom.Name,
+				Host:       host,
+				State:      provider.StateUnknown,
+				Owner:      provider.Owner{Namespace: md.Namespace, Name: md.Name, UID: md.UID},
+				InstallID:  md.InstallID,
+			})
+		}
+		return nil
+	})
+	return out, err
 }
 
 // EnsureImage caches img on host, bounded by MaxUploadsPerHost.

@@ -25,12 +25,12 @@ type env struct {
 	hosts *kvmtest.Hosts
 	fakes map[string]*fake.Fake
 	img   *kvmtest.ImageServer
-	rpcs  map[string]int
+	rpcs  *virt.RPCCounter
 }
 
 func newEnv(t *testing.T, hostNames ...string) *env {
 	t.Helper()
-	e := &env{t: t, conns: kvmtest.NewConns(), hosts: kvmtest.NewHosts(hostNames...), fakes: map[string]*fake.Fake{}, rpcs: map[string]int{}}
+	e := &env{t: t, conns: kvmtest.NewConns(), hosts: kvmtest.NewHosts(hostNames...), fakes: map[string]*fake.Fake{}, rpcs: &virt.RPCCounter{}}
 	for _, h := range hostNames {
 		f := kvmtest.NewHost()
 		e.fakes[h] = f
@@ -38,8 +38,7 @@ func newEnv(t *testing.T, hostNames ...string) *env {
 	}
 	e.img = kvmtest.NewImageServer("debian", 64<<10)
 	t.Cleanup(e.img.Close)
-	e.prov = kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns,
-		Observer: virt.ObserverFunc(func(rpc string, _ time.Duration, _ error) { e.rpcs[rpc]++ })})
+	e.prov = kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns, Observer: e.rpcs})
 	return e
 }
 
@@ -358,17 +357,13 @@ func TestSteadyStateGetRPCs(t *testing.T) {
 	}
 	m.ProviderID = inst.ProviderID
 	e.fakes["hv1"].SetAgentAddresses("crawl.p1", []libvirt.DomainInterface{{Name: "eth0", Addrs: []libvirt.DomainIPAddr{{Type: int32(libvirt.IPAddrTypeIpv4), Addr: "192.0.2.10", Prefix: 24}}}})
-	clear(e.rpcs)
+	e.rpcs.Reset()
 	if _, err := e.prov.Get(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	total := 0
-	for _, n := range e.rpcs {
-		total += n
-	}
 	// Lookup, metadata, state, agent addresses.
-	if total != 4 {
-		t.Fatalf("steady-state Get made %d RPCs: %v", total, e.rpcs)
+	if total := e.rpcs.Total(); total != 4 {
+		t.Fatalf("steady-state Get made %d RPCs: %v", total, e.rpcs.Snapshot())
 	}
 }
 
@@ -413,5 +408,26 @@ func TestListByTagReturnsOnlyThisInstall(t *testing.T) {
 	}
 	if md, found, err := domxml.MetadataFromDomainXML(x); err != nil || !found || md.InstallID != "install-a" {
 		t.Fatalf("metadata in the domain XML: %+v, %v, %v; want install-a", md, found, err)
+	}
+}
+
+// A host whose libvirtd hangs fails its part of the listing when the
+// deadline ends; the hosts listed after it are still listed.
+func TestListByTagPastAWedgedHost(t *testing.T) {
+	e := newEnv(t, "hv1", "hv2", "hv3")
+	for _, m := range []*provider.Machine{e.machine("hv2", "a", "p1", "u1"), e.machine("hv3", "b", "p2", "u2")} {
+		if _, err := e.prov.Create(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(kvmtest.Wedge(e.fakes["hv1"]))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	list, err := e.prov.ListByTag(ctx, "test")
+	if err == nil || !strings.Contains(err.Error(), `host "hv1"`) || provider.Class(err) != provider.ClassTransient {
+		t.Errorf("error %v, want a transient one naming hv1", err)
+	}
+	if len(list) != 2 {
+		t.Fatalf("ListByTag = %+v, want the domains of hv2 and hv3", list)
 	}
 }
