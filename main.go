@@ -61,6 +61,7 @@ type options struct {
 	checkTimeout  durationFlag
 	sshKeyDir     string
 	maxUploads    int
+	maxCalls      int
 
 	proxyProbeURL         string
 	proxyProbeInterval    time.Duration
@@ -94,6 +95,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.Var(&o.checkTimeout, "provider-check-timeout", "Default bound of one health check; 0 derives min(15s, interval). Must not exceed the interval.")
 	fs.StringVar(&o.sshKeyDir, "ssh-key-dir", "/etc/kvm-ssh", "Directory with ssh-privatekey and known_hosts (the mounted kvm-ssh Secret) for KVMHosts without sshKeySecretRef.")
 	fs.IntVar(&o.maxUploads, "max-uploads-per-host", 2, "Concurrent image uploads allowed per KVM host.")
+	fs.IntVar(&o.maxCalls, "max-calls-per-host", 0, "Provider calls (create, get, delete, list) in flight per KVM host; more fail at once as host busy. 0: a quarter of --proxy-concurrency, at least 1.")
 
 	fs.StringVar(&o.proxyProbeURL, "proxy-probe-url", "", "URL requested through each proxy (expects 204); Ready then means a request went through. Empty: a TCP connect to the port.")
 	fs.DurationVar(&o.proxyProbeInterval, "proxy-probe-interval", 30*time.Second, "Interval between probes of a Ready proxy.")
@@ -218,13 +220,14 @@ func run(o options) error {
 			OnConnect: func(host string, c virt.Client, d <-chan struct{}) { kvmProvider.OnConnect(host, c, d) },
 		})
 		kvmProvider = kvm.New(kvm.Options{
-			InstallID:         installID,
-			Hosts:             &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial},
-			Pool:              pool,
-			Observer:          rpcObserver,
-			MaxUploadsPerHost: o.maxUploads,
-			Logger:            ctrl.Log.WithName("kvm"),
-			OnImageUpload:     controllers.ObserveImageUpload,
+			InstallID:          installID,
+			Hosts:              &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial},
+			Pool:               pool,
+			Observer:           rpcObserver,
+			MaxUploadsPerHost:  o.maxUploads,
+			MaxInFlightPerHost: maxCallsPerHost(o.maxCalls, o.proxyConcurrency),
+			Logger:             ctrl.Log.WithName("kvm"),
+			OnImageUpload:      controllers.ObserveImageUpload,
 		})
 		registry.Add(kvmProvider)
 		proxyReconciler.Events = controllers.BridgeKVMEvents(ctx, kvmProvider.Events(), proxyReconciler)
@@ -283,4 +286,13 @@ func run(o options) error {
 	log.Info("starting manager", "providers", registry.Enabled(), "installID", installID, "checkInterval", o.checkInterval.Duration,
 		"checkTimeout", crawlv1.EffectiveCheckTimeout(o.checkInterval.Duration, o.checkTimeout.Duration))
 	return mgr.Start(ctx)
+}
+
+// maxCallsPerHost is --max-calls-per-host, or by default a quarter of the
+// Proxy workers: one hung KVM host then stalls at most that share of them.
+func maxCallsPerHost(flagValue, proxyWorkers int) int {
+	if flagValue > 0 {
+		return flagValue
+	}
+	return max(1, proxyWorkers/4)
 }

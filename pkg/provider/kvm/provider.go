@@ -77,6 +77,14 @@ type Options struct {
 	// MaxUploadsPerHost bounds concurrent image uploads to one host, so an
 	// image does not starve the host's other work. Default 2.
 	MaxUploadsPerHost int
+	// MaxInFlightPerHost bounds the Create, Get, Delete and ListByTag calls
+	// in flight to one host; beyond it they fail at once with a transient
+	// ErrHostBusy instead of waiting, so a host whose libvirtd hangs holds
+	// at most this many of the callers' workers. A call abandoned at its
+	// deadline counts until its RPCs really return. Health probes and image
+	// caching (EnsureImage) are bounded on their own and not counted.
+	// Default DefaultMaxInFlightPerHost.
+	MaxInFlightPerHost int
 	// EventBuffer is the size of the Events channel. Default 1024.
 	EventBuffer int
 	// Logger for what happens outside calls (event subscriptions).
@@ -91,10 +99,19 @@ type Provider struct {
 	opts   Options
 	events chan DomainEvent
 
-	mu      sync.Mutex
-	uploads map[string]chan struct{} // per-host upload slots
-	probing map[string]bool          // hosts with a probe still running
+	mu       sync.Mutex
+	uploads  map[string]chan struct{} // per-host upload slots
+	probing  map[string]bool          // hosts with a probe still running
+	inFlight map[string]int           // per-host calls counted by MaxInFlightPerHost
 }
+
+// DefaultMaxInFlightPerHost is a quarter of the manager's default 16 Proxy
+// workers: one hung host can stall no more than that share of them.
+const DefaultMaxInFlightPerHost = 4
+
+// ErrHostBusy: the host already has MaxInFlightPerHost calls in flight
+// (matched with errors.Is; the error is transient).
+var ErrHostBusy = errors.New("busy")
 
 var _ provider.Provider = (*Provider)(nil)
 
@@ -106,6 +123,9 @@ func New(opts Options) *Provider {
 	if opts.MaxUploadsPerHost <= 0 {
 		opts.MaxUploadsPerHost = 2
 	}
+	if opts.MaxInFlightPerHost <= 0 {
+		opts.MaxInFlightPerHost = DefaultMaxInFlightPerHost
+	}
 	if opts.EventBuffer <= 0 {
 		opts.EventBuffer = 1024
 	}
@@ -113,10 +133,11 @@ func New(opts Options) *Provider {
 		opts.Logger = logr.Discard()
 	}
 	return &Provider{
-		opts:    opts,
-		events:  make(chan DomainEvent, opts.EventBuffer),
-		uploads: map[string]chan struct{}{},
-		probing: map[string]bool{},
+		opts:     opts,
+		events:   make(chan DomainEvent, opts.EventBuffer),
+		uploads:  map[string]chan struct{}{},
+		probing:  map[string]bool{},
+		inFlight: map[string]int{},
 	}
 }
 
@@ -130,15 +151,47 @@ func (p *Provider) Check(context.Context) error { return nil }
 // ForgetHost closes a deleted host's connection.
 func (p *Provider) ForgetHost(host string) { p.opts.Pool.Remove(host) }
 
-// withHost runs fn with an instrumented client of host. The host's current
-// configuration is (re)applied to the pool first; an unchanged one keeps the
-// link.
+// withHost runs fn with an instrumented client of host, as one of the
+// host's MaxInFlightPerHost calls: with all of them taken it fails at once
+// with ErrHostBusy. The host's current configuration is (re)applied to the
+// pool first; an unchanged one keeps the link.
 func (p *Provider) withHost(ctx context.Context, host string, fn func(virt.Client, HostSpec) error) error {
-	return p.do(ctx, ctx, host, fn)
+	if err := p.startCall(host); err != nil {
+		return err
+	}
+	var rpcs sync.WaitGroup
+	err := p.do(ctx, ctx, host, fn, virt.WithCallTracker(&rpcs))
+	if ctx.Err() == nil {
+		p.endCall(host) // nothing was abandoned: every RPC has returned
+	} else {
+		// RPCs abandoned at the deadline still occupy the host (and, on
+		// a hung daemon, the link's capacity) until they return.
+		go func() { rpcs.Wait(); p.endCall(host) }()
+	}
+	return err
 }
 
-// do is withHost with separate contexts for the dial and for the RPCs.
-func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt.Client, HostSpec) error) error {
+func (p *Provider) startCall(host string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := p.inFlight[host]; n >= p.opts.MaxInFlightPerHost {
+		return provider.Transient(fmt.Errorf("host %q %w: %d calls in flight", host, ErrHostBusy, n))
+	}
+	p.inFlight[host]++
+	return nil
+}
+
+func (p *Provider) endCall(host string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inFlight[host]--; p.inFlight[host] <= 0 {
+		delete(p.inFlight, host)
+	}
+}
+
+// do is withHost with separate contexts for the dial and for the RPCs, and
+// without the in-flight bound.
+func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt.Client, HostSpec) error, opts ...virt.Option) error {
 	hs, err := p.opts.Hosts.Host(dialCtx, host)
 	if err != nil {
 		return err
@@ -147,12 +200,11 @@ func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt
 		return err
 	}
 	return p.opts.Pool.Do(dialCtx, host, func(raw virt.Client) error {
-		return fn(p.instrument(rpcCtx, raw), hs)
+		return fn(p.instrument(rpcCtx, raw, opts...), hs)
 	})
 }
 
-func (p *Provider) instrument(ctx context.Context, c virt.Client) virt.Client {
-	var opts []virt.Option
+func (p *Provider) instrument(ctx context.Context, c virt.Client, opts ...virt.Option) virt.Client {
 	if p.opts.Observer != nil {
 		opts = append(opts, virt.WithObserver(p.opts.Observer))
 	}
@@ -391,10 +443,11 @@ func (p *Provider) listHost(ctx context.Context, host, tag string) ([]provider.I
 	return out, err
 }
 
-// EnsureImage caches img on host, bounded by MaxUploadsPerHost.
+// EnsureImage caches img on host, bounded by MaxUploadsPerHost (and not
+// by MaxInFlightPerHost: KVMImage jobs are not the callers' workers).
 func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Image, progress Progress) (CachedImage, error) {
 	var out CachedImage
-	err := p.withHost(ctx, host, func(c virt.Client, hs HostSpec) error {
+	err := p.do(ctx, ctx, host, func(c virt.Client, hs HostSpec) error {
 		pool, err := lookupPool(c, hs.Pool)
 		if err != nil {
 			return err

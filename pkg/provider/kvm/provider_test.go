@@ -10,6 +10,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
@@ -430,4 +431,66 @@ func TestListByTagPastAWedgedHost(t *testing.T) {
 	if len(list) != 2 {
 		t.Fatalf("ListByTag = %+v, want the domains of hv2 and hv3", list)
 	}
+}
+
+// A host whose libvirtd hangs holds at most MaxInFlightPerHost callers: the
+// next call fails at once, transiently, while other hosts' calls go
+// through. Calls abandoned at their deadline keep counting until their RPCs
+// return, so the host stays busy instead of taking a fresh worker per
+// deadline.
+func TestHostBusyFailsFastBeyondMaxInFlight(t *testing.T) {
+	e := newEnv(t, "hv1", "hv2")
+	prov := kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns, MaxInFlightPerHost: 2})
+	stuck, other := e.machine("hv1", "a", "p1", "u1"), e.machine("hv2", "b", "p2", "u2")
+	for _, m := range []*provider.Machine{stuck, other} {
+		if _, err := prov.Create(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := kvmtest.Wedge(e.fakes["hv1"])
+	t.Cleanup(release)
+
+	ctx, abandon := context.WithCancel(context.Background())
+	defer abandon()
+	hung := make(chan error, 2)
+	for range 2 {
+		go func() { _, err := prov.Get(ctx, stuck); hung <- err }()
+	}
+	testutil.WaitFor(t, func() bool { return e.fakes["hv1"].Blocked(virt.RPCDomainLookupByName) == 2 })
+
+	busy := func() {
+		t.Helper()
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { _, err := prov.Get(context.Background(), stuck); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, kvm.ErrHostBusy) || provider.Class(err) != provider.ClassTransient ||
+				!strings.Contains(err.Error(), `host "hv1" busy: 2 calls in flight`) {
+				t.Fatalf("third call on the hung host: %v; want a transient ErrHostBusy", err)
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Fatalf("third call took %s, want at once", d)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("third call on the hung host is waiting, want it to fail at once")
+		}
+		if _, err := prov.Get(context.Background(), other); err != nil {
+			t.Fatalf("call on another host: %v", err)
+		}
+	}
+	busy()
+
+	// The callers give up; their RPCs still hang on the host.
+	abandon()
+	for range 2 {
+		if err := <-hung; !errors.Is(err, context.Canceled) {
+			t.Fatalf("abandoned call: %v", err)
+		}
+	}
+	busy()
+
+	// The daemon answers again: its calls return and free the host.
+	release()
+	testutil.WaitFor(t, func() bool { _, err := prov.Get(context.Background(), stuck); return err == nil })
 }
