@@ -268,6 +268,7 @@ func run(o options) error {
 	}
 	if err := mgr.Add(&controllers.OrphanCollector{
 		Reader: mgr.GetAPIReader(), Registry: registry, Tag: o.tag, InstallID: installID, Interval: o.gcInterval,
+		Recorder: mgr.GetEventRecorderFor("orphan-collector"),
 	}); err != nil {
 		return err
 	}

@@ -3,12 +3,14 @@ package controllers
 import (
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -238,6 +240,18 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		}
 		Expect(n).To(BeNumerically(">=", 1))
 		Expect(domainNames(h, ns)).To(ConsistOf(ns+".alive", ns+".alien", ns+".theirs", ns+".old"))
+		// The Proxy is gone; the Event is on the host it was swept from.
+		Eventually(func(g Gomega) {
+			events := &corev1.EventList{}
+			g.Expect(k8sClient.List(ctx, events, client.MatchingFields{"involvedObject.name": h.name})).To(Succeed())
+			var reasons []string
+			for _, e := range events.Items {
+				if e.InvolvedObject.Kind == "KVMHost" && strings.Contains(e.Message, ns+".gone") {
+					reasons = append(reasons, e.Reason)
+				}
+			}
+			g.Expect(reasons).To(ConsistOf(OrphanDeletedReason))
+		}).WithTimeout(10 * time.Second).Should(Succeed())
 	})
 
 	It("refuses a foreign domain with the Proxy's name and holds deletion until skip-cleanup", func() {

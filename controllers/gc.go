@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
@@ -14,6 +15,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 )
 
 // OrphanCollector periodically deletes instances that carry our tag and
@@ -36,8 +38,13 @@ type OrphanCollector struct {
 	// CallTimeout bounds each provider call and owner lookup of a sweep;
 	// default DefaultSweepCallTimeout.
 	CallTimeout time.Duration
-	Recorder    record.EventRecorder
+	// Recorder gets an OrphanDeleted Event per deleted instance (see
+	// recordDeleted). Required.
+	Recorder record.EventRecorder
 }
+
+// OrphanDeletedReason is the reason of the Event recorded per swept instance.
+const OrphanDeletedReason = "OrphanDeleted"
 
 // DefaultSweepCallTimeout bounds one list or delete of the sweep: long
 // enough for a GCE delete operation, short enough that a wedged host delays
@@ -78,6 +85,9 @@ func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 	// Without an install id nothing is provably ours.
 	if err := provider.ValidateInstallID(c.InstallID); err != nil {
 		return 0, fmt.Errorf("orphan sweep: %w", err)
+	}
+	if c.Recorder == nil {
+		return 0, errors.New("orphan sweep: no event recorder")
 	}
 	timeout := c.CallTimeout
 	if timeout <= 0 {
@@ -133,9 +143,35 @@ func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 			deleted++
 			log.Info("deleted orphan instance", "provider", prov.Name(), "instance", inst.Name, "host", inst.Host,
 				"proxy", types.NamespacedName{Namespace: inst.Owner.Namespace, Name: inst.Owner.Name}, "uid", inst.Owner.UID)
+			c.recordDeleted(ctx, timeout, prov.Name(), inst)
 		}
 	}
 	return deleted, errors.Join(errs...)
+}
+
+// recordDeleted records an OrphanDeleted Event for a swept instance. Its
+// Proxy is gone, so the Event goes where someone will look: on the KVMHost
+// for a kvm domain (cluster-scoped, it outlives the Proxy's namespace and is
+// where an admin looks at a host's history), else on the gone Proxy itself,
+// by reference, in its namespace (kubectl get events -n NS).
+func (c *OrphanCollector) recordDeleted(ctx context.Context, timeout time.Duration, providerName string, inst provider.Instance) {
+	msg := fmt.Sprintf("deleted orphan %s instance %s on %s: its Proxy %s/%s (uid %s) no longer exists",
+		providerName, inst.Name, inst.Host, inst.Owner.Namespace, inst.Owner.Name, inst.Owner.UID)
+	if providerName == kvm.Name {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		host := &crawlv1.KVMHost{}
+		// The reference must carry the host's UID for kubectl describe to
+		// list the Event.
+		if err := c.Reader.Get(ctx, types.NamespacedName{Name: inst.Host}, host); err == nil {
+			c.Recorder.Eventf(host, corev1.EventTypeNormal, OrphanDeletedReason, "%s", msg)
+			return
+		}
+	}
+	c.Recorder.Eventf(&corev1.ObjectReference{
+		APIVersion: crawlv1.GroupVersion.String(), Kind: "Proxy",
+		Namespace: inst.Owner.Namespace, Name: inst.Owner.Name, UID: types.UID(inst.Owner.UID),
+	}, corev1.EventTypeNormal, OrphanDeletedReason, "%s", msg)
 }
 
 // isOrphan reports whether no Proxy with the owner's UID exists. An

@@ -2,12 +2,16 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	clientfake "sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -29,11 +33,12 @@ import (
 // hypervisors or a cloud project it may share with other installs. Every
 // install uses the default tag, as installs with default flags do.
 type sweepInstall struct {
-	t   *testing.T
-	id  string
-	api client.Client
-	gc  *OrphanCollector
-	img *kvmtest.ImageServer
+	t      *testing.T
+	id     string
+	api    client.Client
+	gc     *OrphanCollector
+	img    *kvmtest.ImageServer
+	events *eventLog
 }
 
 func newSweepInstall(t *testing.T, id string) *sweepInstall {
@@ -41,8 +46,9 @@ func newSweepInstall(t *testing.T, id string) *sweepInstall {
 	api := clientfake.NewClientBuilder().WithScheme(envtestutil.Scheme()).Build()
 	img := kvmtest.NewImageServer("debian", 4<<10)
 	t.Cleanup(img.Close)
-	return &sweepInstall{t: t, id: id, api: api, img: img,
-		gc: &OrphanCollector{Reader: api, Registry: provider.NewRegistry(), Tag: "proxy-operator", InstallID: id}}
+	events := &eventLog{}
+	return &sweepInstall{t: t, id: id, api: api, img: img, events: events,
+		gc: &OrphanCollector{Reader: api, Registry: provider.NewRegistry(), Tag: "proxy-operator", InstallID: id, Recorder: events}}
 }
 
 // withKVM adds this install's kvm provider on the shared hosts.
@@ -273,5 +279,93 @@ func TestSweepFinishesPastAWedgedHost(t *testing.T) {
 	}
 	if n := fakes["hv3-nodelete"].Calls(virt.RPCDomainDestroyFlags); n != 1 {
 		t.Errorf("%d deletes tried on hv3-nodelete, want 1 (the host did not answer the first)", n)
+	}
+}
+
+// eventLog is a record.EventRecorder keeping what each Event is about.
+type eventLog struct {
+	mu     sync.Mutex
+	events []recordedEvent
+}
+
+type recordedEvent struct {
+	ref                  corev1.ObjectReference
+	typ, reason, message string
+}
+
+func (l *eventLog) Event(obj runtime.Object, typ, reason, message string) {
+	var ref corev1.ObjectReference
+	if r, ok := obj.(*corev1.ObjectReference); ok {
+		ref = *r
+	} else if o, ok := obj.(client.Object); ok {
+		ref = corev1.ObjectReference{Kind: fmt.Sprintf("%T", o), Namespace: o.GetNamespace(), Name: o.GetName(), UID: o.GetUID()}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, recordedEvent{ref, typ, reason, message})
+}
+
+func (l *eventLog) Eventf(obj runtime.Object, typ, reason, format string, args ...any) {
+	l.Event(obj, typ, reason, fmt.Sprintf(format, args...))
+}
+
+func (l *eventLog) AnnotatedEventf(obj runtime.Object, _ map[string]string, typ, reason, format string, args ...any) {
+	l.Eventf(obj, typ, reason, format, args...)
+}
+
+// Each swept instance leaves an Event where someone will look: on its
+// KVMHost for a kvm domain, on the gone Proxy (in its namespace) otherwise.
+// Instances not swept leave none.
+func TestSweepRecordsAnEventPerDeletedInstance(t *testing.T) {
+	conns, hosts := kvmtest.NewConns(), kvmtest.NewHosts("hv1")
+	conns.Add("hv1", kvmtest.NewHost())
+	srv := gcptest.NewServer()
+	t.Cleanup(srv.Close)
+	s := newSweepInstall(t, "c0ffee00-0000-4000-8000-000000000001")
+	kvmHost := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "hv1", UID: "4b000000-0000-4000-8000-000000000001"}}
+	if err := s.api.Create(context.Background(), kvmHost); err != nil {
+		t.Fatal(err)
+	}
+	k, g := s.withKVM(conns, hosts), s.withGCP(srv)
+	s.proxy(k, "hv1", "crawl", "vm", "00000000-0000-4000-8000-000000000001")
+	s.proxy(k, "hv1", "crawl", "alive", "00000000-0000-4000-8000-000000000002")
+	s.proxy(g, "", "crawl", "cloud", "00000000-0000-4000-8000-000000000003")
+	s.forget("crawl", "vm")
+	s.forget("crawl", "cloud")
+
+	if n := s.sweep(); n != 2 {
+		t.Fatalf("swept %d, want 2", n)
+	}
+	s.events.mu.Lock()
+	defer s.events.mu.Unlock()
+	if len(s.events.events) != 2 {
+		t.Fatalf("events %+v, want one per swept instance", s.events.events)
+	}
+	for _, e := range s.events.events {
+		if e.typ != corev1.EventTypeNormal || e.reason != OrphanDeletedReason {
+			t.Errorf("event %+v: want Normal %s", e, OrphanDeletedReason)
+		}
+	}
+	onHost, onProxy := s.events.events[0], s.events.events[1]
+	if onHost.ref.Kind == "Proxy" { // providers are swept in name order
+		onHost, onProxy = onProxy, onHost
+	}
+	if onHost.ref.Name != "hv1" || onHost.ref.UID != kvmHost.UID || !strings.Contains(onHost.message, "crawl.vm") ||
+		!strings.Contains(onHost.message, "00000000-0000-4000-8000-000000000001") {
+		t.Errorf("kvm event %+v: want it on KVMHost hv1 (with its UID), naming the domain and the Proxy UID", onHost)
+	}
+	if onProxy.ref.Kind != "Proxy" || onProxy.ref.Namespace != "crawl" || onProxy.ref.Name != "cloud" ||
+		onProxy.ref.UID != "00000000-0000-4000-8000-000000000003" || !strings.Contains(onProxy.message, "gcp") {
+		t.Errorf("gcp event %+v: want it on the gone Proxy crawl/cloud", onProxy)
+	}
+}
+
+// A collector without a recorder is a wiring mistake, caught before it
+// deletes anything.
+func TestSweepRefusesWithoutRecorder(t *testing.T) {
+	s := newSweepInstall(t, "c0ffee00-0000-4000-8000-000000000001")
+	s.gc.Recorder = nil
+	if _, err := s.gc.Sweep(context.Background()); err == nil || !strings.Contains(err.Error(), "recorder") {
+		t.Fatalf("Sweep without a recorder: %v", err)
 	}
 }

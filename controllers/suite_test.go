@@ -219,7 +219,8 @@ func startManager() *harness {
 		AddressTimeout: time.Minute, ResyncInterval: 10 * time.Minute, // only events re-read a Ready proxy
 	}
 	h.proxy.Events = BridgeKVMEvents(ctx, prov.Events(), h.proxy)
-	h.gc = &OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, InstallID: testInstallID, Interval: time.Hour}
+	h.gc = &OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, InstallID: testInstallID, Interval: time.Hour,
+		Recorder: m.GetEventRecorderFor("orphan-collector")}
 
 	opts := controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 8}
 	Expect(IndexProxyHost(ctx, m)).To(Succeed())

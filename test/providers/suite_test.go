@@ -179,7 +179,8 @@ func startManager(mc managerConfig) *harness {
 	}
 	Expect(h.proxy.SetupWithManager(m, controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4})).To(Succeed())
 	// The sweep never ticks during the suite; specs call Sweep directly.
-	h.gc = &controllers.OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, InstallID: testInstallID, Interval: time.Hour}
+	h.gc = &controllers.OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, InstallID: testInstallID, Interval: time.Hour,
+		Recorder: m.GetEventRecorderFor("orphan-collector")} //nolint:staticcheck // as the Proxy reconciler's
 	Expect(m.Add(h.gc)).To(Succeed())
 
 	go func() {
