@@ -3,9 +3,12 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -15,6 +18,9 @@ import (
 // every cluster has it, it is never deleted, and its UID is random per
 // cluster, so two clusters never share an id by accident.
 const InstallIDNamespace = "kube-system"
+
+// installIDWait bounds the wait for kube-system at start-up.
+var installIDWait = 30 * time.Second
 
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get,resourceNames=kube-system
 
@@ -30,7 +36,14 @@ func ResolveInstallID(ctx context.Context, r client.Reader, override string) (st
 		return override, nil
 	}
 	ns := &corev1.Namespace{}
-	if err := r.Get(ctx, types.NamespacedName{Name: InstallIDNamespace}, ns); err != nil {
+	// A control plane that just started may not have created kube-system
+	// yet (or may not answer); a refusal is final.
+	var err error
+	_ = wait.PollUntilContextTimeout(ctx, time.Second, installIDWait, true, func(ctx context.Context) (bool, error) {
+		err = r.Get(ctx, types.NamespacedName{Name: InstallIDNamespace}, ns)
+		return err == nil || apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err), nil
+	})
+	if err != nil {
 		return "", fmt.Errorf("install id: read namespace %s (needs RBAC get on it, or set --install-id): %w", InstallIDNamespace, err)
 	}
 	id := string(ns.UID)
