@@ -56,10 +56,12 @@ type options struct {
 
 	providers     string
 	tag           string
+	installID     string
 	checkInterval durationFlag
 	checkTimeout  durationFlag
 	sshKeyDir     string
 	maxUploads    int
+	maxCalls      int
 
 	proxyProbeURL         string
 	proxyProbeInterval    time.Duration
@@ -87,11 +89,13 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off: CVE-2023-44487 rapid reset).")
 
 	fs.StringVar(&o.providers, "providers", "kvm,kubernetes", "Comma-separated providers to enable: kvm, kubernetes, gcp.")
-	fs.StringVar(&o.tag, "instance-tag", "proxy-operator", "Tag written on every instance; the orphan sweep only considers instances with it. Give each operator install its own.")
+	fs.StringVar(&o.tag, "instance-tag", "proxy-operator", "Tag written on every instance; the orphan sweep only considers instances with it (and with this install's id).")
+	fs.StringVar(&o.installID, "install-id", "", "Id of this operator install, written on every instance; the orphan sweep only deletes instances carrying it. Empty: the UID of the kube-system namespace. Set it only for a second install in the same cluster.")
 	fs.Var(&o.checkInterval, "provider-check-interval", "Default interval between KVM host health checks (a KVMHost's spec.checkInterval overrides it).")
 	fs.Var(&o.checkTimeout, "provider-check-timeout", "Default bound of one health check; 0 derives min(15s, interval). Must not exceed the interval.")
 	fs.StringVar(&o.sshKeyDir, "ssh-key-dir", "/etc/kvm-ssh", "Directory with ssh-privatekey and known_hosts (the mounted kvm-ssh Secret) for KVMHosts without sshKeySecretRef.")
 	fs.IntVar(&o.maxUploads, "max-uploads-per-host", 2, "Concurrent image uploads allowed per KVM host.")
+	fs.IntVar(&o.maxCalls, "max-calls-per-host", 0, "Provider calls (create, get, delete, list) in flight per KVM host; more fail at once as host busy. 0: a quarter of --proxy-concurrency, at least 1.")
 
 	fs.StringVar(&o.proxyProbeURL, "proxy-probe-url", "", "URL requested through each proxy (expects 204); Ready then means a request went through. Empty: a TCP connect to the port.")
 	fs.DurationVar(&o.proxyProbeInterval, "proxy-probe-interval", 30*time.Second, "Interval between probes of a Ready proxy.")
@@ -166,6 +170,10 @@ func run(o options) error {
 		return fmt.Errorf("create manager: %w", err)
 	}
 	ctx := ctrl.SetupSignalHandler()
+	installID, err := controllers.ResolveInstallID(ctx, mgr.GetAPIReader(), o.installID)
+	if err != nil {
+		return err
+	}
 
 	if o.enableWebhooks {
 		for name, setup := range map[string]func(ctrl.Manager) error{
@@ -213,12 +221,14 @@ func run(o options) error {
 			OnConnect: func(host string, c virt.Client, d <-chan struct{}) { kvmProvider.OnConnect(host, c, d) },
 		})
 		kvmProvider = kvm.New(kvm.Options{
-			Hosts:             &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial},
-			Pool:              pool,
-			Observer:          rpcObserver,
-			MaxUploadsPerHost: o.maxUploads,
-			Logger:            ctrl.Log.WithName("kvm"),
-			OnImageUpload:     controllers.ObserveImageUpload,
+			InstallID:          installID,
+			Hosts:              &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial},
+			Pool:               pool,
+			Observer:           rpcObserver,
+			MaxUploadsPerHost:  o.maxUploads,
+			MaxInFlightPerHost: maxCallsPerHost(o.maxCalls, o.proxyConcurrency),
+			Logger:             ctrl.Log.WithName("kvm"),
+			OnImageUpload:      controllers.ObserveImageUpload,
 		})
 		registry.Add(kvmProvider)
 		proxyReconciler.Events = controllers.BridgeKVMEvents(ctx, kvmProvider.Events(), proxyReconciler)
@@ -240,10 +250,12 @@ func run(o options) error {
 	if enabled[kubernetes.Name] {
 		ko := o.kubernetes
 		ko.APIReader = mgr.GetAPIReader()
+		ko.InstallID = installID
 		registry.Add(kubernetes.New(mgr.GetClient(), ko))
 	}
 	if enabled[gcp.Name] {
 		gopts := o.gcp
+		gopts.InstallID = installID
 		// Built lazily and retried: missing credentials never stop the
 		// manager or the other providers.
 		registry.Register(gcp.Name, func(ctx context.Context) (provider.Provider, error) { return gcp.New(ctx, gopts) })
@@ -259,7 +271,8 @@ func run(o options) error {
 		return err
 	}
 	if err := mgr.Add(&controllers.OrphanCollector{
-		Reader: mgr.GetAPIReader(), Registry: registry, Tag: o.tag, Interval: o.gcInterval,
+		Reader: mgr.GetAPIReader(), Registry: registry, Tag: o.tag, InstallID: installID, Interval: o.gcInterval,
+		Recorder: mgr.GetEventRecorderFor("orphan-collector"),
 	}); err != nil {
 		return err
 	}
@@ -275,7 +288,16 @@ func run(o options) error {
 		return err
 	}
 
-	log.Info("starting manager", "providers", registry.Enabled(), "checkInterval", o.checkInterval.Duration,
+	log.Info("starting manager", "providers", registry.Enabled(), "installID", installID, "checkInterval", o.checkInterval.Duration,
 		"checkTimeout", crawlv1.EffectiveCheckTimeout(o.checkInterval.Duration, o.checkTimeout.Duration))
 	return mgr.Start(ctx)
+}
+
+// maxCallsPerHost is --max-calls-per-host, or by default a quarter of the
+// Proxy workers: one hung KVM host then stalls at most that share of them.
+func maxCallsPerHost(flagValue, proxyWorkers int) int {
+	if flagValue > 0 {
+		return flagValue
+	}
+	return max(1, proxyWorkers/4)
 }

@@ -3,12 +3,14 @@ package controllers
 import (
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -214,12 +216,19 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		ns := newNamespace()
 		readyProxy(h, ns, "alive", image, "192.0.2.17")
 
-		orphan, err := domxml.Domain(domxml.Params{Name: ns + ".gone", DomainType: "kvm", VCPUs: 1, MemoryBytes: 256 << 20,
-			DiskPath: "/var/lib/libvirt/images/x.qcow2", SeedPath: "/var/lib/libvirt/images/x.iso",
-			Network:  domxml.Network{Name: kvmtest.NetworkName},
-			Metadata: domxml.Metadata{Namespace: ns, Name: "gone", UID: "0c7f0d0e-dead-4bee-8000-000000000001", Tag: testTag}})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(h.fake.AddDomain(orphan, true)).To(Succeed())
+		gone := func(name, uid, install string) {
+			orphan, err := domxml.Domain(domxml.Params{Name: ns + "." + name, DomainType: "kvm", VCPUs: 1, MemoryBytes: 256 << 20,
+				DiskPath: "/var/lib/libvirt/images/x.qcow2", SeedPath: "/var/lib/libvirt/images/x.iso",
+				Network:  domxml.Network{Name: kvmtest.NetworkName},
+				Metadata: domxml.Metadata{Namespace: ns, Name: name, UID: uid, Tag: testTag, InstallID: install}})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(h.fake.AddDomain(orphan, true)).To(Succeed())
+		}
+		gone("gone", "0c7f0d0e-dead-4bee-8000-000000000001", testInstallID)
+		// Another install's, and one made before install ids: whose they
+		// are cannot be told from this cluster.
+		gone("theirs", "0c7f0d0e-dead-4bee-8000-000000000002", "other-install")
+		gone("old", "0c7f0d0e-dead-4bee-8000-000000000003", "")
 		foreign := `<domain type="kvm"><name>` + ns + `.alien</name><memory unit="MiB">64</memory><os><type arch="x86_64" machine="q35">hvm</type></os></domain>`
 		Expect(h.fake.AddDomain(foreign, true)).To(Succeed())
 
@@ -230,7 +239,19 @@ var _ = Describe("KVM fleet", Ordered, func() {
 			Expect(err.Error()).NotTo(ContainSubstring(h.name))
 		}
 		Expect(n).To(BeNumerically(">=", 1))
-		Expect(domainNames(h, ns)).To(ConsistOf(ns+".alive", ns+".alien"))
+		Expect(domainNames(h, ns)).To(ConsistOf(ns+".alive", ns+".alien", ns+".theirs", ns+".old"))
+		// The Proxy is gone; the Event is on the host it was swept from.
+		Eventually(func(g Gomega) {
+			events := &corev1.EventList{}
+			g.Expect(k8sClient.List(ctx, events, client.MatchingFields{"involvedObject.name": h.name})).To(Succeed())
+			var reasons []string
+			for _, e := range events.Items {
+				if e.InvolvedObject.Kind == "KVMHost" && strings.Contains(e.Message, ns+".gone") {
+					reasons = append(reasons, e.Reason)
+				}
+			}
+			g.Expect(reasons).To(ConsistOf(OrphanDeletedReason))
+		}).WithTimeout(10 * time.Second).Should(Succeed())
 	})
 
 	It("refuses a foreign domain with the Proxy's name and holds deletion until skip-cleanup", func() {

@@ -42,6 +42,7 @@ import (
 const (
 	secretNamespace = "kvm-system"
 	testTag         = "envtest"
+	testInstallID   = "envtest-install"
 )
 
 var (
@@ -202,6 +203,7 @@ func startManager() *harness {
 		OnConnect:         func(h string, c virt.Client, d <-chan struct{}) { prov.OnConnect(h, c, d) },
 	})
 	prov = kvm.New(kvm.Options{
+		InstallID:     testInstallID,
 		Hosts:         &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()},
 		Pool:          pool,
 		Observer:      rpcMetrics,
@@ -217,7 +219,8 @@ func startManager() *harness {
 		AddressTimeout: time.Minute, ResyncInterval: 10 * time.Minute, // only events re-read a Ready proxy
 	}
 	h.proxy.Events = BridgeKVMEvents(ctx, prov.Events(), h.proxy)
-	h.gc = &OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, Interval: time.Hour}
+	h.gc = &OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, InstallID: testInstallID, Interval: time.Hour,
+		Recorder: m.GetEventRecorderFor("orphan-collector")}
 
 	opts := controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 8}
 	Expect(IndexProxyHost(ctx, m)).To(Succeed())

@@ -18,9 +18,11 @@ type Provider interface {
 	// checking it is this Machine's (IdentityError otherwise). Already gone
 	// is success.
 	Delete(ctx context.Context, m *Machine) error
-	// ListByTag returns every instance carrying our management tag, with the
-	// owner recorded on it, for garbage collection. Instances without our
-	// tag are never returned.
+	// ListByTag returns every instance carrying our management tag and made
+	// by this install (the provider's configured install id), with the owner
+	// and install recorded on it, for garbage collection. Instances without
+	// our tag or of another install (or of none: made before install ids)
+	// are never returned.
 	ListByTag(ctx context.Context, tag string) ([]Instance, error)
 	// Check reports whether the provider can serve requests at all.
 	Check(ctx context.Context) error
@@ -105,6 +107,10 @@ type Instance struct {
 	// "guest agent not connected".
 	Message string
 	Owner   Owner
+	// InstallID is the operator install recorded on the instance (see
+	// ValidateInstallID); filled by ListByTag, empty on instances made
+	// before install ids.
+	InstallID string
 }
 
 // Address sources.

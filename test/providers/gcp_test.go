@@ -127,20 +127,28 @@ var _ = Describe("gcp provider", func() {
 		bootInstance(live, "203.0.113.13")
 		waitProxyPhase(ns, "live", crawlv1.ProxyReady, 15*time.Second)
 
-		put := func(proxy, tag string) string {
+		put := func(proxy, tag string, install ...string) string {
 			uid := string(uuid.NewUUID())
 			name := gcp.InstanceName(ns, proxy, uid)
-			putInstance(name, gcpLabels(tag, ns, proxy, uid))
+			labels := gcpLabels(tag, ns, proxy, uid)
+			delete(labels, gcp.LabelInstall)
+			if len(install) > 0 {
+				labels[gcp.LabelInstall] = install[0]
+			}
+			putInstance(name, labels)
 			DeferCleanup(deleteInstance, ns, proxy, uid, name)
 			return name
 		}
 		// A Proxy deleted while the operator was down.
-		orphan := put("ghost", testTag)
+		orphan := put("ghost", testTag, testInstallID)
 		// An instance of an earlier Proxy of the live one's name: recreated
 		// since, so its UID is not the live Proxy's.
-		stale := put("live", testTag)
-		// Another operator install's instance, and one with no tag at all.
-		otherInstall := put("ghost", "other-install")
+		stale := put("live", testTag, testInstallID)
+		// Another operator install's instance (with our tag or its own),
+		// one made before install ids, and one with no tag at all.
+		otherInstall := put("ghost", testTag, "other-install")
+		otherTag := put("ghost", "other-tag", testInstallID)
+		noInstall := put("ghost", testTag)
 		untagged := put("ghost", "")
 
 		n, err := mgr.gc.Sweep(ctx)
@@ -150,7 +158,7 @@ var _ = Describe("gcp provider", func() {
 			_, ok := instance(name)
 			Expect(ok).To(BeFalse(), "%s not swept", name)
 		}
-		for _, name := range []string{otherInstall, untagged, liveName} {
+		for _, name := range []string{otherInstall, otherTag, noInstall, untagged, liveName} {
 			inst, ok := instance(name)
 			Expect(ok).To(BeTrue(), "%s swept", name)
 			Expect(inst.Status).To(Equal("RUNNING"), "%s touched", name)

@@ -351,9 +351,11 @@ func drainInsertFaults(code int) {
 	Fail("more than 100 insert faults queued")
 }
 
-// gcpLabels are the labels the gcp provider writes on an instance of a Proxy.
+// gcpLabels are the labels the gcp provider of this install writes on an
+// instance of a Proxy.
 func gcpLabels(tag, ns, name, uid string) map[string]string {
 	l := map[string]string{
+		gcp.LabelInstall:   testInstallID,
 		gcp.LabelManagedBy: gcp.ManagedBy,
 		gcp.LabelUID:       gcp.LabelValue(uid),
 		gcp.LabelNamespace: gcp.LabelValue(ns),

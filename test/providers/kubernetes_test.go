@@ -35,6 +35,7 @@ var _ = Describe("kubernetes provider", func() {
 		Expect(pod.Labels).To(And(
 			HaveKeyWithValue(kubernetes.LabelManagedBy, kubernetes.ManagedBy),
 			HaveKeyWithValue(kubernetes.LabelTag, testTag),
+			HaveKeyWithValue(kubernetes.LabelInstall, testInstallID),
 			HaveKeyWithValue(kubernetes.LabelProxyUID, string(p.UID)),
 			HaveKeyWithValue(kubernetes.LabelProxyName, "squid"),
 		))
@@ -213,13 +214,16 @@ var _ = Describe("kubernetes provider", func() {
 		waitProxyPhase(ns, "live", crawlv1.ProxyReady, 15*time.Second)
 
 		// A Proxy deleted while the operator was down.
-		orphanKey := orphanPod(ns, "ghost", string(uuid.NewUUID()), testTag, true)
+		orphanKey := orphanPod(ns, "ghost", string(uuid.NewUUID()), testTag, testInstallID, true)
 		// The pod of an earlier Proxy of the live one's name: recreated
 		// since, so its UID is not the live Proxy's.
-		staleKey := orphanPod(ns, "live", string(uuid.NewUUID()), testTag, false)
-		// Another operator install's pod, and one with no tag at all.
-		otherInstallKey := orphanPod(ns, "ghost", string(uuid.NewUUID()), "other-install", false)
-		untaggedKey := orphanPod(ns, "ghost", string(uuid.NewUUID()), "", false)
+		staleKey := orphanPod(ns, "live", string(uuid.NewUUID()), testTag, testInstallID, false)
+		// Another operator install's pod (with our tag or its own), one
+		// made before install ids, and one with no tag at all.
+		otherInstallKey := orphanPod(ns, "ghost", string(uuid.NewUUID()), testTag, "other-install", false)
+		otherTagKey := orphanPod(ns, "ghost", string(uuid.NewUUID()), "other-tag", testInstallID, false)
+		noInstallKey := orphanPod(ns, "ghost", string(uuid.NewUUID()), testTag, "", false)
+		untaggedKey := orphanPod(ns, "ghost", string(uuid.NewUUID()), "", testInstallID, false)
 
 		deleted := 0
 		Eventually(func(g Gomega) {
@@ -232,7 +236,7 @@ var _ = Describe("kubernetes provider", func() {
 		Expect(deleted).To(BeNumerically(">=", 2))
 		Expect(configMapExists(orphanKey)).To(BeFalse(), "orphan ConfigMap not swept with its pod")
 
-		for _, k := range []types.NamespacedName{otherInstallKey, untaggedKey, liveKey} {
+		for _, k := range []types.NamespacedName{otherInstallKey, otherTagKey, noInstallKey, untaggedKey, liveKey} {
 			pod := &corev1.Pod{}
 			Expect(k8sClient.Get(ctx, k, pod)).To(Succeed(), "%s swept", k)
 			Expect(pod.DeletionTimestamp).To(BeNil(), "%s swept", k)
@@ -252,9 +256,9 @@ func expectUntouched(key types.NamespacedName, uid types.UID) {
 }
 
 // orphanPod creates a squid pod as the kubernetes provider labels them, for
-// a Proxy named name with uid, carrying tag (none if empty), optionally
-// with its ConfigMap. Pods left at the end are removed.
-func orphanPod(ns, name, uid, tag string, withConfigMap bool) types.NamespacedName {
+// a Proxy named name with uid, carrying tag and install (none if empty),
+// optionally with its ConfigMap. Pods left at the end are removed.
+func orphanPod(ns, name, uid, tag, install string, withConfigMap bool) types.NamespacedName {
 	key := types.NamespacedName{Namespace: ns, Name: kubernetes.ObjectName(name, uid)}
 	labels := map[string]string{
 		kubernetes.LabelManagedBy: kubernetes.ManagedBy,
@@ -264,6 +268,9 @@ func orphanPod(ns, name, uid, tag string, withConfigMap bool) types.NamespacedNa
 	}
 	if tag != "" {
 		labels[kubernetes.LabelTag] = tag
+	}
+	if install != "" {
+		labels[kubernetes.LabelInstall] = install
 	}
 	meta := metav1.ObjectMeta{
 		Namespace: ns, Name: key.Name, Labels: labels,

@@ -35,6 +35,9 @@ const (
 	// testTag is this install's instance tag; instances carrying another
 	// tag belong to someone else and are never swept.
 	testTag = "envtest"
+	// testInstallID is this install's id; instances of another install (or
+	// of none) are never swept.
+	testInstallID = "envtest-install"
 
 	gcpProject = "envtest-project"
 	gcpZone    = "us-central1-a"
@@ -92,6 +95,7 @@ var _ = AfterSuite(func() {
 // registry.Register does against the real API.
 func fakeGCP(ctx context.Context) (provider.Provider, error) {
 	return gcp.New(ctx, gcp.Options{
+		InstallID:        testInstallID,
 		Project:          gcpProject,
 		Zone:             gcpZone,
 		Endpoint:         computeFake.Endpoint(),
@@ -172,7 +176,7 @@ func startManager(mc managerConfig) *harness {
 	if mc.registryBackoff > 0 {
 		registry.Backoff = func(int) time.Duration { return mc.registryBackoff }
 	}
-	registry.Add(kubernetes.New(m.GetClient(), kubernetes.Options{APIReader: m.GetAPIReader()}))
+	registry.Add(kubernetes.New(m.GetClient(), kubernetes.Options{APIReader: m.GetAPIReader(), InstallID: testInstallID}))
 	registry.Register(gcp.Name, mc.gcp)
 
 	h := &harness{cancel: cancel, done: make(chan struct{}), registry: registry}
@@ -190,7 +194,8 @@ func startManager(mc managerConfig) *harness {
 	}
 	Expect(h.proxy.SetupWithManager(m, controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4})).To(Succeed())
 	// The sweep never ticks during the suite; specs call Sweep directly.
-	h.gc = &controllers.OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, Interval: time.Hour}
+	h.gc = &controllers.OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, InstallID: testInstallID, Interval: time.Hour,
+		Recorder: m.GetEventRecorderFor("orphan-collector")} //nolint:staticcheck // as the Proxy reconciler's
 	Expect(m.Add(h.gc)).To(Succeed())
 
 	go func() {

@@ -86,6 +86,11 @@ const maxMetadataValue = crawlv1.GCEMaxMetadataValue
 // Options configures the provider. Project and Zone are defaults a Machine
 // may override.
 type Options struct {
+	// InstallID names this operator install (provider.ValidateInstallID):
+	// the LabelInstall label of every instance, and ListByTag returns only
+	// instances carrying it.
+	InstallID string
+
 	Project     string
 	Zone        string
 	MachineType string // default DefaultMachineType
@@ -330,23 +335,24 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 	return ignoreNotFound(p.wait(ctx, t, op))
 }
 
-// ListByTag lists the instances labelled proxy-tag=<tag> (and
-// managed-by=proxy-operator) in every zone of Options.Project. Instances
-// created in another project through a Machine override are not seen.
+// ListByTag lists the instances labelled proxy_tag=<tag>,
+// proxy_install=<Options.InstallID> and managed_by=proxy-operator in every
+// zone of Options.Project. Instances created in another project through a
+// Machine override are not seen.
 func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instance, error) {
 	if p.opts.Project == "" {
 		return nil, provider.Permanentf("gcp: ListByTag needs a default project")
 	}
 	want := LabelValue(tag)
 	var out []provider.Instance
-	err := p.svc.Instances.AggregatedList(p.opts.Project).Filter(TagFilter(tag)).
+	err := p.svc.Instances.AggregatedList(p.opts.Project).Filter(ListFilter(tag, p.opts.InstallID)).
 		Pages(ctx, func(page *compute.InstanceAggregatedList) error {
 			for _, scoped := range page.Items {
 				for _, inst := range scoped.Instances {
 					// The server filtered already; checking again keeps
 					// the "never an untagged instance" promise even if a
 					// filter is misread.
-					if inst.Labels[LabelTag] != want || inst.Labels[LabelManagedBy] != ManagedBy {
+					if inst.Labels[LabelTag] != want || inst.Labels[LabelManagedBy] != ManagedBy || inst.Labels[LabelInstall] != p.opts.InstallID {
 						continue
 					}
 					out = append(out, *p.instance(p.opts.Project, inst))
@@ -502,6 +508,9 @@ func (p *Provider) instanceSpec(m *provider.Machine, t target) (*compute.Instanc
 		LabelNamespace: LabelValue(m.Namespace),
 		LabelName:      LabelValue(m.Name),
 	}
+	if p.opts.InstallID != "" {
+		labels[LabelInstall] = p.opts.InstallID
+	}
 	items := []*compute.MetadataItems{
 		{Key: MetadataNamespace, Value: ptr(m.Namespace)},
 		{Key: MetadataName, Value: ptr(m.Name)},
@@ -585,6 +594,7 @@ func (p *Provider) instance(project string, inst *compute.Instance) *provider.In
 		Host:       zone,
 		Message:    inst.StatusMessage,
 		Owner:      owner(inst),
+		InstallID:  inst.Labels[LabelInstall],
 	}
 	// Statuses: https://cloud.google.com/compute/docs/instances/instance-life-cycle
 	switch inst.Status {

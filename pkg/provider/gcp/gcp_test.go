@@ -949,3 +949,33 @@ func TestUserDataOnAnImageWithoutCloudInitIsRefused(t *testing.T) {
 		t.Errorf("Debian without user-data: %v", err)
 	}
 }
+
+// Two installs sharing a project list only their own instances, and
+// instances made before install ids (no label) are nobody's to collect.
+func TestListByTagReturnsOnlyThisInstall(t *testing.T) {
+	srv := newServer(t)
+	mine := newProvider(t, srv, func(o *Options) { o.InstallID = "install-a" })
+	theirs := newProvider(t, srv, func(o *Options) { o.InstallID = "install-b" })
+	legacy := newProvider(t, srv)
+	a, b, old := machine(), machine(), machine()
+	b.Name, b.UID = "b", "11111111-2222-3333-4444-555555555555"
+	old.Name, old.UID = "old", "99999999-2222-3333-4444-555555555555"
+	for p, m := range map[*Provider]*provider.Machine{mine: a, theirs: b, legacy: old} {
+		if _, err := p.Create(ctx(t), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := mine.ListByTag(ctx(t), "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Owner.UID != a.UID || got[0].InstallID != "install-a" {
+		t.Fatalf("ListByTag = %+v, want only %s of install-a", got, a.UID)
+	}
+	for _, inst := range srv.Instances(project) {
+		if inst.Labels[LabelUID] == a.UID && (inst.Labels[LabelInstall] != "install-a" ||
+			len(inst.Disks) == 0 || inst.Disks[0].InitializeParams == nil || inst.Disks[0].InitializeParams.Labels[LabelInstall] != "install-a") {
+			t.Errorf("instance %s: labels %v, want %s=install-a on it and its boot disk", inst.Name, inst.Labels, LabelInstall)
+		}
+	}
+}

@@ -20,6 +20,10 @@ const (
 	LabelUID       = "proxy-uid"
 	LabelNamespace = "proxy-namespace"
 	LabelName      = "proxy-name"
+	// LabelInstall is the operator install that made the instance
+	// (provider.ValidateInstallID, so written verbatim); ListByTag selects
+	// it too, so installs sharing a project never collect each other's.
+	LabelInstall = "proxy_install"
 
 	// ManagedBy is the value of LabelManagedBy.
 	ManagedBy = "proxy-operator"
@@ -64,9 +68,15 @@ func LabelValue(s string) string {
 	return string(b)
 }
 
-// TagFilter is the list filter selecting instances that carry tag.
-func TagFilter(tag string) string {
-	return fmt.Sprintf("labels.%s = %q", LabelTag, LabelValue(tag))
+// ListFilter is the list filter selecting the instances of install that
+// carry tag. With no install it selects on the tag alone: instances without
+// the install label are then the caller's to tell apart.
+func ListFilter(tag, install string) string {
+	f := fmt.Sprintf("(labels.%s = %q)", LabelTag, LabelValue(tag))
+	if install != "" {
+		f += fmt.Sprintf(" AND (labels.%s = %q)", LabelInstall, install)
+	}
+	return f
 }
 
 // FormatProviderID returns gce://<project>/<zone>/<instance>.

@@ -86,6 +86,10 @@ const (
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	LabelTag       = "crawl.example.com/tag"
 	LabelProxyUID  = "crawl.example.com/proxy-uid"
+	// LabelInstall is the operator install that made the object
+	// (provider.ValidateInstallID); ListByTag selects it too, so two
+	// installs in one cluster never collect each other's pods.
+	LabelInstall = "crawl.example.com/install"
 	// LabelProxyName is the Proxy name, cut to a valid label value;
 	// AnnotationProxyName has it exactly.
 	LabelProxyName      = "crawl.example.com/proxy-name"
@@ -136,6 +140,10 @@ const (
 
 // Options configures the provider.
 type Options struct {
+	// InstallID names this operator install (provider.ValidateInstallID):
+	// the LabelInstall label of every object, and ListByTag returns only
+	// pods carrying it.
+	InstallID string
 	// SquidImage runs squid; default DefaultSquidImage. Its entrypoint is
 	// not used: the container runs SquidCommand(ConfigPath).
 	SquidImage      string
@@ -532,15 +540,19 @@ func (p *Provider) deleteOne(ctx context.Context, m *provider.Machine, k types.N
 	return nil
 }
 
-// ListByTag lists, in all namespaces, the pods labelled with tag and managed
-// by us. ConfigMaps are not listed: they share the pod's name and owner
+// ListByTag lists, in all namespaces, the pods labelled with tag and this
+// install's id, and managed by us. ConfigMaps are not listed: they share the pod's name and owner
 // reference, and Delete removes both.
 func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instance, error) {
 	if errs := validation.IsValidLabelValue(tag); len(errs) > 0 {
 		return nil, provider.Permanentf("kubernetes: tag %q is not a label value: %s", tag, strings.Join(errs, "; "))
 	}
+	sel := client.MatchingLabels{LabelTag: tag, LabelManagedBy: ManagedBy}
+	if p.opts.InstallID != "" {
+		sel[LabelInstall] = p.opts.InstallID
+	}
 	var pods corev1.PodList
-	if err := p.c.List(ctx, &pods, client.MatchingLabels{LabelTag: tag, LabelManagedBy: ManagedBy}); err != nil {
+	if err := p.c.List(ctx, &pods, sel); err != nil {
 		return nil, classify(err, "list pods tagged "+tag)
 	}
 	out := make([]provider.Instance, 0, len(pods.Items))
@@ -548,7 +560,7 @@ func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instan
 		pod := &pods.Items[i]
 		// A selector is a promise of the server (or the cache); checking
 		// keeps "never an untagged instance" even if it is not kept.
-		if pod.Labels[LabelTag] != tag || pod.Labels[LabelManagedBy] != ManagedBy {
+		if pod.Labels[LabelTag] != tag || pod.Labels[LabelManagedBy] != ManagedBy || pod.Labels[LabelInstall] != p.opts.InstallID {
 			continue
 		}
 		out = append(out, *instance(pod))
@@ -594,16 +606,20 @@ func port(m *provider.Machine) int32 {
 }
 
 func (p *Provider) meta(m *provider.Machine, k types.NamespacedName) metav1.ObjectMeta {
+	objLabels := map[string]string{
+		LabelManagedBy: ManagedBy,
+		LabelAppName:   AppName,
+		LabelTag:       m.Tag,
+		LabelProxyUID:  m.UID,
+		LabelProxyName: labelValue(m.Name),
+	}
+	if p.opts.InstallID != "" {
+		objLabels[LabelInstall] = p.opts.InstallID
+	}
 	return metav1.ObjectMeta{
-		Name:      k.Name,
-		Namespace: k.Namespace,
-		Labels: map[string]string{
-			LabelManagedBy: ManagedBy,
-			LabelAppName:   AppName,
-			LabelTag:       m.Tag,
-			LabelProxyUID:  m.UID,
-			LabelProxyName: labelValue(m.Name),
-		},
+		Name:            k.Name,
+		Namespace:       k.Namespace,
+		Labels:          objLabels,
 		Annotations:     map[string]string{AnnotationProxyName: m.Name},
 		OwnerReferences: []metav1.OwnerReference{OwnerReference(m)},
 	}
@@ -721,6 +737,7 @@ func instance(pod *corev1.Pod) *provider.Instance {
 			Name:      pod.Annotations[AnnotationProxyName],
 			UID:       pod.Labels[LabelProxyUID],
 		},
+		InstallID: pod.Labels[LabelInstall],
 	}
 	if out.Owner.Name == "" {
 		out.Owner.Name = pod.Labels[LabelProxyName]

@@ -756,3 +756,35 @@ func TestInvalidMachine(t *testing.T) {
 		})
 	}
 }
+
+// Two installs in one cluster (--install-id) list only their own pods, and
+// pods made before install ids (no label) are nobody's to collect.
+func TestListByTagReturnsOnlyThisInstall(t *testing.T) {
+	c := newFake(t)
+	mine := New(c, Options{InstallID: "install-a"}).(*Provider)
+	theirs := New(c, Options{InstallID: "install-b"}).(*Provider)
+	legacy := New(c, Options{}).(*Provider)
+	a, b, old := machine(), machine(), machine()
+	b.Name, b.UID = "b", "11111111-2222-3333-4444-555555555555"
+	old.Name, old.UID = "old", "99999999-2222-3333-4444-555555555555"
+	for p, m := range map[*Provider]*provider.Machine{mine: a, theirs: b, legacy: old} {
+		if _, err := p.Create(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := mine.ListByTag(context.Background(), "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Owner.UID != a.UID || got[0].InstallID != "install-a" {
+		t.Fatalf("ListByTag = %+v, want only %s of install-a", got, a.UID)
+	}
+	pod := &corev1.Pod{}
+	if err := c.Get(context.Background(), podKey(a), pod); err != nil || pod.Labels[LabelInstall] != "install-a" {
+		t.Fatalf("pod labels %v, %v; want %s=install-a", pod.Labels, err, LabelInstall)
+	}
+	cm := &corev1.ConfigMap{}
+	if err := c.Get(context.Background(), podKey(a), cm); err != nil || cm.Labels[LabelInstall] != "install-a" {
+		t.Fatalf("configmap labels %v, %v; want %s=install-a", cm.Labels, err, LabelInstall)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -59,7 +60,12 @@ var _ Connections = (*conn.Pool)(nil)
 
 // Options configure a Provider.
 type Options struct {
-	Hosts HostSource
+	// InstallID names this operator install (provider.ValidateInstallID):
+	// written into every domain's metadata, and ListByTag returns only
+	// domains carrying it, so installs sharing a host never collect each
+	// other's domains.
+	InstallID string
+	Hosts     HostSource
 	// Pool holds the connections; the provider adds hosts to it as they are
 	// used. Build it with conn.New and pass OnConnect: p.OnConnect to get
 	// lifecycle events.
@@ -71,6 +77,14 @@ type Options struct {
 	// MaxUploadsPerHost bounds concurrent image uploads to one host, so an
 	// image does not starve the host's other work. Default 2.
 	MaxUploadsPerHost int
+	// MaxInFlightPerHost bounds the Create, Get, Delete and ListByTag calls
+	// in flight to one host; beyond it they fail at once with a transient
+	// ErrHostBusy instead of waiting, so a host whose libvirtd hangs holds
+	// at most this many of the callers' workers. A call abandoned at its
+	// deadline counts until its RPCs really return. Health probes and image
+	// caching (EnsureImage) are bounded on their own and not counted.
+	// Default DefaultMaxInFlightPerHost.
+	MaxInFlightPerHost int
 	// EventBuffer is the size of the Events channel. Default 1024.
 	EventBuffer int
 	// Logger for what happens outside calls (event subscriptions).
@@ -85,10 +99,19 @@ type Provider struct {
 	opts   Options
 	events chan DomainEvent
 
-	mu      sync.Mutex
-	uploads map[string]chan struct{} // per-host upload slots
-	probing map[string]bool          // hosts with a probe still running
+	mu       sync.Mutex
+	uploads  map[string]chan struct{} // per-host upload slots
+	probing  map[string]bool          // hosts with a probe still running
+	inFlight map[string]int           // per-host calls counted by MaxInFlightPerHost
 }
+
+// DefaultMaxInFlightPerHost is a quarter of the manager's default 16 Proxy
+// workers: one hung host can stall no more than that share of them.
+const DefaultMaxInFlightPerHost = 4
+
+// ErrHostBusy: the host already has MaxInFlightPerHost calls in flight
+// (matched with errors.Is; the error is transient).
+var ErrHostBusy = errors.New("busy")
 
 var _ provider.Provider = (*Provider)(nil)
 
@@ -100,6 +123,9 @@ func New(opts Options) *Provider {
 	if opts.MaxUploadsPerHost <= 0 {
 		opts.MaxUploadsPerHost = 2
 	}
+	if opts.MaxInFlightPerHost <= 0 {
+		opts.MaxInFlightPerHost = DefaultMaxInFlightPerHost
+	}
 	if opts.EventBuffer <= 0 {
 		opts.EventBuffer = 1024
 	}
@@ -107,10 +133,11 @@ func New(opts Options) *Provider {
 		opts.Logger = logr.Discard()
 	}
 	return &Provider{
-		opts:    opts,
-		events:  make(chan DomainEvent, opts.EventBuffer),
-		uploads: map[string]chan struct{}{},
-		probing: map[string]bool{},
+		opts:     opts,
+		events:   make(chan DomainEvent, opts.EventBuffer),
+		uploads:  map[string]chan struct{}{},
+		probing:  map[string]bool{},
+		inFlight: map[string]int{},
 	}
 }
 
@@ -124,15 +151,47 @@ func (p *Provider) Check(context.Context) error { return nil }
 // ForgetHost closes a deleted host's connection.
 func (p *Provider) ForgetHost(host string) { p.opts.Pool.Remove(host) }
 
-// withHost runs fn with an instrumented client of host. The host's current
-// configuration is (re)applied to the pool first; an unchanged one keeps the
-// link.
+// withHost runs fn with an instrumented client of host, as one of the
+// host's MaxInFlightPerHost calls: with all of them taken it fails at once
+// with ErrHostBusy. The host's current configuration is (re)applied to the
+// pool first; an unchanged one keeps the link.
 func (p *Provider) withHost(ctx context.Context, host string, fn func(virt.Client, HostSpec) error) error {
-	return p.do(ctx, ctx, host, fn)
+	if err := p.startCall(host); err != nil {
+		return err
+	}
+	var rpcs sync.WaitGroup
+	err := p.do(ctx, ctx, host, fn, virt.WithCallTracker(&rpcs))
+	if ctx.Err() == nil {
+		p.endCall(host) // nothing was abandoned: every RPC has returned
+	} else {
+		// RPCs abandoned at the deadline still occupy the host (and, on
+		// a hung daemon, the link's capacity) until they return.
+		go func() { rpcs.Wait(); p.endCall(host) }()
+	}
+	return err
 }
 
-// do is withHost with separate contexts for the dial and for the RPCs.
-func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt.Client, HostSpec) error) error {
+func (p *Provider) startCall(host string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := p.inFlight[host]; n >= p.opts.MaxInFlightPerHost {
+		return provider.Transient(fmt.Errorf("host %q %w: %d calls in flight", host, ErrHostBusy, n))
+	}
+	p.inFlight[host]++
+	return nil
+}
+
+func (p *Provider) endCall(host string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inFlight[host]--; p.inFlight[host] <= 0 {
+		delete(p.inFlight, host)
+	}
+}
+
+// do is withHost with separate contexts for the dial and for the RPCs, and
+// without the in-flight bound.
+func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt.Client, HostSpec) error, opts ...virt.Option) error {
 	hs, err := p.opts.Hosts.Host(dialCtx, host)
 	if err != nil {
 		return err
@@ -141,12 +200,11 @@ func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt
 		return err
 	}
 	return p.opts.Pool.Do(dialCtx, host, func(raw virt.Client) error {
-		return fn(p.instrument(rpcCtx, raw), hs)
+		return fn(p.instrument(rpcCtx, raw, opts...), hs)
 	})
 }
 
-func (p *Provider) instrument(ctx context.Context, c virt.Client) virt.Client {
-	var opts []virt.Option
+func (p *Provider) instrument(ctx context.Context, c virt.Client, opts ...virt.Option) virt.Client {
 	if p.opts.Observer != nil {
 		opts = append(opts, virt.WithObserver(p.opts.Observer))
 	}
@@ -203,7 +261,7 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 			DiskPath:    diskPath,
 			SeedPath:    seedPath,
 			Network:     hs.Network,
-			Metadata:    domxml.Metadata{Namespace: m.Namespace, Name: m.Name, UID: m.UID, Tag: m.Tag},
+			Metadata:    domxml.Metadata{Namespace: m.Namespace, Name: m.Name, UID: m.UID, Tag: m.Tag, InstallID: p.opts.InstallID},
 		})
 		if err != nil {
 			return err
@@ -307,48 +365,85 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 	return err
 }
 
-// ListByTag returns the domains whose metadata carries tag, on every host.
-// Domains without our metadata are skipped, as are domains that cannot be
-// read; an unreachable host fails the listing (after the other hosts).
+// ListByTag returns the domains whose metadata carries tag and this
+// install's id, on every host. Domains without our metadata are skipped, as
+// are domains that cannot be read. Hosts are listed concurrently, so a host
+// that does not answer costs the others nothing: it fails its part when ctx
+// ends, and the listing returns the other hosts' domains with that error.
 func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instance, error) {
 	hosts, err := p.opts.Hosts.List(ctx)
 	if err != nil {
 		return nil, provider.Transient(err)
 	}
-	var out []provider.Instance
-	var errs []error
+	var (
+		mu   sync.Mutex
+		out  []provider.Instance
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, listConcurrency)
+	)
 	for _, host := range hosts {
-		err := p.withHost(ctx, host, func(c virt.Client, _ HostSpec) error {
-			doms, _, err := c.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			case <-ctx.Done():
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("host %q: not listed: %w", host, ctx.Err()))
+				mu.Unlock()
+				return
+			}
+			found, err := p.listHost(ctx, host, tag)
+			mu.Lock()
+			defer mu.Unlock()
+			out = append(out, found...)
 			if err != nil {
-				return classify(err)
+				errs = append(errs, fmt.Errorf("host %q: %w", host, err))
 			}
-			for _, dom := range doms {
-				md, ok, err := readMetadata(c, dom)
-				if err != nil || !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag {
-					continue
-				}
-				out = append(out, provider.Instance{
-					ProviderID: provider.FormatKVMProviderID(host, virt.FormatUUID(dom.UUID)),
-					Name:       dom.Name,
-					Host:       host,
-					State:      provider.StateUnknown,
-					Owner:      provider.Owner{Namespace: md.Namespace, Name: md.Name, UID: md.UID},
-				})
-			}
-			return nil
-		})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("host %q: %w", host, err))
-		}
+		}()
 	}
+	wg.Wait()
+	sort.Slice(out, func(i, j int) bool { return out[i].ProviderID < out[j].ProviderID })
+	sort.Slice(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
 	return out, errors.Join(errs...)
 }
 
-// EnsureImage caches img on host, bounded by MaxUploadsPerHost.
+// listConcurrency bounds the hosts ListByTag lists at once.
+const listConcurrency = 16
+
+func (p *Provider) listHost(ctx context.Context, host, tag string) ([]provider.Instance, error) {
+	var out []provider.Instance
+	err := p.withHost(ctx, host, func(c virt.Client, _ HostSpec) error {
+		doms, _, err := c.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+		if err != nil {
+			return classify(err)
+		}
+		for _, dom := range doms {
+			md, ok, err := readMetadata(c, dom)
+			if err != nil || !ok || md.ManagedBy != domxml.ManagedBy || md.Tag != tag || md.InstallID != p.opts.InstallID {
+				continue
+			}
+			out = append(out, provider.Instance{
+				ProviderID: provider.FormatKVMProviderID(host, virt.FormatUUID(dom.UUID)),
+				Name:       dom.Name,
+				Host:       host,
+				State:      provider.StateUnknown,
+				Owner:      provider.Owner{Namespace: md.Namespace, Name: md.Name, UID: md.UID},
+				InstallID:  md.InstallID,
+			})
+		}
+		return nil
+	})
+	return out, err
+}
+
+// EnsureImage caches img on host, bounded by MaxUploadsPerHost (and not
+// by MaxInFlightPerHost: KVMImage jobs are not the callers' workers).
 func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Image, progress Progress) (CachedImage, error) {
 	var out CachedImage
-	err := p.withHost(ctx, host, func(c virt.Client, hs HostSpec) error {
+	err := p.do(ctx, ctx, host, func(c virt.Client, hs HostSpec) error {
 		pool, err := lookupPool(c, hs.Pool)
 		if err != nil {
 			return err

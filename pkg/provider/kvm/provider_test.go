@@ -12,6 +12,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
@@ -27,12 +28,12 @@ type env struct {
 	hosts *kvmtest.Hosts
 	fakes map[string]*fake.Fake
 	img   *kvmtest.ImageServer
-	rpcs  map[string]int
+	rpcs  *virt.RPCCounter
 }
 
 func newEnv(t *testing.T, hostNames ...string) *env {
 	t.Helper()
-	e := &env{t: t, conns: kvmtest.NewConns(), hosts: kvmtest.NewHosts(hostNames...), fakes: map[string]*fake.Fake{}, rpcs: map[string]int{}}
+	e := &env{t: t, conns: kvmtest.NewConns(), hosts: kvmtest.NewHosts(hostNames...), fakes: map[string]*fake.Fake{}, rpcs: &virt.RPCCounter{}}
 	for _, h := range hostNames {
 		f := kvmtest.NewHost()
 		e.fakes[h] = f
@@ -40,8 +41,7 @@ func newEnv(t *testing.T, hostNames ...string) *env {
 	}
 	e.img = kvmtest.NewImageServer("debian", 64<<10)
 	t.Cleanup(e.img.Close)
-	e.prov = kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns,
-		Observer: virt.ObserverFunc(func(rpc string, _ time.Duration, _ error) { e.rpcs[rpc]++ })})
+	e.prov = kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns, Observer: e.rpcs})
 	return e
 }
 
@@ -396,17 +396,13 @@ func TestSteadyStateGetRPCs(t *testing.T) {
 	}
 	m.ProviderID = inst.ProviderID
 	e.fakes["hv1"].SetAgentAddresses("crawl.p1", []libvirt.DomainInterface{{Name: "eth0", Addrs: []libvirt.DomainIPAddr{{Type: int32(libvirt.IPAddrTypeIpv4), Addr: "192.0.2.10", Prefix: 24}}}})
-	clear(e.rpcs)
+	e.rpcs.Reset()
 	if _, err := e.prov.Get(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	total := 0
-	for _, n := range e.rpcs {
-		total += n
-	}
 	// Lookup, metadata, state, agent addresses.
-	if total != 4 {
-		t.Fatalf("steady-state Get made %d RPCs: %v", total, e.rpcs)
+	if total := e.rpcs.Total(); total != 4 {
+		t.Fatalf("steady-state Get made %d RPCs: %v", total, e.rpcs.Snapshot())
 	}
 }
 
@@ -535,4 +531,131 @@ func TestStartErrorOfAnExistingDomainIsNotIgnored(t *testing.T) {
 	if d, _ := f.Domain("crawl.p1"); d.State != libvirt.DomainRunning {
 		t.Fatalf("domain state = %d, want running", d.State)
 	}
+}
+
+// Two installs on one host list only their own domains, and domains made
+// before install ids (none recorded) are nobody's to collect. The id
+// survives libvirt's metadata handling: the fake stores and returns the
+// <metadata> element the way libvirt does.
+func TestListByTagReturnsOnlyThisInstall(t *testing.T) {
+	e := newEnv(t, "hv1")
+	ctx := context.Background()
+	mine := kvm.New(kvm.Options{InstallID: "install-a", Hosts: e.hosts, Pool: e.conns})
+	theirs := kvm.New(kvm.Options{InstallID: "install-b", Hosts: e.hosts, Pool: e.conns})
+	a, b, old := e.machine("hv1", "a", "p1", "u1"), e.machine("hv1", "b", "p2", "u2"), e.machine("hv1", "c", "p3", "u3")
+	for p, m := range map[*kvm.Provider]*provider.Machine{mine: a, theirs: b, e.prov: old} {
+		if _, err := p.Create(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := mine.ListByTag(ctx, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Owner.UID != "u1" || list[0].InstallID != "install-a" {
+		t.Fatalf("ListByTag = %+v, want only u1 of install-a", list)
+	}
+
+	f := e.fakes["hv1"]
+	dom, err := f.DomainLookupByName(domxml.DomainName("a", "p1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := f.DomainGetMetadata(dom, int32(libvirt.DomainMetadataElement), libvirt.OptString{domxml.MetadataNS}, libvirt.DomainAffectCurrent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md, err := domxml.ParseMetadata(s); err != nil || md.InstallID != "install-a" {
+		t.Fatalf("DomainGetMetadata = %q: %+v, %v; want install-a", s, md, err)
+	}
+	x, err := f.DomainGetXMLDesc(dom, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md, found, err := domxml.MetadataFromDomainXML(x); err != nil || !found || md.InstallID != "install-a" {
+		t.Fatalf("metadata in the domain XML: %+v, %v, %v; want install-a", md, found, err)
+	}
+}
+
+// A host whose libvirtd hangs fails its part of the listing when the
+// deadline ends; the hosts listed after it are still listed.
+func TestListByTagPastAWedgedHost(t *testing.T) {
+	e := newEnv(t, "hv1", "hv2", "hv3")
+	for _, m := range []*provider.Machine{e.machine("hv2", "a", "p1", "u1"), e.machine("hv3", "b", "p2", "u2")} {
+		if _, err := e.prov.Create(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(kvmtest.Wedge(e.fakes["hv1"]))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	list, err := e.prov.ListByTag(ctx, "test")
+	if err == nil || !strings.Contains(err.Error(), `host "hv1"`) || provider.Class(err) != provider.ClassTransient {
+		t.Errorf("error %v, want a transient one naming hv1", err)
+	}
+	if len(list) != 2 {
+		t.Fatalf("ListByTag = %+v, want the domains of hv2 and hv3", list)
+	}
+}
+
+// A host whose libvirtd hangs holds at most MaxInFlightPerHost callers: the
+// next call fails at once, transiently, while other hosts' calls go
+// through. Calls abandoned at their deadline keep counting until their RPCs
+// return, so the host stays busy instead of taking a fresh worker per
+// deadline.
+func TestHostBusyFailsFastBeyondMaxInFlight(t *testing.T) {
+	e := newEnv(t, "hv1", "hv2")
+	prov := kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns, MaxInFlightPerHost: 2})
+	stuck, other := e.machine("hv1", "a", "p1", "u1"), e.machine("hv2", "b", "p2", "u2")
+	for _, m := range []*provider.Machine{stuck, other} {
+		if _, err := prov.Create(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := kvmtest.Wedge(e.fakes["hv1"])
+	t.Cleanup(release)
+
+	ctx, abandon := context.WithCancel(context.Background())
+	defer abandon()
+	hung := make(chan error, 2)
+	for range 2 {
+		go func() { _, err := prov.Get(ctx, stuck); hung <- err }()
+	}
+	testutil.WaitFor(t, func() bool { return e.fakes["hv1"].Blocked(virt.RPCDomainLookupByName) == 2 })
+
+	busy := func() {
+		t.Helper()
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { _, err := prov.Get(context.Background(), stuck); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, kvm.ErrHostBusy) || provider.Class(err) != provider.ClassTransient ||
+				!strings.Contains(err.Error(), `host "hv1" busy: 2 calls in flight`) {
+				t.Fatalf("third call on the hung host: %v; want a transient ErrHostBusy", err)
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Fatalf("third call took %s, want at once", d)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("third call on the hung host is waiting, want it to fail at once")
+		}
+		if _, err := prov.Get(context.Background(), other); err != nil {
+			t.Fatalf("call on another host: %v", err)
+		}
+	}
+	busy()
+
+	// The callers give up; their RPCs still hang on the host.
+	abandon()
+	for range 2 {
+		if err := <-hung; !errors.Is(err, context.Canceled) {
+			t.Fatalf("abandoned call: %v", err)
+		}
+	}
+	busy()
+
+	// The daemon answers again: its calls return and free the host.
+	release()
+	testutil.WaitFor(t, func() bool { _, err := prov.Get(context.Background(), stuck); return err == nil })
 }

@@ -18,7 +18,11 @@ import (
 //	  <proxy:name>NAME</proxy:name>
 //	  <proxy:uid>UID</proxy:uid>
 //	  <proxy:tag>TAG</proxy:tag>
+//	  <proxy:install>INSTALL-ID</proxy:install>
 //	</proxy:instance>
+//
+// install is the operator install that made the domain (absent on domains
+// made before install ids); the orphan sweep only deletes its own install's.
 const (
 	// MetadataNS is the namespace URI; it is also the uri argument of
 	// virDomainGetMetadata/SetMetadata.
@@ -38,6 +42,7 @@ type Metadata struct {
 	Name      string
 	UID       string
 	Tag       string
+	InstallID string
 }
 
 // instanceXML decodes our element by local names only: encoding/xml matches
@@ -51,6 +56,7 @@ type instanceXML struct {
 	Name      string   `xml:"name"`
 	UID       string   `xml:"uid"`
 	Tag       string   `xml:"tag"`
+	InstallID string   `xml:"install"`
 }
 
 func (x instanceXML) metadata() (Metadata, error) {
@@ -60,6 +66,7 @@ func (x instanceXML) metadata() (Metadata, error) {
 		Name:      strings.TrimSpace(x.Name),
 		UID:       strings.TrimSpace(x.UID),
 		Tag:       strings.TrimSpace(x.Tag),
+		InstallID: strings.TrimSpace(x.InstallID),
 	}
 	if m.UID == "" {
 		return Metadata{}, errors.New("domain metadata: <instance> has no uid")
@@ -81,6 +88,7 @@ func (m Metadata) XML() string {
 		{"name", m.Name},
 		{"uid", m.UID},
 		{"tag", m.Tag},
+		{"install", m.InstallID},
 	} {
 		fmt.Fprintf(&b, "<%s:%s>", MetadataPrefix, f.local)
 		_ = xml.EscapeText(&b, []byte(f.value)) // a bytes.Buffer never fails

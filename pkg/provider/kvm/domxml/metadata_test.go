@@ -6,7 +6,10 @@ import (
 )
 
 func TestParseMetadata(t *testing.T) {
-	want := Metadata{ManagedBy: ManagedBy, Namespace: "default", Name: "web", UID: "6f1c2c8e-6c6b-4a43-9d1f-0a8f5f0c9b11", Tag: "prod"}
+	want := Metadata{ManagedBy: ManagedBy, Namespace: "default", Name: "web", UID: "6f1c2c8e-6c6b-4a43-9d1f-0a8f5f0c9b11", Tag: "prod", InstallID: "c0ffee00-1d"}
+	legacy := want
+	legacy.InstallID = ""
+
 	tests := []struct {
 		name string
 		in   string
@@ -14,15 +17,15 @@ func TestParseMetadata(t *testing.T) {
 	}{
 		{"as written", want.XML(), want},
 		{"stripped, as DomainGetMetadata returns it", `<instance><managed-by>proxy-operator</managed-by><namespace>default</namespace>` +
-			`<name>web</name><uid>6f1c2c8e-6c6b-4a43-9d1f-0a8f5f0c9b11</uid><tag>prod</tag></instance>`, want},
+			`<name>web</name><uid>6f1c2c8e-6c6b-4a43-9d1f-0a8f5f0c9b11</uid><tag>prod</tag><install>c0ffee00-1d</install></instance>`, want},
 		{"stripped and indented", "<instance>\n  <managed-by>proxy-operator</managed-by>\n  <namespace>default</namespace>\n" +
-			"  <name>web</name>\n  <uid>6f1c2c8e-6c6b-4a43-9d1f-0a8f5f0c9b11</uid>\n  <tag>prod</tag>\n</instance>\n", want},
+			"  <name>web</name>\n  <uid>6f1c2c8e-6c6b-4a43-9d1f-0a8f5f0c9b11</uid>\n  <tag>prod</tag>\n</instance>\n", legacy},
 		{"default namespace", `<instance xmlns="` + MetadataNS + `"><managed-by>proxy-operator</managed-by><namespace>default</namespace>` +
-			`<name>web</name><uid>6f1c2c8e-6c6b-4a43-9d1f-0a8f5f0c9b11</uid><tag>prod</tag></instance>`, want},
+			`<name>web</name><uid>6f1c2c8e-6c6b-4a43-9d1f-0a8f5f0c9b11</uid><tag>prod</tag></instance>`, legacy},
 		{"prefixed, libvirt-indented", "<proxy:instance xmlns:proxy=\"" + MetadataNS + "\">\n" +
 			"      <proxy:managed-by>proxy-operator</proxy:managed-by>\n      <proxy:namespace>default</proxy:namespace>\n" +
 			"      <proxy:name>web</proxy:name>\n      <proxy:uid>6f1c2c8e-6c6b-4a43-9d1f-0a8f5f0c9b11</proxy:uid>\n" +
-			"      <proxy:tag>prod</proxy:tag>\n    </proxy:instance>", want},
+			"      <proxy:tag>prod</proxy:tag>\n    </proxy:instance>", legacy},
 		{"uid only", `<instance><uid>u</uid></instance>`, Metadata{UID: "u"}},
 		{"escaped values", Metadata{UID: "u", Tag: `a<b>&"c' ]]>`, Name: "ünï"}.XML(), Metadata{UID: "u", Tag: `a<b>&"c' ]]>`, Name: "ünï"}},
 		{"unknown children ignored", `<instance><uid>u</uid><future>x</future></instance>`, Metadata{UID: "u"}},

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"sync"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -156,6 +157,7 @@ func (h *Hosts) List(context.Context) ([]string, error) {
 	for n := range h.names {
 		out = append(out, n)
 	}
+	sort.Strings(out) // deterministic, so a test can choose which host is listed first
 	return out, nil
 }
 
@@ -200,4 +202,19 @@ func (s *ImageServer) Downloads() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.downloads
+}
+
+// Wedge makes every RPC on f hang, as a libvirtd that stopped answering
+// behind a live sshd (keepalives still answered, so the link stays up).
+// release frees the hanging calls; tests defer it.
+func Wedge(f *fake.Fake) (release func()) {
+	releases := make([]func(), 0, len(virt.RPCNames))
+	for _, rpc := range virt.RPCNames {
+		releases = append(releases, f.Block(rpc))
+	}
+	return func() {
+		for _, r := range releases {
+			r()
+		}
+	}
 }

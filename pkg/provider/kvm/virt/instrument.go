@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +31,15 @@ func (f ObserverFunc) ObserveRPC(rpc string, d time.Duration, err error) { f(rpc
 
 // Option configures Instrument.
 type Option func(*instrumented)
+
+// WithCallTracker counts in t every call sent while ctx can still end, from
+// before it is sent until the inner call really returns, abandoned or not:
+// t.Wait tells when the daemon has stopped working for this operation (a
+// caller bounding the calls in flight to a host waits for it). Kept when
+// the client is instrumented again.
+func WithCallTracker(t *sync.WaitGroup) Option {
+	return func(c *instrumented) { c.tracker = t }
+}
 
 // WithObserver adds an observer (metrics, RPC counting). May be repeated.
 func WithObserver(o Observer) Option {
@@ -65,6 +75,7 @@ func Instrument(ctx context.Context, inner Client, opts ...Option) Client {
 	if prev, ok := inner.(*instrumented); ok {
 		c.inner = prev.inner
 		c.observers = slices.Clone(prev.observers)
+		c.tracker = prev.tracker
 	}
 	for _, o := range opts {
 		o(c)
@@ -78,6 +89,7 @@ type instrumented struct {
 	inner     Client
 	log       logr.Logger
 	observers []Observer
+	tracker   *sync.WaitGroup
 }
 
 var _ Client = (*instrumented)(nil)
@@ -114,7 +126,13 @@ func call[T any](c *instrumented, rpc string, args []any, fn func() (T, error), 
 		err error
 	}
 	done := make(chan outcome, 1) // buffered: an abandoned call must not leak blocked on send
+	if c.tracker != nil {
+		c.tracker.Add(1)
+	}
 	go func() {
+		if c.tracker != nil {
+			defer c.tracker.Done()
+		}
 		v, err := fn()
 		done <- outcome{v, err}
 	}()
