@@ -148,7 +148,18 @@ func (c Config) withDefaults() Config {
 // accumulate across lines.
 func aclLines(b *strings.Builder, name, kind string, prefixes []netip.Prefix) {
 	const perLine = 8
-	norm := normalize(prefixes)
+	var split []netip.Prefix
+	for _, p := range prefixes {
+		if p.Bits() == 0 && p.Addr().Is4() {
+			// squid reads 0.0.0.0/0 as "all", IPv6 included; its two
+			// halves mean what the user wrote.
+			lo, hi := halves(p)
+			split = append(split, lo, hi)
+			continue
+		}
+		split = append(split, p)
+	}
+	norm := normalize(split)
 	for len(norm) > 0 {
 		n := min(perLine, len(norm))
 		b.WriteString("acl " + name + " " + kind)
