@@ -152,10 +152,7 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 	authPath := fldPath.Child("auth")
 	switch c.Auth.Type {
 	case AuthBasic:
-		if !usernamePattern.MatchString(c.Auth.Username) {
-			errs = append(errs, field.Invalid(authPath.Child("username"), c.Auth.Username, "must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"))
-		}
-		errs = append(errs, validatePassword(authPath.Child("password"), c.Auth.Password)...)
+		errs = append(errs, c.Auth.validateBasic(authPath)...)
 	case AuthNone:
 		if c.Auth.Username != "" || c.Auth.Password != "" {
 			errs = append(errs, field.Forbidden(authPath, "username and password are only used with type Basic"))
@@ -228,19 +225,25 @@ func unsafeInConfig(r rune) bool {
 	return unicode.IsSpace(r) || unicode.IsControl(r) || strings.ContainsRune(`#"'%$\`, r) || r > unicode.MaxASCII
 }
 
-func validatePassword(p *field.Path, pw string) field.ErrorList {
+// validateBasic checks the username and password of type Basic.
+func (a Auth) validateBasic(authPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if !usernamePattern.MatchString(a.Username) {
+		errs = append(errs, field.Invalid(authPath.Child("username"), a.Username, "must be 1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"))
+	}
 	// Never pass the password as a value: field errors end up in events.
+	p, pw := authPath.Child("password"), a.Password
 	switch {
 	case pw == "":
-		return field.ErrorList{field.Required(p, "type Basic needs a password")}
+		errs = append(errs, field.Required(p, "type Basic needs a password"))
 	case len(pw) < MinPasswordLength:
-		return field.ErrorList{field.Invalid(p, "(redacted)", fmt.Sprintf("must be at least %d characters", MinPasswordLength))}
+		errs = append(errs, field.Invalid(p, "(redacted)", fmt.Sprintf("must be at least %d characters", MinPasswordLength)))
 	case len(pw) > MaxPasswordLength:
-		return field.ErrorList{field.TooLong(p, "", MaxPasswordLength)}
+		errs = append(errs, field.TooLong(p, "", MaxPasswordLength))
 	case strings.ContainsFunc(pw, unicode.IsControl):
-		return field.ErrorList{field.Invalid(p, "(redacted)", "must not contain control characters")}
+		errs = append(errs, field.Invalid(p, "(redacted)", "must not contain control characters"))
 	}
-	return nil
+	return errs
 }
 
 // parsePrefixes parses canonical CIDRs; invalid entries come back as the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"golang.org/x/crypto/bcrypt"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // PasswordFile returns the basic_ncsa_auth file for a Basic Auth: one line
@@ -16,11 +17,11 @@ import (
 // passwords to 8 characters. The salt is random, so the output differs on
 // every call: use PasswordFileMatches to decide whether to rewrite a file.
 func PasswordFile(a Auth) ([]byte, error) {
-	if err := (Config{AllowedSourceCIDRs: []string{"0.0.0.0/0"}, Auth: a}).ValidateFields(nil).ToAggregate(); err != nil {
-		return nil, err
-	}
 	if a.Type != AuthBasic {
 		return nil, errors.New("auth: a password file is only used with type Basic")
+	}
+	if err := a.validateBasic(field.NewPath("auth")).ToAggregate(); err != nil {
+		return nil, err
 	}
 	hash, err := bcrypt.GenerateFromPassword([]byte(a.Password), bcrypt.DefaultCost)
 	if err != nil {

@@ -344,4 +344,9 @@ func TestPasswordFileMatches(t *testing.T) {
 	if _, err := PasswordFile(Auth{Type: AuthNone}); err == nil {
 		t.Error("PasswordFile for auth None")
 	}
+	for _, bad := range []Auth{{Type: AuthBasic, Username: "crawler", Password: "short"}, {Type: AuthBasic, Username: "a:b", Password: testPassword}} {
+		if _, err := PasswordFile(bad); err == nil {
+			t.Errorf("PasswordFile accepted %q / %d-byte password", bad.Username, len(bad.Password))
+		}
+	}
 }
