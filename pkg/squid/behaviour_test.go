@@ -92,11 +92,14 @@ func TestSquidEnforcesPolicy(t *testing.T) {
 	// TestSquidDeniesLoopbackWithoutException is the same without it.
 	c := loopbackConfig(op)
 	c.AllowedDestinationExceptions = []string{"127.0.0.1/32"}
-	s := startSquid(t, c, strings.Join([]string{
-		"127.0.0.1 origin.test",
-		"127.0.0.1 mixed.test", "127.0.0.2 mixed.test", // one excepted, one denied address
-		"10.1.2.3 private.test", "169.254.169.254 metadata.test",
-	}, "\n")+"\n")
+	serveDNS(t, map[string][]string{
+		"origin.test":   {"127.0.0.1"},
+		"mixed.test":    {"127.0.0.1", "127.0.0.2"}, // one excepted, one denied address
+		"mixed6.test":   {"127.0.0.1", "fd00::1"},
+		"private.test":  {"10.1.2.3"},
+		"metadata.test": {"169.254.169.254"},
+	})
+	s := startSquid(t, c)
 	target := fmt.Sprintf("http://127.0.0.1:%d/", op)
 
 	t.Run("allowed source with credentials reaches the origin", func(t *testing.T) {
@@ -160,7 +163,7 @@ func TestSquidEnforcesPolicy(t *testing.T) {
 		}
 		// An exception admits an address, never a name that also has a
 		// denied one: squid might connect to either.
-		for _, dst := range []string{fmt.Sprintf("http://mixed.test:%d/", op), "http://private.test/", "http://metadata.test/"} {
+		for _, dst := range []string{fmt.Sprintf("http://mixed.test:%d/", op), fmt.Sprintf("http://mixed6.test:%d/", op), "http://private.test/", "http://metadata.test/"} {
 			requireRefusedBeforeConnecting(t, s, s.request(t, client, "GET", dst, goodCreds), "GET", dst)
 		}
 	})
@@ -238,7 +241,7 @@ func TestSquidDeniesLoopbackWithoutException(t *testing.T) {
 	t.Parallel()
 	o := newOrigin(t)
 	op := o.port(t)
-	s := startSquid(t, loopbackConfig(op), "")
+	s := startSquid(t, loopbackConfig(op))
 	for _, dst := range []string{fmt.Sprintf("http://127.0.0.1:%d/", op), fmt.Sprintf("http://localhost:%d/", op)} {
 		requireRefusedBeforeConnecting(t, s, s.request(t, client, "GET", dst, goodCreds), "GET", dst)
 	}
@@ -261,7 +264,7 @@ func TestSquidWithoutAuthStillChecksSourceAndDestination(t *testing.T) {
 		Auth:                         Auth{Type: AuthNone},
 		AllowedPorts:                 []int{80, op},
 		AllowedDestinationExceptions: []string{"127.0.0.1/32"},
-	}, "")
+	})
 	target := fmt.Sprintf("http://127.0.0.1:%d/", op)
 	if r := s.request(t, client, "GET", target, ""); r.status != http.StatusNoContent {
 		t.Errorf("allowed source: %d, want 204", r.status)

@@ -129,10 +129,10 @@ type runningSquid struct {
 
 // startSquid renders c for loopback, starts squid and waits for its port.
 // Helpers run as the proxy user when the test runs as root, so dir is
-// world-writable. The additions to the rendered config keep name lookups on
-// loopback: DNS goes to 127.0.0.1, and hosts (if not empty) replaces
-// /etc/hosts as squid's hosts file.
-func startSquid(t *testing.T, c Config, hosts string) *runningSquid {
+// world-writable. The one addition to the rendered config keeps name
+// lookups on loopback: squid asks testDNSAddress (serveDNS) for names not
+// in /etc/hosts.
+func startSquid(t *testing.T, c Config) *runningSquid {
 	t.Helper()
 	bin := squidBinary(t)
 	dir, err := os.MkdirTemp("", "squid-test-")
@@ -154,14 +154,7 @@ func startSquid(t *testing.T, c Config, hosts string) *runningSquid {
 		t.Fatal(err)
 	}
 	requireParses(t, conf)
-	conf = append(conf, "dns_nameservers 127.0.0.1\n"...)
-	if hosts != "" {
-		hostsFile := filepath.Join(dir, "hosts")
-		if err := os.WriteFile(hostsFile, []byte(hosts), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		conf = append(conf, "hosts_file "+hostsFile+"\n"...)
-	}
+	conf = append(conf, "dns_nameservers "+testDNSAddress+"\n"...)
 	if c.Auth.Type == AuthBasic {
 		pw, err := PasswordFile(c.Auth)
 		if err != nil {
