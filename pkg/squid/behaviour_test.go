@@ -275,3 +275,28 @@ func TestSquidWithoutAuthStillChecksSourceAndDestination(t *testing.T) {
 	requireRefusedBeforeConnecting(t, s, s.request(t, client, "GET", "http://10.1.2.3/", ""), "GET", "http://10.1.2.3/")
 	requireRefusedBeforeConnecting(t, s, s.request(t, client, "CONNECT", "127.0.0.1:443", ""), "CONNECT", "127.0.0.1:443")
 }
+
+// IPv6 clients are judged by IPv6 sources, and an IPv6-only list admits no
+// IPv4 client (squid keeps IPv4 as mapped IPv6 internally).
+func TestSquidJudgesIPv6Clients(t *testing.T) {
+	t.Parallel()
+	o := newOrigin(t)
+	op := o.port(t)
+	s := startSquid(t, Config{
+		ListenAddress:                "::", // both families; the namespace has only lo
+		AllowedSourceCIDRs:           []string{"::1/128"},
+		Auth:                         Auth{Type: AuthBasic, Username: testUser, Password: testPassword},
+		AllowedPorts:                 []int{op},
+		AllowedDestinationExceptions: []string{"127.0.0.1/32"},
+	})
+	target := fmt.Sprintf("http://127.0.0.1:%d/", op)
+	if r := s.request(t, "::1", "GET", target, goodCreds); r.status != http.StatusNoContent {
+		t.Errorf("from ::1: %d %s, want 204", r.status, r.squidError)
+	}
+	if r := s.request(t, "::1", "GET", target, ""); r.status != http.StatusProxyAuthRequired {
+		t.Errorf("from ::1 without credentials: %d, want 407", r.status)
+	}
+	if r := s.request(t, client, "GET", target, goodCreds); r.status != http.StatusForbidden {
+		t.Errorf("from %s: %d, want 403", client, r.status)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -122,12 +123,13 @@ func TestRenderedConfigsParse(t *testing.T) {
 
 // runningSquid is one squid -N on 127.0.0.1 with all its files in dir.
 type runningSquid struct {
-	addr      string
+	addr      string // where IPv4 clients (and the readiness check) connect
+	addr6     string // where IPv6 clients connect
 	dir       string
 	accessLog string
 }
 
-// startSquid renders c for loopback, starts squid and waits for its port.
+// startSquid renders c for loopback (127.0.0.1 unless c says otherwise), starts squid and waits for its port.
 // Helpers run as the proxy user when the test runs as root, so dir is
 // world-writable. The one addition to the rendered config keeps name
 // lookups on loopback: squid asks testDNSAddress (serveDNS) for names not
@@ -143,7 +145,9 @@ func startSquid(t *testing.T, c Config) *runningSquid {
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	c.ListenAddress = "127.0.0.1"
+	if c.ListenAddress == "" {
+		c.ListenAddress = "127.0.0.1"
+	}
 	c.Port = freePort(t)
 	c.Paths = Paths{
 		PasswordFile: filepath.Join(dir, "passwd"), PidFile: filepath.Join(dir, "squid.pid"),
@@ -181,7 +185,10 @@ func startSquid(t *testing.T, c Config) *runningSquid {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-exited
 	})
-	s := &runningSquid{addr: fmt.Sprintf("127.0.0.1:%d", c.Port), dir: dir, accessLog: c.Paths.AccessLog}
+	s := &runningSquid{addr: fmt.Sprintf("127.0.0.1:%d", c.Port), addr6: fmt.Sprintf("[::1]:%d", c.Port), dir: dir, accessLog: c.Paths.AccessLog}
+	if c.ListenAddress == "::1" {
+		s.addr = s.addr6
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		conn, err := net.DialTimeout("tcp", s.addr, time.Second)
@@ -224,7 +231,11 @@ type proxyResponse struct {
 func (s *runningSquid) dial(t *testing.T, source string) net.Conn {
 	t.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(source)}, Timeout: 5 * time.Second}
-	conn, err := d.Dial("tcp", s.addr)
+	addr := s.addr
+	if netip.MustParseAddr(source).Is6() {
+		addr = s.addr6
+	}
+	conn, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
