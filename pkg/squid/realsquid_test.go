@@ -96,6 +96,11 @@ func TestRenderedConfigsParse(t *testing.T) {
 		},
 		"ports":     func(c *Config) { c.AllowedPorts = []int{443, 8443, 8080, 80, 1, 65535} },
 		"HTTP only": func(c *Config) { c.AllowedPorts = []int{80} },
+		"many ports": func(c *Config) { // one line would pass squid's 8 KiB line buffer
+			for p := 1; p <= 2000; p++ {
+				c.AllowedPorts = append(c.AllowedPorts, p)
+			}
+		},
 		"extra nested in defaults": func(c *Config) {
 			c.ExtraDeniedDestinations = []string{"10.96.0.0/12", "10.244.0.0/16", "172.20.0.0/16", "fd00:10::/64", "198.18.0.0/15"}
 		},

@@ -52,7 +52,7 @@ func Render(c Config) ([]byte, error) {
 		b.WriteString("\n")
 	}
 
-	aclLines(&b, "allowed_sources", "src", mustPrefixes(c.AllowedSourceCIDRs))
+	ipACL(&b, "allowed_sources", "src", mustPrefixes(c.AllowedSourceCIDRs))
 	if basic {
 		line("acl authenticated proxy_auth REQUIRED")
 	}
@@ -62,12 +62,12 @@ func Render(c Config) ([]byte, error) {
 	for i, p := range ports {
 		portWords[i] = strconv.Itoa(p)
 	}
-	line(append([]string{"acl allowed_ports port"}, portWords...)...)
+	aclLines(&b, "allowed_ports", "port", portWords)
 	line("acl connect_ports port", strconv.Itoa(ConnectPort))
 	line("acl connect_method method CONNECT")
 	line("acl too_many_connections maxconn", strconv.Itoa(c.MaxConnectionsPerClient))
 	denied := deniedDestinations(mustPrefixes(c.ExtraDeniedDestinations), mustPrefixes(c.AllowedDestinationExceptions))
-	aclLines(&b, "denied_destinations", "dst", denied)
+	ipACL(&b, "denied_destinations", "dst", denied)
 	b.WriteString("\n")
 
 	line("http_access deny !allowed_sources")
@@ -143,16 +143,12 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// aclLines writes one IP ACL over as many lines as it takes: squid's
-// parser rejects lines longer than 2048 bytes, and entries of one ACL name
-// accumulate across lines.
-func aclLines(b *strings.Builder, name, kind string, prefixes []netip.Prefix) {
-	const perLine = 8
+// ipACL writes one IP ACL, normalised (see normalize). 0.0.0.0/0 becomes
+// its two halves: squid reads it as "all", IPv6 included.
+func ipACL(b *strings.Builder, name, kind string, prefixes []netip.Prefix) {
 	var split []netip.Prefix
 	for _, p := range prefixes {
 		if p.Bits() == 0 && p.Addr().Is4() {
-			// squid reads 0.0.0.0/0 as "all", IPv6 included; its two
-			// halves mean what the user wrote.
 			lo, hi := halves(p)
 			split = append(split, lo, hi)
 			continue
@@ -160,13 +156,21 @@ func aclLines(b *strings.Builder, name, kind string, prefixes []netip.Prefix) {
 		split = append(split, p)
 	}
 	norm := normalize(split)
-	for len(norm) > 0 {
-		n := min(perLine, len(norm))
-		b.WriteString("acl " + name + " " + kind)
-		for _, p := range norm[:n] {
-			b.WriteString(" " + p.String())
-		}
-		b.WriteString("\n")
-		norm = norm[n:]
+	words := make([]string, len(norm))
+	for i, p := range norm {
+		words[i] = p.String()
+	}
+	aclLines(b, name, kind, words)
+}
+
+// aclLines writes an ACL over as many short lines as it takes (entries of
+// one ACL name accumulate across lines): squid 5.7 reads config lines into
+// an 8 KiB buffer and parses the rest of a longer line as a new directive.
+func aclLines(b *strings.Builder, name, kind string, words []string) {
+	const perLine = 8
+	for len(words) > 0 {
+		n := min(perLine, len(words))
+		b.WriteString("acl " + name + " " + kind + " " + strings.Join(words[:n], " ") + "\n")
+		words = words[n:]
 	}
 }
