@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -273,15 +274,11 @@ func roundTrip(t *testing.T, conn net.Conn, method, target, userpass string, kee
 		t.Fatalf("%s %s: %v", method, target, err)
 	}
 	if method != http.MethodConnect || r.StatusCode != http.StatusOK {
-		_, _ = bufio.NewReader(r.Body).WriteTo(discard{})
+		_, _ = io.Copy(io.Discard, r.Body)
 		r.Body.Close()
 	}
 	return proxyResponse{status: r.StatusCode, squidError: r.Header.Get("X-Squid-Error"), server: r.Header.Get("Server")}
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // request sends one request on a new connection from source.
 func (s *runningSquid) request(t *testing.T, source, method, target, userpass string) proxyResponse {
