@@ -90,7 +90,8 @@ FUZZ_TARGETS = \
 	./pkg/provider/kvm/seed:FuzzBuildUserData \
 	./internal/webhook/v1alpha1:FuzzProxyAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
-	./internal/webhook/v1alpha1:FuzzKVMImageAdmission
+	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
+	./pkg/squid:FuzzRender
 
 .PHONY: fuzz
 fuzz: test-deps ## Run every fuzz target for FUZZTIME (default 30s) each.
