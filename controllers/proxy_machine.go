@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
-	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 )
 
@@ -161,7 +160,7 @@ func (r *ProxyReconciler) selectHost(ctx context.Context, p *crawlv1.Proxy) (str
 // name, or a URL with its checksum.
 func (r *ProxyReconciler) resolveImage(ctx context.Context, p *crawlv1.Proxy) (provider.Image, *waitFor, error) {
 	pl := p.Spec.Placement
-	if webhookv1.IsImageURL(pl.Image) {
+	if crawlv1.IsImageURL(pl.Image) {
 		return provider.Image{URL: pl.Image, Checksum: pl.ImageChecksum,
 			Format:   string(orDefault(pl.ImageFormat, crawlv1.ImageFormatQCOW2)),
 			Firmware: string(orDefault(pl.Firmware, crawlv1.FirmwareUEFI))}, nil, nil
