@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 )
@@ -85,17 +86,6 @@ func (r *KVMImageReconciler) jobCount() int {
 	return len(r.jobs)
 }
 
-func waitCancelled(t *testing.T, c *blockingCacher, k string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !c.wasCancelled(k) {
-		if time.Now().After(deadline) {
-			t.Fatalf("download %s still running", k)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestKVMImageJobsStopWhenNoLongerWanted(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -145,7 +135,7 @@ func TestKVMImageJobsStopWhenNoLongerWanted(t *testing.T) {
 			if _, err := r.Reconcile(ctx, req); err != nil {
 				t.Fatal(err)
 			}
-			waitCancelled(t, c, "hv1/"+sumA)
+			testutil.WaitFor(t, func() bool { return c.wasCancelled("hv1/" + sumA) })
 			wantJobs := 0
 			if tc.name == "checksum changed" {
 				wantJobs = 1 // the download of the new checksum

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 
+	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn/sshtest"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
@@ -447,7 +448,7 @@ func TestMaterialCachedUntilHandshakeFails(t *testing.T) {
 
 	// A redial after a network drop reuses the material that worked.
 	th.srv.DropConns()
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, func() bool {
 		_, err := libVersion(testCtx(t, 5*time.Second), p, "hv1")
 		return err == nil && d.count() == 2
 	})
@@ -460,7 +461,7 @@ func TestMaterialCachedUntilHandshakeFails(t *testing.T) {
 	current.Store(&key2PEM)
 	th.srv.DropConns()
 	var err error
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, func() bool {
 		_, err = libVersion(testCtx(t, 5*time.Second), p, "hv1")
 		stage, _ := DialStage(err)
 		return stage == StageSSHHandshakeFailed
@@ -475,17 +476,6 @@ func TestMaterialCachedUntilHandshakeFails(t *testing.T) {
 }
 
 // waitFor polls cond (which may do calls) until it holds.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestRedialAfterDrop(t *testing.T) {
 	tests := []struct {
 		name string
@@ -644,7 +634,7 @@ func TestUploadDoesNotBlockHealthChecks(t *testing.T) {
 	if _, err := feed.Write(buf); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return th.lv.Uploaded() > 0 })
+	testutil.WaitFor(t, func() bool { return th.lv.Uploaded() > 0 })
 
 	// Mid-upload, health checks get through on the same link at once.
 	for range 3 {
