@@ -295,6 +295,19 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 		}
 	}
 	if p.Status.ProviderID == "" || err != nil || inst.State != provider.StateRunning {
+		if err == nil && inst != nil {
+			// Found not running (stopped, crashed, destroyed): the proxy
+			// is down now, whatever the last probes said. The probe
+			// threshold is for noise on a running instance.
+			r.instanceDown(p, inst.State)
+		}
+		if wait, err := r.resolveForCreate(ctx, p, m); wait != nil || err != nil {
+			if err != nil {
+				return r.fail(p, reasonFor(err), err)
+			}
+			r.setNotProvisioned(p, wait.reason, wait.message)
+			return ctrl.Result{RequeueAfter: wait.after}, nil
+		}
 		callCtx, cancel := r.providerCall(ctx)
 		created, err := prov.Create(callCtx, m)
 		cancel()
@@ -364,6 +377,13 @@ func (r *ProxyReconciler) waitForAddress(p *crawlv1.Proxy, inst *provider.Instan
 	return ctrl.Result{RequeueAfter: r.ProvisionPollInterval}, nil
 }
 
+// instanceDown records that the instance was found not running: ProxyHealthy
+// goes False at once, so the next probe decides afresh.
+func (r *ProxyReconciler) instanceDown(p *crawlv1.Proxy, state provider.State) {
+	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionFalse,
+		Reason: crawlv1.ProxyInstanceNotRunningReason, Message: fmt.Sprintf("instance was found %s; starting it", state)})
+}
+
 // reconcileHealth probes the proxy and sets ProxyHealthy.
 func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
 	res := r.Prober.Probe(ctx, p.Status.Address, p.Spec.Port)
@@ -431,6 +451,12 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *crawlv1.Proxy)
 	m, err := r.machineForDelete(ctx, p)
 	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if p.Spec.Provider == crawlv1.ProviderKVM && m.Host == "" {
+		// Never placed, so nothing was ever created.
+		r.Recorder.Eventf(p, "Normal", "Deleted", "never placed on a host; nothing to delete")
+		r.release(p)
+		return ctrl.Result{}, nil
 	}
 	// Delete even when Get would fail: Delete is idempotent and can converge
 	// where Get cannot.

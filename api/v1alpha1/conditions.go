@@ -47,12 +47,15 @@ const (
 	ProxyPermanentErrorReason    = "PermanentError"
 	ProxyProviderDisabledReason  = "ProviderNotEnabled"
 	ProxyInstanceMissingReason   = "InstanceMissing"
-	ProxyNotProbedReason         = "PortOpenProxyNotProbed"
-	ProxyProbeSucceededReason    = "ProbeSucceeded"
-	ProxyProbeFailedReason       = "ProbeFailed"
-	ProxyPortClosedReason        = "PortClosed"
-	ProxyForeignInstanceReason   = "ForeignInstance"
-	ProxyDeletingReason          = "Deleting"
+	// ProxyInstanceNotRunningReason (ProxyHealthy): the provider reported
+	// the instance not running; it is being started.
+	ProxyInstanceNotRunningReason = "InstanceNotRunning"
+	ProxyNotProbedReason          = "PortOpenProxyNotProbed"
+	ProxyProbeSucceededReason     = "ProbeSucceeded"
+	ProxyProbeFailedReason        = "ProbeFailed"
+	ProxyPortClosedReason         = "PortClosed"
+	ProxyForeignInstanceReason    = "ForeignInstance"
+	ProxyDeletingReason           = "Deleting"
 )
 
 // KVMImage Ready reasons.
