@@ -137,8 +137,11 @@ func (r *ProxyReconciler) complete() error {
 	if r.ProviderCallTimeout == 0 {
 		r.ProviderCallTimeout = DefaultProviderCallTimeout
 	}
+	// Under the lock: the event bridge may already mark Proxies dirty.
+	r.memMu.Lock()
 	r.synced = map[types.NamespacedName]time.Time{}
 	r.waiting = map[types.NamespacedName]time.Time{}
+	r.memMu.Unlock()
 	return nil
 }
 
