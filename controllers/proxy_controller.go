@@ -216,8 +216,12 @@ func (r *ProxyReconciler) addFinalizer(ctx context.Context, p *crawlv1.Proxy) er
 // either is decided.
 func summarize(p *crawlv1.Proxy) {
 	if !p.DeletionTimestamp.IsZero() {
+		msg := "deleting; no instance recorded"
+		if p.Status.ProviderID != "" {
+			msg = "deleting instance " + p.Status.ProviderID
+		}
 		conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse,
-			Reason: crawlv1.ProxyDeletingReason, Message: "deleting instance " + p.Status.ProviderID})
+			Reason: crawlv1.ProxyDeletingReason, Message: msg})
 	} else if err := conditions.SetSummaryCondition(p, p, crawlv1.ReadyCondition,
 		conditions.ForConditionTypes{crawlv1.InstanceProvisionedCondition, crawlv1.ProxyHealthyCondition},
 		conditions.CustomMergeStrategy{MergeStrategy: readyMerge{endpoint: p.Status.Endpoint}}); err != nil {
