@@ -17,7 +17,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -57,8 +56,8 @@ type options struct {
 	providers     string
 	tag           string
 	installID     string
-	checkInterval durationFlag
-	checkTimeout  durationFlag
+	checkInterval time.Duration
+	checkTimeout  time.Duration
 	sshKeyDir     string
 	maxUploads    int
 	maxCalls      int
@@ -70,6 +69,7 @@ type options struct {
 	addressTimeout        time.Duration
 	resyncInterval        time.Duration
 	gcInterval            time.Duration
+	providerCallTimeout   time.Duration
 	proxyConcurrency      int
 	hostConcurrency       int
 
@@ -78,7 +78,6 @@ type options struct {
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
-	o.checkInterval.Duration = crawlv1.DefaultCheckInterval
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the health probe endpoint binds to.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Enable leader election so only one manager is active.")
@@ -91,8 +90,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.providers, "providers", "kvm,kubernetes", "Comma-separated providers to enable: kvm, kubernetes, gcp.")
 	fs.StringVar(&o.tag, "instance-tag", "proxy-operator", "Tag written on every instance; the orphan sweep only considers instances with it (and with this install's id).")
 	fs.StringVar(&o.installID, "install-id", "", "Id of this operator install, written on every instance; the orphan sweep only deletes instances carrying it. Empty: the UID of the kube-system namespace. Set it only for a second install in the same cluster.")
-	fs.Var(&o.checkInterval, "provider-check-interval", "Default interval between KVM host health checks (a KVMHost's spec.checkInterval overrides it).")
-	fs.Var(&o.checkTimeout, "provider-check-timeout", "Default bound of one health check; 0 derives min(15s, interval). Must not exceed the interval.")
+	fs.DurationVar(&o.checkInterval, "provider-check-interval", crawlv1.DefaultCheckInterval, "Default interval between KVM host health checks (a KVMHost's spec.checkInterval overrides it).")
+	fs.DurationVar(&o.checkTimeout, "provider-check-timeout", 0, "Default bound of one health check; 0 derives min(15s, interval). Must not exceed the interval.")
 	fs.StringVar(&o.sshKeyDir, "ssh-key-dir", "/etc/kvm-ssh", "Directory with ssh-privatekey and known_hosts (the mounted kvm-ssh Secret) for KVMHosts without sshKeySecretRef.")
 	fs.IntVar(&o.maxUploads, "max-uploads-per-host", 2, "Concurrent image uploads allowed per KVM host.")
 	fs.IntVar(&o.maxCalls, "max-calls-per-host", 0, "Provider calls (create, get, delete, list) in flight per KVM host; more fail at once as host busy. 0: a quarter of --proxy-concurrency, at least 1.")
@@ -103,7 +102,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.provisionPollInterval, "provision-poll-interval", 5*time.Second, "Poll interval while an instance boots and has no address.")
 	fs.DurationVar(&o.addressTimeout, "address-timeout", 10*time.Minute, "How long a running instance may go without an address before the Proxy is Failed.")
 	fs.DurationVar(&o.resyncInterval, "resync-interval", 10*time.Minute, "Re-read a Ready proxy's instance this often even without provider events.")
-	fs.DurationVar(&o.gcInterval, "gc-interval", 5*time.Minute, "Interval of the orphan-instance sweep.")
+	fs.DurationVar(&o.gcInterval, "gc-interval", 5*time.Minute, "Interval of the orphan-instance sweep (must be positive).")
+	fs.DurationVar(&o.providerCallTimeout, "provider-call-timeout", controllers.DefaultProviderCallTimeout, "Bound of each provider call (Create, Get, Delete) of a Proxy reconcile.")
 	fs.IntVar(&o.proxyConcurrency, "proxy-concurrency", 16, "Concurrent Proxy reconciles.")
 	fs.IntVar(&o.hostConcurrency, "kvmhost-concurrency", 64, "Concurrent KVMHost health checks (hosts beyond this wait for a worker).")
 
@@ -115,6 +115,19 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.gcp.Network, "gcp-network", "", "GCE network (default network when empty).")
 	fs.StringVar(&o.gcp.CredentialsFile, "gcp-credentials-file", "", "GCP credentials file (a mounted Secret); Application Default Credentials when empty.")
 	fs.BoolVar(&o.gcp.NoExternalIP, "gcp-no-external-ip", false, "GCE instances get no external IP (egress through Cloud NAT; the internal IP is the endpoint).")
+}
+
+// validate rejects flags the manager could only fail on later (or panic
+// on, like a zero ticker interval), before anything starts.
+func (o *options) validate() error {
+	d := o.deps(provider.NewRegistry())
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	if err := crawlv1.ValidateCheckTiming(o.checkInterval, o.checkTimeout); err != nil {
+		return fmt.Errorf("invalid --provider-check-interval/--provider-check-timeout: %w", err)
+	}
+	return nil
 }
 
 func main() {
@@ -130,11 +143,34 @@ func main() {
 	}
 }
 
+// deps turns the flags into the controllers' dependencies (registry aside).
+func (o *options) deps(registry *provider.Registry) controllers.Deps {
+	d := controllers.Deps{
+		Registry: registry,
+		Prober:   proxyprobe.TCP{},
+		Tag:      o.tag,
+		Proxy: controllers.ProxyOptions{
+			ProbeInterval:         o.proxyProbeInterval,
+			ProbeFailureThreshold: int32(o.proxyProbeThreshold),
+			ProvisionPollInterval: o.provisionPollInterval,
+			AddressTimeout:        o.addressTimeout,
+			ResyncInterval:        o.resyncInterval,
+			ProviderCallTimeout:   o.providerCallTimeout,
+			Workers:               o.proxyConcurrency,
+		},
+		Sweep: controllers.SweepOptions{Interval: o.gcInterval},
+	}
+	if o.proxyProbeURL != "" {
+		d.Prober = proxyprobe.HTTP{URL: o.proxyProbeURL}
+	}
+	return d
+}
+
 func run(o options) error {
 	log := ctrl.Log.WithName("setup")
 	// A bad flag is a clear message and exit 1, never a panic.
-	if err := crawlv1.ValidateCheckTiming(o.checkInterval.Duration, o.checkTimeout.Duration); err != nil {
-		return fmt.Errorf("invalid --provider-check-interval/--provider-check-timeout: %w", err)
+	if err := o.validate(); err != nil {
+		return err
 	}
 	enabled := map[string]bool{}
 	for _, p := range strings.Split(o.providers, ",") {
@@ -155,17 +191,16 @@ func run(o options) error {
 	if enabled[kubernetes.Name] {
 		cacheOpts.ByObject = kubernetes.CacheByObject()
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), controllers.ManagerOptions(ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   cacheOpts,
-		Controller:              controllers.ControllerConfig(),
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr, TLSOpts: tlsOpts},
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "proxy-operator.crawl.example.com",
 		LeaderElectionNamespace: o.leaderElectNamespace,
 		WebhookServer:           webhook.NewServer(webhook.Options{Port: o.webhookPort, CertDir: o.webhookCertDir, TLSOpts: tlsOpts}),
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
@@ -187,64 +222,30 @@ func run(o options) error {
 		}
 	}
 
-	rpcObserver, err := virt.NewPrometheusObserver(metrics.Registry)
-	if err != nil {
-		return err
-	}
 	registry := provider.NewRegistry()
-	proxyReconciler := &controllers.ProxyReconciler{
-		Client:                mgr.GetClient(),
-		Registry:              registry,
-		Recorder:              mgr.GetEventRecorderFor("proxy-controller"),
-		Tag:                   o.tag,
-		ProbeInterval:         o.proxyProbeInterval,
-		ProbeFailureThreshold: int32(o.proxyProbeThreshold),
-		ProvisionPollInterval: o.provisionPollInterval,
-		AddressTimeout:        o.addressTimeout,
-		ResyncInterval:        o.resyncInterval,
-		Prober:                proxyprobe.TCP{},
-	}
-	if o.proxyProbeURL != "" {
-		proxyReconciler.Prober = proxyprobe.HTTP{URL: o.proxyProbeURL}
-	}
-
+	deps := o.deps(registry)
+	deps.InstallID = installID
 	if enabled[kvm.Name] {
+		rpcObserver, err := virt.NewPrometheusObserver(metrics.Registry)
+		if err != nil {
+			return err
+		}
 		defaultMaterial := conn.FileMaterial(o.sshKeyDir)
 		// Unreadable material is a warning, never a reason to stop: KVMHosts
 		// with their own Secret, and the other providers, work without it.
 		if _, err := defaultMaterial(ctx); err != nil {
 			log.Info(fmt.Sprintf("WARNING: default SSH material in %s not usable yet (KVMHosts without sshKeySecretRef will report SSHMaterialMissing until it is): %v", o.sshKeyDir, err))
 		}
-		var kvmProvider *kvm.Provider
-		pool := conn.New(conn.Options{
-			Logger:    ctrl.Log.WithName("kvm-conn"),
-			OnConnect: func(host string, c virt.Client, d <-chan struct{}) { kvmProvider.OnConnect(host, c, d) },
-		})
-		kvmProvider = kvm.New(kvm.Options{
-			InstallID:          installID,
+		deps.KVM = &controllers.KVMDeps{
 			Hosts:              &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial},
-			Pool:               pool,
+			PoolOptions:        conn.Options{Logger: ctrl.Log.WithName("kvm-conn")},
 			Observer:           rpcObserver,
 			MaxUploadsPerHost:  o.maxUploads,
-			MaxInFlightPerHost: maxCallsPerHost(o.maxCalls, o.proxyConcurrency),
+			MaxInFlightPerHost: o.maxCalls,
 			Logger:             ctrl.Log.WithName("kvm"),
-			OnImageUpload:      controllers.ObserveImageUpload,
-		})
-		registry.Add(kvmProvider)
-		proxyReconciler.Events = controllers.BridgeKVMEvents(ctx, kvmProvider.Events(), proxyReconciler)
-		if err := (&controllers.KVMHostReconciler{
-			Client: mgr.GetClient(), Prober: kvmProvider, Recorder: mgr.GetEventRecorderFor("kvmhost-controller"),
-			DefaultInterval: o.checkInterval.Duration, DefaultTimeout: o.checkTimeout.Duration,
-		}).SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.hostConcurrency}); err != nil {
-			return fmt.Errorf("create KVMHost controller: %w", err)
-		}
-		if err := (&controllers.KVMImageReconciler{
-			Client: mgr.GetClient(), Cacher: kvmProvider, Recorder: mgr.GetEventRecorderFor("kvmimage-controller"), JobContext: ctx,
-		}).SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: 4}); err != nil {
-			return fmt.Errorf("create KVMImage controller: %w", err)
-		}
-		if err := controllers.IndexProxyHost(ctx, mgr); err != nil {
-			return err
+			CheckInterval:      o.checkInterval,
+			CheckTimeout:       o.checkTimeout,
+			HostWorkers:        o.hostConcurrency,
 		}
 	}
 	if enabled[kubernetes.Name] {
@@ -260,20 +261,10 @@ func run(o options) error {
 		// manager or the other providers.
 		registry.Register(gcp.Name, func(ctx context.Context) (provider.Provider, error) { return gcp.New(ctx, gopts) })
 	}
-
-	if err := proxyReconciler.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: o.proxyConcurrency}); err != nil {
-		return fmt.Errorf("create Proxy controller: %w", err)
+	if _, err := controllers.Setup(ctx, mgr, deps); err != nil {
+		return err
 	}
 	if err := metrics.Registry.Register(controllers.NewProxyPhaseCollector(mgr.GetClient())); err != nil {
-		return err
-	}
-	if err := mgr.Add(&provider.Checker{Registry: registry}); err != nil {
-		return err
-	}
-	if err := mgr.Add(&controllers.OrphanCollector{
-		Reader: mgr.GetAPIReader(), Registry: registry, Tag: o.tag, InstallID: installID, Interval: o.gcInterval,
-		Recorder: mgr.GetEventRecorderFor("orphan-collector"),
-	}); err != nil {
 		return err
 	}
 
@@ -288,16 +279,7 @@ func run(o options) error {
 		return err
 	}
 
-	log.Info("starting manager", "providers", registry.Enabled(), "installID", installID, "checkInterval", o.checkInterval.Duration,
-		"checkTimeout", crawlv1.EffectiveCheckTimeout(o.checkInterval.Duration, o.checkTimeout.Duration))
+	log.Info("starting manager", "providers", registry.Enabled(), "installID", installID, "checkInterval", o.checkInterval,
+		"checkTimeout", crawlv1.EffectiveCheckTimeout(o.checkInterval, o.checkTimeout))
 	return mgr.Start(ctx)
-}
-
-// maxCallsPerHost is --max-calls-per-host, or by default a quarter of the
-// Proxy workers: one hung KVM host then stalls at most that share of them.
-func maxCallsPerHost(flagValue, proxyWorkers int) int {
-	if flagValue > 0 {
-		return flagValue
-	}
-	return max(1, proxyWorkers/4)
 }

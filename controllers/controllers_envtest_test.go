@@ -149,7 +149,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		name := uniqueName("hv")
 		h := hosts.add(name)
 		createKVMHost(name, h.ssh.Addr(), nil)
-		waitHostReason(name, crawlv1.HostSSHMaterialMissing, 10*time.Second)
+		waitHostReason(name, crawlv1.HostSSHMaterialMissingReason, 10*time.Second)
 		createSecret(h)
 		waitHostReason(name, crawlv1.HostReadyReason, 10*time.Second)
 	})
@@ -162,7 +162,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		live := readyHost(uniqueName("hv"))
 
 		start := time.Now()
-		kh := waitHostReason(dead, crawlv1.HostTimeout, 10*time.Second)
+		kh := waitHostReason(dead, crawlv1.HostTimeoutReason, 10*time.Second)
 		Expect(time.Since(start)).To(BeNumerically("<", 5*time.Second))
 		Expect(conditions.GetMessage(kh, crawlv1.ReadyCondition)).To(ContainSubstring("700ms"))
 

@@ -27,7 +27,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -481,34 +481,31 @@ type benchManager struct {
 func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, hv *benchKVM, t benchTiming) *benchManager {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	m, err := ctrl.NewManager(restCfg, ctrl.Options{Scheme: sch, Controller: ControllerConfig(), Metrics: metricsserver.Options{BindAddress: "0"},
-		GracefulShutdownTimeout: ptr.To(benchShutdownGrace)})
+	m, err := ctrl.NewManager(restCfg, ManagerOptions(ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"},
+		GracefulShutdownTimeout: ptr.To(benchShutdownGrace), Controller: config.Controller{SkipNameValidation: ptr.To(true)}}))
 	if err != nil {
 		cancel()
 		b.Fatal(err)
 	}
 	hostSource := &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()}
-	prov := kvm.New(kvm.Options{Hosts: hostSource, Pool: hv.conns, Observer: hv.proxyRPCs})
-	hostProv := kvm.New(kvm.Options{Hosts: hostSource, Pool: hv.conns, Observer: hv.hostRPCs})
-	registry := provider.NewRegistry()
-	registry.Add(prov)
-
-	pr := &ProxyReconciler{
-		Client: m.GetClient(), Registry: registry, Recorder: m.GetEventRecorderFor("proxy"),
-		Prober: benchProber{}, Tag: "bench",
-		ProbeInterval: t.probe, ProvisionPollInterval: t.provisionPoll,
-		AddressTimeout: 10 * time.Minute, ResyncInterval: t.resync,
-	}
-	pr.Events = BridgeKVMEvents(ctx, prov.Events(), pr)
-	opts := func(workers int) controller.Options {
-		return controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: workers}
-	}
-	benchMust(b, IndexProxyHost(ctx, m))
-	benchMust(b, pr.SetupWithManager(m, opts(16)))
-	benchMust(b, (&KVMHostReconciler{Client: m.GetClient(), Prober: hostProv, Recorder: m.GetEventRecorderFor("kvmhost"),
-		DefaultInterval: crawlv1.DefaultCheckInterval}).SetupWithManager(m, opts(64)))
-	benchMust(b, (&KVMImageReconciler{Client: m.GetClient(), Cacher: prov, Recorder: m.GetEventRecorderFor("kvmimage"),
-		JobContext: ctx}).SetupWithManager(m, opts(4)))
+	w, err := Setup(ctx, m, Deps{
+		Registry:  provider.NewRegistry(),
+		Prober:    benchProber{},
+		Tag:       "bench",
+		InstallID: "bench-install",
+		Proxy: ProxyOptions{
+			ProbeInterval: t.probe, ProvisionPollInterval: t.provisionPoll,
+			AddressTimeout: 10 * time.Minute, ResyncInterval: t.resync,
+		},
+		Sweep: SweepOptions{Interval: time.Hour},
+		KVM: &KVMDeps{
+			Hosts: hostSource, Pool: hv.conns, Observer: hv.proxyRPCs,
+			// Health checks on a provider of their own, counted apart.
+			HostProber: kvm.New(kvm.Options{Hosts: hostSource, Pool: hv.conns, Observer: hv.hostRPCs}),
+		},
+	})
+	benchMust(b, err)
+	prov := w.KVM
 
 	bm := &benchManager{cancel: cancel, done: make(chan error, 1)}
 	// On a failure path, stop it before envtest (cleanups run last-in

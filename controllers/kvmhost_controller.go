@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -64,6 +65,9 @@ type KVMHostReconciler struct {
 // so hosts are checked concurrently up to opts.MaxConcurrentReconciles, each
 // bounded by its timeout.
 func (r *KVMHostReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	if r.Client == nil || r.Prober == nil || r.Recorder == nil {
+		return errors.New("KVMHostReconciler: Client, Prober and Recorder are required")
+	}
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
 	}
@@ -111,26 +115,30 @@ func (r *KVMHostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	if err := r.Client.Get(ctx, req.NamespacedName, h); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	if h.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(h, KVMHostFinalizer) {
+		// Written before the first check, then the check goes on.
+		orig := h.DeepCopy()
+		controllerutil.AddFinalizer(h, KVMHostFinalizer)
+		if err := r.Client.Patch(ctx, h, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	helper, err := patch.NewHelper(h, r.Client)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	before := h.DeepCopy()
 	defer func() {
-		if !h.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(h, KVMHostFinalizer) {
-			return
-		}
 		r.emitTransition(before, h)
+		// Also writes a released finalizer; the helper ignores NotFound for
+		// a deleted object without finalizers.
 		if err := helper.Patch(ctx, h, patch.WithOwnedConditions{Conditions: []string{crawlv1.ReadyCondition}}); err != nil {
-			reterr = kerrors.NewAggregate([]error{reterr, client.IgnoreNotFound(err)})
+			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
 	}()
 
 	if !h.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, h, helper)
-	}
-	if controllerutil.AddFinalizer(h, KVMHostFinalizer) {
-		return ctrl.Result{Requeue: true}, nil
+		return r.reconcileDelete(ctx, h)
 	}
 	return r.reconcileNormal(ctx, h, before)
 }
@@ -148,7 +156,7 @@ func (r *KVMHostReconciler) reconcileNormal(ctx context.Context, h *crawlv1.KVMH
 	cond := metav1.Condition{Type: crawlv1.ReadyCondition, Reason: reason}
 	if err != nil {
 		cond.Status, cond.Message = metav1.ConditionFalse, err.Error()
-		if reason == crawlv1.HostTimeout {
+		if reason == crawlv1.HostTimeoutReason {
 			cond.Message = fmt.Sprintf("no answer within %s: %v", timeout, err)
 		}
 		logf.FromContext(ctx).V(1).Info("health check failed", "reason", reason, "took", took, "err", err)
@@ -180,7 +188,10 @@ func (r *KVMHostReconciler) reconcileNormal(ctx context.Context, h *crawlv1.KVMH
 	return ctrl.Result{RequeueAfter: interval}, nil
 }
 
-func (r *KVMHostReconciler) reconcileDelete(ctx context.Context, h *crawlv1.KVMHost, helper *patch.Helper) (ctrl.Result, error) {
+func (r *KVMHostReconciler) reconcileDelete(ctx context.Context, h *crawlv1.KVMHost) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(h, KVMHostFinalizer) {
+		return ctrl.Result{}, nil
+	}
 	proxies := &crawlv1.ProxyList{}
 	if err := r.Client.List(ctx, proxies, client.MatchingFields{ProxyHostIndex: h.Name}); err != nil {
 		return ctrl.Result{}, err
@@ -194,11 +205,6 @@ func (r *KVMHostReconciler) reconcileDelete(ctx context.Context, h *crawlv1.KVMH
 	r.Prober.ForgetHost(h.Name)
 	forgetHostMetrics(h.Name)
 	controllerutil.RemoveFinalizer(h, KVMHostFinalizer)
-	// The deferred patch skips released objects (they may be gone at once),
-	// so the release is written here.
-	if err := helper.Patch(ctx, h); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
 	return ctrl.Result{}, nil
 }
 

@@ -2,11 +2,13 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/record"
@@ -17,9 +19,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -48,11 +52,15 @@ type KVMImageReconciler struct {
 
 	jobsMu sync.Mutex
 	jobs   map[imageJobKey]*imageJob
+	// finished carries a KVMImage whose job just ended, so its result is
+	// reported at once rather than at the next progress poll.
+	finished chan event.GenericEvent
 }
 
 type imageJobKey struct{ image, host, checksum string }
 
 type imageJob struct {
+	cancel      context.CancelFunc
 	mu          sync.Mutex
 	done, total int64
 	finished    bool
@@ -72,6 +80,22 @@ func (j *imageJob) snapshot() (done, total int64, finished bool, res kvm.CachedI
 // SetupWithManager registers the controller; a KVMHost change (e.g. it
 // becomes Ready) requeues every image.
 func (r *KVMImageReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	if err := r.complete(); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&crawlv1.KVMImage{}, builder.WithPredicates(specOrAnnotationChanged)).
+		Watches(&crawlv1.KVMHost{}, handler.EnqueueRequestsFromMapFunc(r.allImages)).
+		WatchesRawSource(source.Channel(r.finished, &handler.EnqueueRequestForObject{})).
+		WithOptions(opts).
+		Named("kvmimage").
+		Complete(r)
+}
+
+func (r *KVMImageReconciler) complete() error {
+	if r.Client == nil || r.Cacher == nil || r.Recorder == nil || r.JobContext == nil {
+		return errors.New("KVMImageReconciler: Client, Cacher, Recorder and JobContext are required")
+	}
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
 	}
@@ -79,12 +103,8 @@ func (r *KVMImageReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.
 		r.ProgressInterval = 2 * time.Second
 	}
 	r.jobs = map[imageJobKey]*imageJob{}
-	return ctrl.NewControllerManagedBy(mgr).
-		For(&crawlv1.KVMImage{}, builder.WithPredicates(specOrAnnotationChanged)).
-		Watches(&crawlv1.KVMHost{}, handler.EnqueueRequestsFromMapFunc(r.allImages)).
-		WithOptions(opts).
-		Named("kvmimage").
-		Complete(r)
+	r.finished = make(chan event.GenericEvent, 64)
+	return nil
 }
 
 func (r *KVMImageReconciler) allImages(ctx context.Context, _ client.Object) []reconcile.Request {
@@ -104,9 +124,13 @@ func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 	ctx = logf.IntoContext(ctx, log)
 	img := &crawlv1.KVMImage{}
 	if err := r.Client.Get(ctx, req.NamespacedName, img); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.stopJobs(req.Name, nil)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !img.DeletionTimestamp.IsZero() {
+		r.stopJobs(img.Name, nil)
 		return ctrl.Result{}, nil
 	}
 	helper, err := patch.NewHelper(img, r.Client)
@@ -134,6 +158,11 @@ func (r *KVMImageReconciler) reconcileNormal(ctx context.Context, img *crawlv1.K
 		}
 	}
 	slices.Sort(targets)
+	// A download for an old checksum, or to a host no longer Ready, is
+	// wasted bandwidth and an upload slot taken: stop it.
+	r.stopJobs(img.Name, func(k imageJobKey) bool {
+		return k.checksum == img.Spec.Checksum && slices.Contains(targets, k.host)
+	})
 
 	var requeue time.Duration
 	var entries []crawlv1.KVMImageHostStatus
@@ -229,13 +258,9 @@ func (r *KVMImageReconciler) startJob(ctx context.Context, key imageJobKey, img 
 	if j, ok := r.jobs[key]; ok {
 		return j
 	}
-	j := &imageJob{total: -1}
+	jobCtx, cancel := context.WithCancel(logf.IntoContext(r.JobContext, logf.FromContext(ctx).WithValues("host", key.host)))
+	j := &imageJob{total: -1, cancel: cancel}
 	r.jobs[key] = j
-	jobCtx := r.JobContext
-	if jobCtx == nil {
-		jobCtx = context.Background()
-	}
-	jobCtx = logf.IntoContext(jobCtx, logf.FromContext(ctx).WithValues("host", key.host))
 	go func() {
 		res, err := r.Cacher.EnsureImage(jobCtx, key.host, img, func(done, total int64) {
 			j.mu.Lock()
@@ -245,14 +270,39 @@ func (r *KVMImageReconciler) startJob(ctx context.Context, key imageJobKey, img 
 		j.mu.Lock()
 		j.finished, j.result, j.err = true, res, err
 		j.mu.Unlock()
+		if jobCtx.Err() != nil {
+			return // stopped: nobody waits for the result
+		}
+		obj := &crawlv1.KVMImage{ObjectMeta: metav1.ObjectMeta{Name: key.image}}
+		select {
+		case r.finished <- event.GenericEvent{Object: obj}:
+		case <-jobCtx.Done():
+		}
 	}()
 	return j
 }
 
+// dropJob forgets a finished job.
 func (r *KVMImageReconciler) dropJob(key imageJobKey) {
 	r.jobsMu.Lock()
 	defer r.jobsMu.Unlock()
-	delete(r.jobs, key)
+	if j, ok := r.jobs[key]; ok {
+		j.cancel()
+		delete(r.jobs, key)
+	}
+}
+
+// stopJobs cancels and forgets the jobs of image that keep (nil: none)
+// rejects.
+func (r *KVMImageReconciler) stopJobs(image string, keep func(imageJobKey) bool) {
+	r.jobsMu.Lock()
+	defer r.jobsMu.Unlock()
+	for k, j := range r.jobs {
+		if k.image == image && (keep == nil || !keep(k)) {
+			j.cancel()
+			delete(r.jobs, k)
+		}
+	}
 }
 
 func sizeOrUnknown(total int64) string {

@@ -7,14 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -62,6 +64,9 @@ type ProxyReconciler struct {
 	// this often, or at once on a provider event. Between, only the proxy
 	// itself is probed.
 	ResyncInterval time.Duration
+	// ProviderCallTimeout bounds each provider call, so a wedged provider
+	// (e.g. libvirtd hung behind a live sshd) cannot pin a worker forever.
+	ProviderCallTimeout time.Duration
 	// Events from providers (e.g. libvirt lifecycle) that requeue a Proxy.
 	Events <-chan event.GenericEvent
 
@@ -79,9 +84,12 @@ type ProxyReconciler struct {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// SetupWithManager registers the controller.
+// SetupWithManager registers the controller. Missing dependencies are an
+// error here, at start-up, not a surprise in some later Reconcile.
 func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
-	r.defaults()
+	if err := r.complete(); err != nil {
+		return err
+	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&crawlv1.Proxy{}, builder.WithPredicates(specOrAnnotationChanged)).
 		WithOptions(opts).
@@ -92,12 +100,24 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Opt
 	return b.Complete(r)
 }
 
-func (r *ProxyReconciler) defaults() {
+// complete checks the required dependencies and fills the optional ones
+// once.
+func (r *ProxyReconciler) complete() error {
+	var missing []string
+	for name, ok := range map[string]bool{
+		"Client": r.Client != nil, "Recorder": r.Recorder != nil,
+		"Prober": r.Prober != nil, "Registry": r.Registry != nil,
+	} {
+		if !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("ProxyReconciler: missing %s", strings.Join(missing, ", "))
+	}
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
-	}
-	if r.Prober == nil {
-		r.Prober = proxyprobe.TCP{}
 	}
 	if r.ProbeInterval == 0 {
 		r.ProbeInterval = 30 * time.Second
@@ -114,10 +134,24 @@ func (r *ProxyReconciler) defaults() {
 	if r.ResyncInterval == 0 {
 		r.ResyncInterval = 10 * time.Minute
 	}
-	if r.synced == nil {
-		r.synced = map[types.NamespacedName]time.Time{}
-		r.waiting = map[types.NamespacedName]time.Time{}
+	if r.ProviderCallTimeout == 0 {
+		r.ProviderCallTimeout = DefaultProviderCallTimeout
 	}
+	// Under the lock: the event bridge may already mark Proxies dirty.
+	r.memMu.Lock()
+	r.synced = map[types.NamespacedName]time.Time{}
+	r.waiting = map[types.NamespacedName]time.Time{}
+	r.memMu.Unlock()
+	return nil
+}
+
+// DefaultProviderCallTimeout bounds one provider call. A kvm Create may
+// download and upload an image that is not cached yet, so it is generous.
+const DefaultProviderCallTimeout = 10 * time.Minute
+
+// providerCall is the context of one provider call.
+func (r *ProxyReconciler) providerCall(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.ProviderCallTimeout)
 }
 
 // MarkDirty makes the next reconcile of the Proxy re-read its instance (a
@@ -129,7 +163,6 @@ func (r *ProxyReconciler) MarkDirty(key types.NamespacedName) {
 }
 
 func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
-	r.defaults()
 	log := logf.FromContext(ctx).WithValues("proxy", req.NamespacedName)
 	ctx = logf.IntoContext(ctx, log)
 
@@ -137,42 +170,107 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ct
 	if err := r.Client.Get(ctx, req.NamespacedName, p); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	if p.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(p, crawlv1.ProxyFinalizer) {
+		// Persist the finalizer before anything is created, then go on.
+		if err := r.addFinalizer(ctx, p); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	helper, err := patch.NewHelper(p, r.Client)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	before := p.Status.Phase
 	defer func() {
-		if before != p.Status.Phase && p.Status.Phase != "" {
+		summarize(p)
+		if before != p.Status.Phase {
 			r.Recorder.Eventf(p, eventType(p.Status.Phase), "Phase"+string(p.Status.Phase), "%s", phaseMessage(p))
 		}
-		if !p.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(p, crawlv1.ProxyFinalizer) {
-			// The finalizer was released: the object may be gone already.
-			return
-		}
 		p.Status.ObservedGeneration = p.Generation
+		// Also writes a released finalizer; the helper ignores NotFound
+		// for a deleted object without finalizers.
 		if err := helper.Patch(ctx, p, patch.WithOwnedConditions{Conditions: []string{
 			crawlv1.ReadyCondition, crawlv1.InstanceProvisionedCondition,
 			crawlv1.ProxyHealthyCondition, crawlv1.DeletionBlockedCondition,
-		}}); err != nil && !apierrors.IsNotFound(err) {
+		}}); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
 	}()
 
 	if !p.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, p, helper)
-	}
-	if controllerutil.AddFinalizer(p, crawlv1.ProxyFinalizer) {
-		// Persist the finalizer before anything is created.
-		return ctrl.Result{Requeue: true}, nil
+		return r.reconcileDelete(ctx, p)
 	}
 	return r.reconcileNormal(ctx, p)
 }
 
-func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
-	if p.Status.Phase == "" {
-		p.Status.Phase = crawlv1.ProxyPending
+// addFinalizer writes the finalizer alone, guarded by resourceVersion so it
+// cannot overwrite another writer's finalizers.
+func (r *ProxyReconciler) addFinalizer(ctx context.Context, p *crawlv1.Proxy) error {
+	orig := p.DeepCopy()
+	controllerutil.AddFinalizer(p, crawlv1.ProxyFinalizer)
+	return r.Client.Patch(ctx, p, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+}
+
+// summarize computes Ready from InstanceProvisioned and ProxyHealthy (Cluster
+// API's summary condition) and the phase from the conditions: the one place
+// either is decided.
+func summarize(p *crawlv1.Proxy) {
+	if !p.DeletionTimestamp.IsZero() {
+		msg := "deleting; no instance recorded"
+		if p.Status.ProviderID != "" {
+			msg = "deleting instance " + p.Status.ProviderID
+		}
+		conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse,
+			Reason: crawlv1.ProxyDeletingReason, Message: msg})
+	} else if err := conditions.SetSummaryCondition(p, p, crawlv1.ReadyCondition,
+		conditions.ForConditionTypes{crawlv1.InstanceProvisionedCondition, crawlv1.ProxyHealthyCondition},
+		conditions.CustomMergeStrategy{MergeStrategy: readyMerge{endpoint: p.Status.Endpoint}}); err != nil {
+		// Only a programming error (no condition types) gets here.
+		conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionUnknown,
+			Reason: crawlv1.ProxyProvisioningReason, Message: err.Error()})
 	}
+	p.Status.Phase = proxyPhase(p)
+}
+
+// readyMerge: Ready is the first sub-condition that is not True, with its
+// reason and message (what to fix), or True "serving at <endpoint>".
+type readyMerge struct{ endpoint string }
+
+func (m readyMerge) Merge(_ conditions.MergeOperation, conds []conditions.ConditionWithOwnerInfo, types []string) (metav1.ConditionStatus, string, string, error) {
+	for _, t := range types {
+		for _, c := range conds {
+			if c.Type == t && c.Status != metav1.ConditionTrue {
+				return metav1.ConditionFalse, c.Reason, c.Message, nil
+			}
+		}
+	}
+	return metav1.ConditionTrue, crawlv1.ProxyReadyReason, "serving at " + m.endpoint, nil
+}
+
+// failedReasons are the InstanceProvisioned reasons that need a change (of
+// the spec, the provider or the world) before the Proxy can progress.
+var failedReasons = sets.New(crawlv1.ProxyPermanentErrorReason, crawlv1.ProxyForeignInstanceReason,
+	crawlv1.ProxyAddressTimeoutReason, crawlv1.ProxyProviderDisabledReason)
+
+// proxyPhase derives the phase from the conditions: Pending until an
+// instance is recorded, Provisioning until Ready, Failed when provisioning
+// stopped on something permanent.
+func proxyPhase(p *crawlv1.Proxy) crawlv1.ProxyPhase {
+	switch {
+	case !p.DeletionTimestamp.IsZero():
+		return crawlv1.ProxyDeleting
+	case conditions.IsTrue(p, crawlv1.ReadyCondition):
+		return crawlv1.ProxyReady
+	case conditions.IsFalse(p, crawlv1.InstanceProvisionedCondition) &&
+		failedReasons.Has(conditions.GetReason(p, crawlv1.InstanceProvisionedCondition)):
+		return crawlv1.ProxyFailed
+	case p.Status.ProviderID == "":
+		return crawlv1.ProxyPending
+	}
+	return crawlv1.ProxyProvisioning
+}
+
+func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
 	prov, err := r.Registry.Get(ctx, string(p.Spec.Provider))
 	if err != nil {
 		return r.fail(p, registryReason(err), err)
@@ -180,16 +278,16 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 
 	m, wait, err := r.machineFor(ctx, p)
 	if err != nil {
-		return r.fail(p, crawlv1.ProxyPermanentErrorReason, err)
+		return r.fail(p, reasonFor(err), err)
 	}
 	if wait != nil {
-		r.setNotProvisioned(p, crawlv1.ProxyPending, wait.reason, wait.message)
+		r.setNotProvisioned(p, wait.reason, wait.message)
 		return ctrl.Result{RequeueAfter: wait.after}, nil
 	}
 
 	// A Ready proxy whose instance was read recently and has had no event
 	// since only needs its proxy probed.
-	if p.Status.Phase == crawlv1.ProxyReady && r.recentlySynced(client.ObjectKeyFromObject(p)) {
+	if conditions.IsTrue(p, crawlv1.ReadyCondition) && r.recentlySynced(client.ObjectKeyFromObject(p)) {
 		return r.reconcileHealth(ctx, p)
 	}
 
@@ -198,18 +296,33 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	// is idempotent and starts a stopped instance, then Get.
 	var inst *provider.Instance
 	if p.Status.ProviderID != "" {
-		inst, err = prov.Get(ctx, m)
+		inst, err = r.get(ctx, prov, m)
 		if provider.Class(err) == provider.ClassNotFound {
 			return r.rebuild(ctx, p)
 		}
 	}
 	if p.Status.ProviderID == "" || err != nil || inst.State != provider.StateRunning {
-		created, err := prov.Create(ctx, m)
+		if err == nil && inst != nil {
+			// Found not running (stopped, crashed, destroyed): the proxy
+			// is down now, whatever the last probes said. The probe
+			// threshold is for noise on a running instance.
+			r.instanceDown(p, inst.State)
+		}
+		if wait, err := r.resolveForCreate(ctx, p, m); wait != nil || err != nil {
+			if err != nil {
+				return r.fail(p, reasonFor(err), err)
+			}
+			r.setNotProvisioned(p, wait.reason, wait.message)
+			return ctrl.Result{RequeueAfter: wait.after}, nil
+		}
+		callCtx, cancel := r.providerCall(ctx)
+		created, err := prov.Create(callCtx, m)
+		cancel()
 		if err != nil {
 			return r.fail(p, reasonFor(err), err)
 		}
 		r.recordInstance(p, created)
-		inst, err = prov.Get(ctx, m)
+		inst, err = r.get(ctx, prov, m)
 		switch {
 		case provider.Class(err) == provider.ClassNotFound:
 			return r.rebuild(ctx, p)
@@ -231,14 +344,20 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	return r.reconcileHealth(ctx, p)
 }
 
+func (r *ProxyReconciler) get(ctx context.Context, prov provider.Provider, m *provider.Machine) (*provider.Instance, error) {
+	callCtx, cancel := r.providerCall(ctx)
+	defer cancel()
+	return prov.Get(callCtx, m)
+}
+
 // rebuild forgets an instance its host reports gone (the host answered, so
-// this is not an outage): the next reconcile creates it again.
+// this is not an outage); the next reconcile, at once, creates it again.
 func (r *ProxyReconciler) rebuild(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
 	logf.FromContext(ctx).Info("instance missing, rebuilding", "providerID", p.Status.ProviderID)
 	r.Recorder.Eventf(p, "Warning", "InstanceMissing", "instance %s not found on its host; rebuilding", p.Status.ProviderID)
 	p.Status.ProviderID, p.Status.Address, p.Status.Endpoint = "", "", ""
-	r.setNotProvisioned(p, crawlv1.ProxyProvisioning, crawlv1.ProxyInstanceMissingReason, "instance not found; rebuilding")
-	return ctrl.Result{Requeue: true}, nil
+	r.setNotProvisioned(p, crawlv1.ProxyInstanceMissingReason, "instance not found; rebuilding")
+	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 }
 
 // waitForAddress keeps the Proxy Provisioning while the instance boots, and
@@ -247,26 +366,32 @@ func (r *ProxyReconciler) rebuild(ctx context.Context, p *crawlv1.Proxy) (ctrl.R
 func (r *ProxyReconciler) waitForAddress(p *crawlv1.Proxy, inst *provider.Instance) (ctrl.Result, error) {
 	reason, msg := crawlv1.ProxyProvisioningReason, fmt.Sprintf("instance is %s", inst.State)
 	if inst.State == provider.StateRunning {
-		reason, msg = crawlv1.ProxyWaitingForAddress, "running, no routable IPv4 address yet"
+		reason, msg = crawlv1.ProxyWaitingForAddressReason, "running, no routable IPv4 address yet"
 	}
 	if inst.Message != "" {
 		msg += ": " + inst.Message
 	}
 	if inst.State == provider.StateFailed {
-		r.setNotProvisioned(p, crawlv1.ProxyFailed, crawlv1.ProxyPermanentErrorReason, msg)
+		r.setNotProvisioned(p, crawlv1.ProxyPermanentErrorReason, msg)
 		return ctrl.Result{RequeueAfter: r.ResyncInterval}, nil
 	}
 	if waited := r.Clock.Since(r.waitingSince(client.ObjectKeyFromObject(p))); waited > r.AddressTimeout {
-		r.setNotProvisioned(p, crawlv1.ProxyFailed, crawlv1.ProxyAddressTimeoutReason,
-			fmt.Sprintf("no address after %s: %s", waited.Round(time.Second), msg))
+		r.setNotProvisioned(p, crawlv1.ProxyAddressTimeoutReason, fmt.Sprintf("no address after %s: %s", waited.Round(time.Second), msg))
 		// Keep looking, slowly: a late address still heals the Proxy.
 		return ctrl.Result{RequeueAfter: max(r.ProvisionPollInterval, time.Minute)}, nil
 	}
-	r.setNotProvisioned(p, crawlv1.ProxyProvisioning, reason, msg)
+	r.setNotProvisioned(p, reason, msg)
 	return ctrl.Result{RequeueAfter: r.ProvisionPollInterval}, nil
 }
 
-// reconcileHealth probes the proxy and sets ProxyHealthy and Ready.
+// instanceDown records that the instance was found not running: ProxyHealthy
+// goes False at once, so the next probe decides afresh.
+func (r *ProxyReconciler) instanceDown(p *crawlv1.Proxy, state provider.State) {
+	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionFalse,
+		Reason: crawlv1.ProxyInstanceNotRunningReason, Message: fmt.Sprintf("instance was found %s; starting it", state)})
+}
+
+// reconcileHealth probes the proxy and sets ProxyHealthy.
 func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
 	res := r.Prober.Probe(ctx, p.Status.Address, p.Spec.Port)
 	now := metav1.NewTime(r.Clock.Now())
@@ -285,9 +410,6 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy)
 			reason, msg = crawlv1.ProxyNotProbedReason, fmt.Sprintf("port %d accepts connections (%s); the proxy itself was not probed: set --proxy-probe-url", p.Spec.Port, res.Latency.Round(time.Millisecond))
 		}
 		conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
-		conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason,
-			Message: "serving at " + p.Status.Endpoint})
-		p.Status.Phase = crawlv1.ProxyReady
 		return ctrl.Result{RequeueAfter: r.ProbeInterval}, nil
 	}
 
@@ -308,8 +430,6 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy)
 		msg += "; provider check fails: " + why.Error()
 	}
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-	conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-	p.Status.Phase = crawlv1.ProxyProvisioning
 	if wasHealthy {
 		// It served before: a failing proxy is re-read from the provider.
 		r.MarkDirty(client.ObjectKeyFromObject(p))
@@ -317,7 +437,9 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy)
 	return ctrl.Result{RequeueAfter: r.ProvisionPollInterval}, nil
 }
 
-func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *crawlv1.Proxy, helper *patch.Helper) (ctrl.Result, error) {
+// reconcileDelete removes the instance and releases the finalizer; the
+// deferred patch writes the release.
+func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
 	log := logf.FromContext(ctx)
 	if !controllerutil.ContainsFinalizer(p, crawlv1.ProxyFinalizer) {
 		return ctrl.Result{}, nil
@@ -327,9 +449,9 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *crawlv1.Proxy,
 	if p.Annotations[crawlv1.SkipCleanupAnnotation] == "true" {
 		log.Info("skip-cleanup set: releasing without touching the provider", "providerID", p.Status.ProviderID)
 		r.Recorder.Eventf(p, "Warning", "CleanupSkipped", "instance %s left in place (annotation %s)", p.Status.ProviderID, crawlv1.SkipCleanupAnnotation)
-		return r.releaseFinalizer(ctx, p, helper)
+		r.release(p)
+		return ctrl.Result{}, nil
 	}
-	p.Status.Phase = crawlv1.ProxyDeleting
 
 	prov, err := r.Registry.Get(ctx, string(p.Spec.Provider))
 	if err != nil {
@@ -341,9 +463,18 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *crawlv1.Proxy,
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if p.Spec.Provider == crawlv1.ProviderKVM && m.Host == "" {
+		// Never placed, so nothing was ever created.
+		r.Recorder.Eventf(p, "Normal", "Deleted", "never placed on a host; nothing to delete")
+		r.release(p)
+		return ctrl.Result{}, nil
+	}
 	// Delete even when Get would fail: Delete is idempotent and can converge
 	// where Get cannot.
-	if err := prov.Delete(ctx, m); err != nil {
+	callCtx, cancel := r.providerCall(ctx)
+	err = prov.Delete(callCtx, m)
+	cancel()
+	if err != nil {
 		var idErr *provider.IdentityError
 		if errors.As(err, &idErr) || provider.Class(err) == provider.ClassPermanent {
 			reason := crawlv1.ProxyPermanentErrorReason
@@ -361,36 +492,28 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *crawlv1.Proxy,
 		return ctrl.Result{}, err
 	}
 	r.Recorder.Eventf(p, "Normal", "Deleted", "instance %s deleted", p.Status.ProviderID)
-	return r.releaseFinalizer(ctx, p, helper)
-}
-
-// releaseFinalizer is the one exit that lets a deleted Proxy go.
-func (r *ProxyReconciler) releaseFinalizer(ctx context.Context, p *crawlv1.Proxy, helper *patch.Helper) (ctrl.Result, error) {
-	controllerutil.RemoveFinalizer(p, crawlv1.ProxyFinalizer)
-	r.forget(client.ObjectKeyFromObject(p))
-	if err := helper.Patch(ctx, p); err != nil && !apierrors.IsNotFound(err) {
-		return ctrl.Result{}, err
-	}
+	r.release(p)
 	return ctrl.Result{}, nil
 }
 
+// release lets a deleted Proxy go: the deferred patch writes it.
+func (r *ProxyReconciler) release(p *crawlv1.Proxy) {
+	controllerutil.RemoveFinalizer(p, crawlv1.ProxyFinalizer)
+	r.forget(client.ObjectKeyFromObject(p))
+}
+
 // fail records a provider error by class: transient errors retry with the
-// controller's backoff, permanent ones set Failed and wait for a change.
+// controller's backoff, permanent ones (a Failed phase) wait for a change.
 func (r *ProxyReconciler) fail(p *crawlv1.Proxy, reason string, err error) (ctrl.Result, error) {
+	r.setNotProvisioned(p, reason, err.Error())
 	if provider.Class(err) == provider.ClassPermanent {
-		r.setNotProvisioned(p, crawlv1.ProxyFailed, reason, err.Error())
 		return ctrl.Result{RequeueAfter: r.ResyncInterval}, nil
 	}
-	r.setNotProvisioned(p, p.Status.Phase, reason, err.Error())
 	return ctrl.Result{}, err
 }
 
-func (r *ProxyReconciler) setNotProvisioned(p *crawlv1.Proxy, phase crawlv1.ProxyPhase, reason, msg string) {
-	if phase != "" {
-		p.Status.Phase = phase
-	}
+func (r *ProxyReconciler) setNotProvisioned(p *crawlv1.Proxy, reason, msg string) {
 	conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
-	conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 }
 
 func (r *ProxyReconciler) recordInstance(p *crawlv1.Proxy, inst *provider.Instance) {

@@ -10,9 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
-	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 )
 
@@ -25,60 +25,107 @@ type waitFor struct {
 
 const dependencyPoll = 15 * time.Second
 
-// machineFor builds the provider's view of p, resolving the KVM host and
-// image. A missing dependency is a wait, not an error.
+// machineFor builds the provider's view of p for Get: identity, sizing and,
+// for kvm, the host. A Proxy with no host yet is placed first (a wait). The
+// KVMHost and KVMImage objects are not needed to look at an instance:
+// resolveForCreate adds them when one must be created.
 func (r *ProxyReconciler) machineFor(ctx context.Context, p *crawlv1.Proxy) (*provider.Machine, *waitFor, error) {
 	m := baseMachine(p, r.Tag)
 	if p.Spec.Provider != crawlv1.ProviderKVM {
 		m.Image = provider.Image{URL: p.Spec.Placement.Image}
 		return m, nil, nil
 	}
-
+	if host := recordedHost(p); host != "" && host != p.Status.Host {
+		// The instance is where its provider ID says, whatever an older
+		// write left in status.host.
+		logf.FromContext(ctx).Info("status.host disagrees with the provider ID; following the provider ID",
+			"host", host, "statusHost", p.Status.Host, "providerID", p.Status.ProviderID)
+		p.Status.Host = host
+	}
 	if p.Status.Host == "" {
 		host, wait, err := r.selectHost(ctx, p)
 		if wait != nil || err != nil {
 			return nil, wait, err
 		}
-		// Record the choice before creating anything, so a restart or a
-		// failed status write never places the same Proxy twice.
-		p.Status.Host = host
+		if err := r.recordPlacement(ctx, p, host); err != nil {
+			return nil, nil, err
+		}
 		return nil, &waitFor{reason: crawlv1.ProxyProvisioningReason, message: "placed on host " + host, after: time.Millisecond}, nil
 	}
 	m.Host = p.Status.Host
-
-	h := &crawlv1.KVMHost{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Name: m.Host}, h); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, &waitFor{crawlv1.ProxyWaitingForHostReason, fmt.Sprintf("KVMHost %q does not exist", m.Host), dependencyPoll}, nil
-		}
-		return nil, nil, provider.Transient(err)
-	}
-	if !h.DeletionTimestamp.IsZero() {
-		return nil, &waitFor{crawlv1.ProxyWaitingForHostReason, fmt.Sprintf("KVMHost %q is being deleted", m.Host), dependencyPoll}, nil
-	}
-
-	img, wait, err := r.resolveImage(ctx, p)
-	if wait != nil || err != nil {
-		return nil, wait, err
-	}
-	m.Image = img
 	return m, nil, nil
 }
 
+// recordPlacement writes the chosen host before anything is created, so a
+// restart or a failed status write never places the same Proxy twice. The
+// write is conditional on the resourceVersion read: a reconcile that read a
+// stale Proxy (the cache had not seen an earlier placement) is refused
+// instead of moving the Proxy to another host, and retries on a fresh read.
+func (r *ProxyReconciler) recordPlacement(ctx context.Context, p *crawlv1.Proxy, host string) error {
+	orig := p.DeepCopy()
+	p.Status.Host = host
+	if err := r.Client.Status().Patch(ctx, p, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		p.Status.Host = "" // the deferred, unconditional patch must not write it
+		return provider.Transientf("record placement on host %s: %w", host, err)
+	}
+	// The deferred patch diffs against the object as read; a new
+	// resourceVersion in that diff would make its two writes conflict.
+	p.ResourceVersion = orig.ResourceVersion
+	return nil
+}
+
+// recordedHost is the host in a kvm provider ID, empty without one.
+func recordedHost(p *crawlv1.Proxy) string {
+	if p.Spec.Provider != crawlv1.ProviderKVM || p.Status.ProviderID == "" {
+		return ""
+	}
+	host, _, err := provider.ParseKVMProviderID(p.Status.ProviderID)
+	if err != nil {
+		return ""
+	}
+	return host
+}
+
+// resolveForCreate adds what only Create needs: for kvm, a KVMHost that is
+// not being deleted and the image. A missing one is a wait.
+func (r *ProxyReconciler) resolveForCreate(ctx context.Context, p *crawlv1.Proxy, m *provider.Machine) (*waitFor, error) {
+	if p.Spec.Provider != crawlv1.ProviderKVM {
+		return nil, nil
+	}
+	h := &crawlv1.KVMHost{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: m.Host}, h); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &waitFor{crawlv1.ProxyWaitingForHostReason, fmt.Sprintf("KVMHost %q does not exist", m.Host), dependencyPoll}, nil
+		}
+		return nil, provider.Transient(err)
+	}
+	if !h.DeletionTimestamp.IsZero() {
+		return &waitFor{crawlv1.ProxyWaitingForHostReason, fmt.Sprintf("KVMHost %q is being deleted", m.Host), dependencyPoll}, nil
+	}
+	img, wait, err := r.resolveImage(ctx, p)
+	if wait != nil || err != nil {
+		return wait, err
+	}
+	m.Image = img
+	return nil, nil
+}
+
 // machineForDelete builds the identity Delete needs; it never waits for a
-// host or an image, so deletion converges when they are gone.
+// host or an image, so deletion converges when they are gone. The host is
+// where the provider ID says the instance is, then the placement.
 func (r *ProxyReconciler) machineForDelete(_ context.Context, p *crawlv1.Proxy) (*provider.Machine, error) {
 	m := baseMachine(p, r.Tag)
-	m.Host = p.Status.Host
-	if m.Host == "" {
-		m.Host = p.Spec.Placement.Host
-	}
-	if m.Host == "" && p.Status.ProviderID != "" && p.Spec.Provider == crawlv1.ProviderKVM {
+	if p.Spec.Provider == crawlv1.ProviderKVM && p.Status.ProviderID != "" {
 		host, _, err := provider.ParseKVMProviderID(p.Status.ProviderID)
 		if err != nil {
 			return nil, provider.Permanent(err)
 		}
 		m.Host = host
+	}
+	for _, h := range []string{p.Status.Host, p.Spec.Placement.Host} {
+		if m.Host == "" {
+			m.Host = h
+		}
 	}
 	return m, nil
 }
@@ -161,7 +208,7 @@ func (r *ProxyReconciler) selectHost(ctx context.Context, p *crawlv1.Proxy) (str
 // name, or a URL with its checksum.
 func (r *ProxyReconciler) resolveImage(ctx context.Context, p *crawlv1.Proxy) (provider.Image, *waitFor, error) {
 	pl := p.Spec.Placement
-	if webhookv1.IsImageURL(pl.Image) {
+	if crawlv1.IsImageURL(pl.Image) {
 		return provider.Image{URL: pl.Image, Checksum: pl.ImageChecksum,
 			Format:   string(orDefault(pl.ImageFormat, crawlv1.ImageFormatQCOW2)),
 			Firmware: string(orDefault(pl.Firmware, crawlv1.FirmwareUEFI))}, nil, nil

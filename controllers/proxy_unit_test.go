@@ -42,15 +42,15 @@ func TestProbeThresholdDoesNotFlap(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &ProxyReconciler{Prober: &scriptedProber{results: tc.script}, ProbeFailureThreshold: 3,
-				Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0))}
-			r.defaults()
+			r := testReconciler(t, &scriptedProber{results: tc.script}, clocktesting.NewFakePassiveClock(time.Unix(1000, 0)))
 			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
 				Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1", Endpoint: "http://192.0.2.1:3128"}}
+			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
 			for i, want := range tc.wantHealthy {
 				if _, err := r.reconcileHealth(context.Background(), p); err != nil {
 					t.Fatal(err)
 				}
+				summarize(p)
 				if got := conditions.IsTrue(p, crawlv1.ProxyHealthyCondition); got != want {
 					t.Fatalf("after probe %d: healthy=%v, want %v (%s)", i, got, want, conditions.GetMessage(p, crawlv1.ProxyHealthyCondition))
 				}
@@ -69,8 +69,7 @@ func TestProbeThresholdDoesNotFlap(t *testing.T) {
 }
 
 func TestTCPProbeSaysTheProxyWasNotProbed(t *testing.T) {
-	r := &ProxyReconciler{Prober: &scriptedProber{results: []proxyprobe.Result{{OK: true}}}}
-	r.defaults()
+	r := testReconciler(t, &scriptedProber{results: []proxyprobe.Result{{OK: true}}}, nil)
 	p := &crawlv1.Proxy{Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1"}}
 	if _, err := r.reconcileHealth(context.Background(), p); err != nil {
 		t.Fatal(err)
@@ -83,15 +82,16 @@ func TestTCPProbeSaysTheProxyWasNotProbed(t *testing.T) {
 
 func TestAddressTimeoutNamesWhatIsMissing(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
-	r := &ProxyReconciler{Clock: clk, AddressTimeout: 5 * time.Minute}
-	r.defaults()
-	p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}
+	r := testReconciler(t, nil, clk)
+	r.AddressTimeout = 5 * time.Minute
+	p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}, Status: crawlv1.ProxyStatus{ProviderID: "kvm://hv1/ns.p"}}
 	inst := &provider.Instance{State: provider.StateRunning, Message: "guest agent not connected; no DHCP lease; no ARP entry"}
 
 	if _, err := r.waitForAddress(p, inst); err != nil {
 		t.Fatal(err)
 	}
-	if p.Status.Phase != crawlv1.ProxyProvisioning || conditions.GetReason(p, crawlv1.ReadyCondition) != crawlv1.ProxyWaitingForAddress {
+	summarize(p)
+	if p.Status.Phase != crawlv1.ProxyProvisioning || conditions.GetReason(p, crawlv1.ReadyCondition) != crawlv1.ProxyWaitingForAddressReason {
 		t.Fatalf("before the timeout: phase %s reason %s", p.Status.Phase, conditions.GetReason(p, crawlv1.ReadyCondition))
 	}
 	clk.SetTime(clk.Now().Add(6 * time.Minute))
@@ -99,6 +99,7 @@ func TestAddressTimeoutNamesWhatIsMissing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	summarize(p)
 	msg := conditions.GetMessage(p, crawlv1.ReadyCondition)
 	if p.Status.Phase != crawlv1.ProxyFailed || conditions.GetReason(p, crawlv1.ReadyCondition) != crawlv1.ProxyAddressTimeoutReason ||
 		!strings.Contains(msg, "guest agent not connected") || res.RequeueAfter == 0 {

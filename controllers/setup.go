@@ -1,9 +1,25 @@
 package controllers
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
 
 // specOrAnnotationChanged lets through what needs a reconcile: a new
@@ -13,11 +29,270 @@ import (
 // RequeueAfter's, provider changes come as events.
 var specOrAnnotationChanged = predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{})
 
-// ControllerConfig is the manager-wide controller configuration. The
-// priority queue, on by default in controller-runtime v0.24, can deadlock
-// on shutdown (kubernetes-sigs/controller-runtime#3538, fixed after
-// v0.24.1), so a rollout or leader hand-over would wait out the grace
-// period; the classic rate-limited queue does not.
-func ControllerConfig() config.Controller {
-	return config.Controller{UsePriorityQueue: ptr.To(false)}
+// ManagerOptions sets what every manager of this operator needs on opts (the
+// classic work queue) and returns it. The priority queue, on by default in
+// controller-runtime v0.24, can deadlock on shutdown
+// (kubernetes-sigs/controller-runtime#3538, fixed after v0.24.1), so a
+// rollout or leader hand-over would wait out the grace period; the classic
+// rate-limited queue does not.
+func ManagerOptions(opts ctrl.Options) ctrl.Options {
+	opts.Controller = controllerConfig(opts.Controller)
+	return opts
+}
+
+func controllerConfig(c config.Controller) config.Controller {
+	c.UsePriorityQueue = ptr.To(false)
+	return c
+}
+
+// Deps is everything Setup wires. main.go fills it from flags; the envtest
+// harnesses and the benchmark fill it with fakes. Zero durations and worker
+// counts take the defaults of main.go's flags.
+type Deps struct {
+	// Registry holds the providers the caller enabled besides kvm
+	// (kubernetes, gcp); Setup adds kvm when KVM is set. Required.
+	Registry *provider.Registry
+	// Prober checks each proxy (TCP connect, or HTTP through it). Required.
+	Prober proxyprobe.Prober
+	// Tag is written on every instance and selects them for the sweep.
+	// Required.
+	Tag string
+	// InstallID is this install's id (ResolveInstallID): the kvm provider
+	// writes it on every domain, and the sweep deletes only instances
+	// carrying it. The caller builds the other providers with the same id.
+	// Required.
+	InstallID string
+
+	Proxy ProxyOptions
+	Sweep SweepOptions
+	// KVM enables the kvm provider, the KVMHost and KVMImage controllers
+	// and the Proxy-by-host index; nil leaves them out.
+	KVM *KVMDeps
+}
+
+// ProxyOptions are the Proxy controller's timings and workers.
+type ProxyOptions struct {
+	ProbeInterval         time.Duration
+	ProbeFailureThreshold int32
+	ProvisionPollInterval time.Duration
+	AddressTimeout        time.Duration
+	ResyncInterval        time.Duration
+	// ProviderCallTimeout bounds each provider call of a reconcile, so a
+	// wedged host cannot pin a worker.
+	ProviderCallTimeout time.Duration
+	Workers             int
+}
+
+// SweepOptions configure the orphan sweep.
+type SweepOptions struct {
+	// Interval between sweeps. Required: a ticker cannot run on 0.
+	Interval time.Duration
+	// CallTimeout bounds each provider call of a sweep; 0:
+	// DefaultSweepCallTimeout.
+	CallTimeout time.Duration
+}
+
+// KVMDeps wire the kvm provider.
+type KVMDeps struct {
+	// Hosts resolves KVMHosts (kvm.KubeHosts in production). Required.
+	Hosts kvm.HostSource
+	// Pool holds the connections. Nil: Setup dials with conn.New(PoolOptions)
+	// and subscribes to each link's lifecycle events. A stand-in pool (the
+	// benchmark's kvmtest.Conns) subscribes itself via the provider's
+	// OnConnect.
+	Pool        kvm.Connections
+	PoolOptions conn.Options
+	Observer    virt.Observer
+	// MaxUploadsPerHost bounds concurrent image uploads to one host.
+	MaxUploadsPerHost int
+	// MaxInFlightPerHost bounds the provider calls in flight to one host,
+	// so a wedged host holds at most that many Proxy workers; 0: a quarter
+	// of the Proxy workers, at least 1.
+	MaxInFlightPerHost int
+	Logger             logr.Logger
+	// HostProber checks host health; the provider when nil (the benchmark
+	// counts health-check RPCs on a provider of its own).
+	HostProber HostProber
+
+	// CheckInterval and CheckTimeout are the defaults of KVMHosts without
+	// spec.checkInterval/checkTimeout (0 timeout: derived).
+	CheckInterval time.Duration
+	CheckTimeout  time.Duration
+	// ImageProgressInterval between KVMImage status updates while
+	// downloading.
+	ImageProgressInterval time.Duration
+	HostWorkers           int
+	ImageWorkers          int
+}
+
+// Wiring is what Setup built, for callers that need to reach into it (tests
+// mark Proxies dirty or sweep by hand).
+type Wiring struct {
+	Proxy    *ProxyReconciler
+	Sweep    *OrphanCollector
+	Registry *provider.Registry
+	// KVM is the kvm provider; nil when not enabled.
+	KVM *kvm.Provider
+}
+
+// Validate reports the first missing or unusable setting, naming it.
+func (d *Deps) Validate() error {
+	var errs []error
+	if d.Registry == nil {
+		errs = append(errs, errors.New("Deps.Registry is required"))
+	}
+	if d.Prober == nil {
+		errs = append(errs, errors.New("Deps.Prober is required"))
+	}
+	if d.Tag == "" {
+		errs = append(errs, errors.New("--instance-tag must not be empty"))
+	}
+	if err := provider.ValidateInstallID(d.InstallID); err != nil {
+		errs = append(errs, fmt.Errorf("install id: %w", err))
+	}
+	if d.Sweep.Interval <= 0 {
+		errs = append(errs, fmt.Errorf("--gc-interval must be positive, got %s", d.Sweep.Interval))
+	}
+	for _, f := range []struct {
+		flag string
+		d    time.Duration
+	}{
+		{"--proxy-probe-interval", d.Proxy.ProbeInterval},
+		{"--provision-poll-interval", d.Proxy.ProvisionPollInterval},
+		{"--address-timeout", d.Proxy.AddressTimeout},
+		{"--resync-interval", d.Proxy.ResyncInterval},
+		{"--provider-call-timeout", d.Proxy.ProviderCallTimeout},
+	} {
+		if f.d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.flag, f.d))
+		}
+	}
+	if d.Proxy.ProbeFailureThreshold < 0 {
+		errs = append(errs, fmt.Errorf("--proxy-probe-failure-threshold must not be negative, got %d", d.Proxy.ProbeFailureThreshold))
+	}
+	if k := d.KVM; k != nil {
+		if k.Hosts == nil {
+			errs = append(errs, errors.New("Deps.KVM.Hosts is required"))
+		}
+		if err := crawlv1.ValidateCheckTiming(k.CheckInterval, k.CheckTimeout); err != nil {
+			errs = append(errs, fmt.Errorf("--provider-check-interval/--provider-check-timeout: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Setup wires the operator into mgr: the kvm provider and its connection
+// pool, the lifecycle-event bridge, the Proxy, KVMHost and KVMImage
+// controllers, the Proxy-by-host index and the orphan sweep. main.go and
+// every test harness call it, so tests run what production runs.
+func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	w := &Wiring{Registry: d.Registry}
+	w.Proxy = &ProxyReconciler{
+		Client:                mgr.GetClient(),
+		Registry:              d.Registry,
+		Recorder:              mgr.GetEventRecorderFor("proxy-controller"),
+		Prober:                d.Prober,
+		Tag:                   d.Tag,
+		ProbeInterval:         d.Proxy.ProbeInterval,
+		ProbeFailureThreshold: d.Proxy.ProbeFailureThreshold,
+		ProvisionPollInterval: d.Proxy.ProvisionPollInterval,
+		AddressTimeout:        d.Proxy.AddressTimeout,
+		ResyncInterval:        d.Proxy.ResyncInterval,
+		ProviderCallTimeout:   d.Proxy.ProviderCallTimeout,
+	}
+
+	proxyWorkers := orDefaultInt(d.Proxy.Workers, 16)
+	if k := d.KVM; k != nil {
+		prov, err := setupKVM(ctx, mgr, k, d.InstallID, proxyWorkers, w.Proxy)
+		if err != nil {
+			return nil, err
+		}
+		w.KVM = prov
+		d.Registry.Add(prov)
+	}
+	if err := w.Proxy.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: proxyWorkers}); err != nil {
+		return nil, fmt.Errorf("create Proxy controller: %w", err)
+	}
+
+	w.Sweep = &OrphanCollector{
+		Reader: mgr.GetAPIReader(), Registry: d.Registry, Tag: d.Tag, InstallID: d.InstallID,
+		Interval: d.Sweep.Interval, CallTimeout: d.Sweep.CallTimeout,
+		Recorder: mgr.GetEventRecorderFor("orphan-collector"),
+	}
+	if err := mgr.Add(w.Sweep); err != nil {
+		return nil, err
+	}
+	// Each provider's Check at start-up and periodically: its last result
+	// explains a closed port in the Proxy's Ready message.
+	if err := mgr.Add(&provider.Checker{Registry: d.Registry}); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func setupKVM(ctx context.Context, mgr ctrl.Manager, k *KVMDeps, installID string, proxyWorkers int, proxy *ProxyReconciler) (*kvm.Provider, error) {
+	opts := kvm.Options{
+		InstallID:          installID,
+		Hosts:              k.Hosts,
+		Pool:               k.Pool,
+		Observer:           k.Observer,
+		MaxUploadsPerHost:  k.MaxUploadsPerHost,
+		MaxInFlightPerHost: orDefaultInt(k.MaxInFlightPerHost, max(1, proxyWorkers/4)),
+		Logger:             k.Logger,
+		OnImageUpload:      ObserveImageUpload,
+	}
+	var prov *kvm.Provider
+	if k.Pool == nil {
+		var pool *conn.Pool
+		prov, pool = kvm.NewWithPool(opts, k.PoolOptions)
+		// Closed when the manager stops, after the controllers.
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			<-ctx.Done()
+			pool.Close()
+			return nil
+		})); err != nil {
+			return nil, err
+		}
+	} else {
+		prov = kvm.New(opts)
+	}
+	proxy.Events = BridgeKVMEvents(ctx, prov.Events(), proxy)
+
+	var hostProber HostProber = prov
+	if k.HostProber != nil {
+		hostProber = k.HostProber
+	}
+	if err := IndexProxyHost(ctx, mgr); err != nil {
+		return nil, err
+	}
+	if err := (&KVMHostReconciler{
+		Client: mgr.GetClient(), Prober: hostProber, Recorder: mgr.GetEventRecorderFor("kvmhost-controller"),
+		DefaultInterval: orDefaultDuration(k.CheckInterval, crawlv1.DefaultCheckInterval), DefaultTimeout: k.CheckTimeout,
+	}).SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: orDefaultInt(k.HostWorkers, 64)}); err != nil {
+		return nil, fmt.Errorf("create KVMHost controller: %w", err)
+	}
+	if err := (&KVMImageReconciler{
+		Client: mgr.GetClient(), Cacher: prov, Recorder: mgr.GetEventRecorderFor("kvmimage-controller"),
+		JobContext: ctx, ProgressInterval: k.ImageProgressInterval,
+	}).SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: orDefaultInt(k.ImageWorkers, 4)}); err != nil {
+		return nil, fmt.Errorf("create KVMImage controller: %w", err)
+	}
+	return prov, nil
+}
+
+func orDefaultInt(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+func orDefaultDuration(v, def time.Duration) time.Duration {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

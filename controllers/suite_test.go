@@ -20,7 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -192,47 +192,41 @@ func freeAddr() string {
 func startManager() *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	metricsAddr := freeAddr()
-	m, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Controller: ControllerConfig(), Metrics: metricsserver.Options{BindAddress: metricsAddr}})
+	m, err := ctrl.NewManager(cfg, ManagerOptions(ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr},
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}}))
 	Expect(err).NotTo(HaveOccurred())
 
-	var prov *kvm.Provider
-	pool := conn.New(conn.Options{
-		HandshakeTimeout:  2 * time.Second,
-		KeepaliveInterval: 200 * time.Millisecond,
-		NewLibvirt:        hosts.newLibvirt,
-		OnConnect:         func(h string, c virt.Client, d <-chan struct{}) { prov.OnConnect(h, c, d) },
+	w, err := Setup(ctx, m, Deps{
+		Registry:  provider.NewRegistry(),
+		Prober:    prober,
+		Tag:       testTag,
+		InstallID: testInstallID,
+		Proxy: ProxyOptions{
+			ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond,
+			AddressTimeout: time.Minute, ResyncInterval: 10 * time.Minute, // only events re-read a Ready proxy
+			Workers: 8,
+		},
+		// The sweep never ticks during the suite; specs call Sweep directly.
+		Sweep: SweepOptions{Interval: time.Hour},
+		KVM: &KVMDeps{
+			Hosts: &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()},
+			PoolOptions: conn.Options{
+				HandshakeTimeout:  2 * time.Second,
+				KeepaliveInterval: 200 * time.Millisecond,
+				NewLibvirt:        hosts.newLibvirt,
+			},
+			Observer:              rpcMetrics,
+			CheckInterval:         time.Second,
+			ImageProgressInterval: 100 * time.Millisecond,
+			HostWorkers:           8,
+			ImageWorkers:          8,
+		},
 	})
-	prov = kvm.New(kvm.Options{
-		InstallID:     testInstallID,
-		Hosts:         &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()},
-		Pool:          pool,
-		Observer:      rpcMetrics,
-		OnImageUpload: ObserveImageUpload,
-	})
-	registry := provider.NewRegistry()
-	registry.Add(prov)
-	h := &harness{cancel: cancel, done: make(chan struct{}), provider: prov, registry: registry, metricsAddr: metricsAddr}
-	h.proxy = &ProxyReconciler{
-		Client: m.GetClient(), Registry: registry, Recorder: m.GetEventRecorderFor("proxy"),
-		Prober: prober, Tag: testTag,
-		ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond,
-		AddressTimeout: time.Minute, ResyncInterval: 10 * time.Minute, // only events re-read a Ready proxy
-	}
-	h.proxy.Events = BridgeKVMEvents(ctx, prov.Events(), h.proxy)
-	h.gc = &OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, InstallID: testInstallID, Interval: time.Hour,
-		Recorder: m.GetEventRecorderFor("orphan-collector")}
-
-	opts := controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 8}
-	Expect(IndexProxyHost(ctx, m)).To(Succeed())
-	Expect(h.proxy.SetupWithManager(m, opts)).To(Succeed())
-	Expect((&KVMHostReconciler{Client: m.GetClient(), Prober: prov, Recorder: m.GetEventRecorderFor("kvmhost"),
-		DefaultInterval: time.Second}).SetupWithManager(m, opts)).To(Succeed())
-	Expect((&KVMImageReconciler{Client: m.GetClient(), Cacher: prov, Recorder: m.GetEventRecorderFor("kvmimage"),
-		JobContext: ctx, ProgressInterval: 100 * time.Millisecond}).SetupWithManager(m, opts)).To(Succeed())
+	Expect(err).NotTo(HaveOccurred())
+	h := &harness{cancel: cancel, done: make(chan struct{}), provider: w.KVM, proxy: w.Proxy, gc: w.Sweep, registry: w.Registry, metricsAddr: metricsAddr}
 	go func() {
 		defer GinkgoRecover()
 		defer close(h.done)
-		defer pool.Close()
 		Expect(m.Start(ctx)).To(Succeed())
 	}()
 	return h

@@ -22,37 +22,40 @@ const (
 // KVMHost Ready reasons. The dial-stage reasons name where the connection
 // failed, so `kubectl get kvmhosts` says what to fix.
 const (
-	HostReadyReason            = "Ready"
-	HostSSHMaterialMissing     = "SSHMaterialMissing"
-	HostSSHMaterialInvalid     = "SSHMaterialInvalid"
-	HostTCPUnreachable         = "TCPUnreachable"
-	HostSSHHandshakeFailed     = "SSHHandshakeFailed"
-	HostLibvirtConnectFailed   = "LibvirtConnectFailed"
-	HostPoolMissing            = "PoolMissing"
-	HostPoolInactive           = "PoolInactive"
-	HostTimeout                = "Timeout"
-	HostProbeFailed            = "ProbeFailed"
-	HostProxiesRemainingReason = "ProxiesRemaining"
+	HostReadyReason                = "Ready"
+	HostSSHMaterialMissingReason   = "SSHMaterialMissing"
+	HostSSHMaterialInvalidReason   = "SSHMaterialInvalid"
+	HostTCPUnreachableReason       = "TCPUnreachable"
+	HostSSHHandshakeFailedReason   = "SSHHandshakeFailed"
+	HostLibvirtConnectFailedReason = "LibvirtConnectFailed"
+	HostPoolMissingReason          = "PoolMissing"
+	HostPoolInactiveReason         = "PoolInactive"
+	HostTimeoutReason              = "Timeout"
+	HostProbeFailedReason          = "ProbeFailed"
+	HostProxiesRemainingReason     = "ProxiesRemaining"
 )
 
 // Proxy condition reasons.
 const (
-	ProxyReadyReason            = "Ready"
-	ProxyProvisioningReason     = "Provisioning"
-	ProxyWaitingForHostReason   = "WaitingForHost"
-	ProxyWaitingForImageReason  = "WaitingForImage"
-	ProxyWaitingForAddress      = "WaitingForAddress"
-	ProxyAddressTimeoutReason   = "AddressTimeout"
-	ProxyTransientErrorReason   = "TransientError"
-	ProxyPermanentErrorReason   = "PermanentError"
-	ProxyProviderDisabledReason = "ProviderNotEnabled"
-	ProxyInstanceMissingReason  = "InstanceMissing"
-	ProxyNotProbedReason        = "PortOpenProxyNotProbed"
-	ProxyProbeSucceededReason   = "ProbeSucceeded"
-	ProxyProbeFailedReason      = "ProbeFailed"
-	ProxyPortClosedReason       = "PortClosed"
-	ProxyForeignInstanceReason  = "ForeignInstance"
-	ProxyDeletingReason         = "Deleting"
+	ProxyReadyReason             = "Ready"
+	ProxyProvisioningReason      = "Provisioning"
+	ProxyWaitingForHostReason    = "WaitingForHost"
+	ProxyWaitingForImageReason   = "WaitingForImage"
+	ProxyWaitingForAddressReason = "WaitingForAddress"
+	ProxyAddressTimeoutReason    = "AddressTimeout"
+	ProxyTransientErrorReason    = "TransientError"
+	ProxyPermanentErrorReason    = "PermanentError"
+	ProxyProviderDisabledReason  = "ProviderNotEnabled"
+	ProxyInstanceMissingReason   = "InstanceMissing"
+	// ProxyInstanceNotRunningReason (ProxyHealthy): the provider reported
+	// the instance not running; it is being started.
+	ProxyInstanceNotRunningReason = "InstanceNotRunning"
+	ProxyNotProbedReason          = "PortOpenProxyNotProbed"
+	ProxyProbeSucceededReason     = "ProbeSucceeded"
+	ProxyProbeFailedReason        = "ProbeFailed"
+	ProxyPortClosedReason         = "PortClosed"
+	ProxyForeignInstanceReason    = "ForeignInstance"
+	ProxyDeletingReason           = "Deleting"
 )
 
 // KVMImage Ready reasons.

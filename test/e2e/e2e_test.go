@@ -298,7 +298,7 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, func() {
 		var seen []string
 		var h *crawlv1.KVMHost
 		Eventually(func(ctx context.Context) (err error) {
-			h, err = e2eutil.HostReason(ctx, k8s, objs.Host.Name, metav1.ConditionFalse, crawlv1.HostTCPUnreachable)
+			h, err = e2eutil.HostReason(ctx, k8s, objs.Host.Name, metav1.ConditionFalse, crawlv1.HostTCPUnreachableReason)
 			if h != nil {
 				if r := conditions.GetReason(h, crawlv1.ReadyCondition); len(seen) == 0 || seen[len(seen)-1] != r {
 					seen = append(seen, r)

@@ -16,7 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -160,16 +160,16 @@ type harness struct {
 
 func startManager(mc managerConfig) *harness {
 	mctx, cancel := context.WithCancel(context.Background())
-	m, err := ctrl.NewManager(cfg, ctrl.Options{
-		Controller: controllers.ControllerConfig(),
-		Scheme:     scheme,
+	m, err := ctrl.NewManager(cfg, controllers.ManagerOptions(ctrl.Options{
+		Scheme: scheme,
 		// As main.go does with the kubernetes provider enabled: only our
 		// pods and ConfigMaps are cached; foreign ones are read through
 		// the API reader.
 		Cache:                  cache.Options{ByObject: kubernetes.CacheByObject()},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-	})
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	}))
 	Expect(err).NotTo(HaveOccurred())
 
 	registry := provider.NewRegistry()
@@ -179,24 +179,23 @@ func startManager(mc managerConfig) *harness {
 	registry.Add(kubernetes.New(m.GetClient(), kubernetes.Options{APIReader: m.GetAPIReader(), InstallID: testInstallID}))
 	registry.Register(gcp.Name, mc.gcp)
 
-	h := &harness{cancel: cancel, done: make(chan struct{}), registry: registry}
-	h.proxy = &controllers.ProxyReconciler{
-		Client:   m.GetClient(),
-		Registry: registry,
-		Recorder: m.GetEventRecorderFor("proxy-controller"), //nolint:staticcheck // the reconciler takes a record.EventRecorder, as in main.go
-		Prober:   prober,
-		Tag:      testTag,
-
-		ProbeInterval:         time.Second,
-		ProvisionPollInterval: 200 * time.Millisecond,
-		AddressTimeout:        time.Minute,
-		ResyncInterval:        resyncInterval,
-	}
-	Expect(h.proxy.SetupWithManager(m, controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4})).To(Succeed())
-	// The sweep never ticks during the suite; specs call Sweep directly.
-	h.gc = &controllers.OrphanCollector{Reader: m.GetAPIReader(), Registry: registry, Tag: testTag, InstallID: testInstallID, Interval: time.Hour,
-		Recorder: m.GetEventRecorderFor("orphan-collector")} //nolint:staticcheck // as the Proxy reconciler's
-	Expect(m.Add(h.gc)).To(Succeed())
+	w, err := controllers.Setup(mctx, m, controllers.Deps{
+		Registry:  registry,
+		Prober:    prober,
+		Tag:       testTag,
+		InstallID: testInstallID,
+		Proxy: controllers.ProxyOptions{
+			ProbeInterval:         time.Second,
+			ProvisionPollInterval: 200 * time.Millisecond,
+			AddressTimeout:        time.Minute,
+			ResyncInterval:        resyncInterval,
+			Workers:               4,
+		},
+		// The sweep never ticks during the suite; specs call Sweep directly.
+		Sweep: controllers.SweepOptions{Interval: time.Hour},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	h := &harness{cancel: cancel, done: make(chan struct{}), registry: registry, proxy: w.Proxy, gc: w.Sweep}
 
 	go func() {
 		defer GinkgoRecover()

@@ -3,7 +3,6 @@ package v1alpha1
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -81,7 +80,7 @@ func DefaultProxy(p *crawlv1.Proxy) {
 	}
 	// A KVMImage carries its own firmware and format; a URL image gets the
 	// same defaults a KVMImage would.
-	if s.Provider == crawlv1.ProviderKVM && IsImageURL(s.Placement.Image) {
+	if s.Provider == crawlv1.ProviderKVM && crawlv1.IsImageURL(s.Placement.Image) {
 		if s.Placement.Firmware == "" {
 			s.Placement.Firmware = crawlv1.FirmwareUEFI
 		}
@@ -89,12 +88,6 @@ func DefaultProxy(p *crawlv1.Proxy) {
 			s.Placement.ImageFormat = crawlv1.ImageFormatQCOW2
 		}
 	}
-}
-
-// IsImageURL reports whether a placement image is a URL rather than a
-// KVMImage name (names cannot contain "://").
-func IsImageURL(image string) bool {
-	return strings.Contains(image, "://")
 }
 
 func (w *ProxyWebhook) ValidateCreate(_ context.Context, p *crawlv1.Proxy) (admission.Warnings, error) {
@@ -237,7 +230,7 @@ func validateKVMPlacement(pl *field.Path, p *crawlv1.ProxyPlacement) field.Error
 	switch {
 	case p.Image == "":
 		errs = append(errs, field.Required(pl.Child("image"), "a KVMImage name or an http(s) URL"))
-	case IsImageURL(p.Image):
+	case crawlv1.IsImageURL(p.Image):
 		errs = append(errs, validateImageURL(pl.Child("image"), p.Image)...)
 		errs = append(errs, validateChecksum(pl.Child("imageChecksum"), p.ImageChecksum, true)...)
 		errs = append(errs, validateFormat(pl.Child("imageFormat"), p.ImageFormat)...)

@@ -121,7 +121,7 @@ var _ = Describe("admission through the API server", func() {
 			h.Status.LibvirtVersion = "9.0.0"
 			h.Status.LastCheckTime = &now
 			h.Status.Conditions = []metav1.Condition{{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse,
-				Reason: crawlv1.HostTCPUnreachable, Message: "dial tcp: refused", LastTransitionTime: now}}
+				Reason: crawlv1.HostTCPUnreachableReason, Message: "dial tcp: refused", LastTransitionTime: now}}
 			h.Spec.Address = "changed-through-status:22"
 			Expect(k8sClient.Status().Update(ctx, h)).To(Succeed())
 			got := &crawlv1.KVMHost{}

@@ -46,13 +46,13 @@ func Reason(err error) string {
 	}
 	switch {
 	case errors.Is(err, ErrProbeBusy), errors.Is(err, context.DeadlineExceeded):
-		return crawlv1.HostTimeout
+		return crawlv1.HostTimeoutReason
 	case errors.Is(err, ErrPoolMissing):
-		return crawlv1.HostPoolMissing
+		return crawlv1.HostPoolMissingReason
 	case errors.Is(err, ErrPoolInactive):
-		return crawlv1.HostPoolInactive
+		return crawlv1.HostPoolInactiveReason
 	}
-	return crawlv1.HostProbeFailed
+	return crawlv1.HostProbeFailedReason
 }
 
 // CachedImage is an image verified in a host's pool.

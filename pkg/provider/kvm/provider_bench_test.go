@@ -135,7 +135,7 @@ func BenchmarkHealthRound(b *testing.B) {
 		}
 		roundTotal += round
 		inRounds = append(inRounds, createTook)
-		if verdicts[crawlv1.HostReadyReason] != hosts-stuck || verdicts[crawlv1.HostTimeout] != stuck {
+		if verdicts[crawlv1.HostReadyReason] != hosts-stuck || verdicts[crawlv1.HostTimeoutReason] != stuck {
 			b.Fatalf("round %d verdicts: %v", iter, verdicts)
 		}
 
@@ -143,7 +143,7 @@ func BenchmarkHealthRound(b *testing.B) {
 		start = time.Now()
 		verdicts = probeRound(f.prov, f.names, timeout)
 		busyTotal += time.Since(start)
-		if verdicts[crawlv1.HostReadyReason] != hosts-stuck || verdicts[crawlv1.HostTimeout] != stuck {
+		if verdicts[crawlv1.HostReadyReason] != hosts-stuck || verdicts[crawlv1.HostTimeoutReason] != stuck {
 			b.Fatalf("busy round %d verdicts: %v", iter, verdicts)
 		}
 

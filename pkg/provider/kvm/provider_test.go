@@ -342,7 +342,7 @@ func TestProbe(t *testing.T) {
 		e := newEnv(t, "hv1")
 		e.fakes["hv1"].SetPoolActive(kvmtest.PoolName, false)
 		_, err := e.prov.Probe(ctx, "hv1")
-		if kvm.Reason(err) != crawlv1.HostPoolInactive {
+		if kvm.Reason(err) != crawlv1.HostPoolInactiveReason {
 			t.Fatalf("reason %q for %v", kvm.Reason(err), err)
 		}
 	})
@@ -352,7 +352,7 @@ func TestProbe(t *testing.T) {
 		f := fake.New()
 		e.conns.Add("hv1", f)
 		_, err := e.prov.Probe(ctx, "hv1")
-		if kvm.Reason(err) != crawlv1.HostPoolMissing {
+		if kvm.Reason(err) != crawlv1.HostPoolMissingReason {
 			t.Fatalf("reason %q for %v", kvm.Reason(err), err)
 		}
 	})
@@ -364,12 +364,12 @@ func TestProbe(t *testing.T) {
 		defer cancel()
 		start := time.Now()
 		_, err := e.prov.Probe(pctx, "hv1")
-		if took := time.Since(start); took > time.Second || kvm.Reason(err) != crawlv1.HostTimeout {
+		if took := time.Since(start); took > time.Second || kvm.Reason(err) != crawlv1.HostTimeoutReason {
 			t.Fatalf("blocked probe took %s, reason %q (%v)", took, kvm.Reason(err), err)
 		}
 		start = time.Now()
 		_, err = e.prov.Probe(ctx, "hv1")
-		if !errors.Is(err, kvm.ErrProbeBusy) || time.Since(start) > 50*time.Millisecond || kvm.Reason(err) != crawlv1.HostTimeout {
+		if !errors.Is(err, kvm.ErrProbeBusy) || time.Since(start) > 50*time.Millisecond || kvm.Reason(err) != crawlv1.HostTimeoutReason {
 			t.Fatalf("probe while the abandoned one runs: %v after %s", err, time.Since(start))
 		}
 		release()

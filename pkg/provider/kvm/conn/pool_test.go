@@ -24,6 +24,7 @@ import (
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 
+	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn/sshtest"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
@@ -452,7 +453,7 @@ func TestRotatedKnownHostsRefusesTheOldHostKeyAtNextDial(t *testing.T) {
 	write(KnownHostsFile, []byte(knownhosts.Line([]string{knownhosts.Normalize(th.srv.Addr())}, replacement.PublicKey())+"\n"))
 	th.srv.DropConns()
 	var err error
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, func() bool {
 		_, err = libVersion(testCtx(t, 5*time.Second), p, "hv1")
 		if err == nil && d.count() > 1 {
 			t.Fatal("the redial trusted a host key no longer in known_hosts")
@@ -494,7 +495,7 @@ func TestRotatedClientKeyUsedAtNextDial(t *testing.T) {
 	th.srv.SetAuthorizedKeys(key2.PublicKey())
 	current.Store(&key2PEM)
 	th.srv.DropConns()
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, func() bool {
 		_, err := libVersion(testCtx(t, 5*time.Second), p, "hv1")
 		if stage, _ := DialStage(err); stage != "" {
 			t.Fatalf("redial failed with the rotated key: %v", err)
@@ -503,18 +504,6 @@ func TestRotatedClientKeyUsedAtNextDial(t *testing.T) {
 	})
 	if n := loads.Load(); n != 2 {
 		t.Fatalf("loads = %d after one redial, want 2", n)
-	}
-}
-
-// waitFor polls cond (which may do calls) until it holds.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -676,7 +665,7 @@ func TestUploadDoesNotBlockHealthChecks(t *testing.T) {
 	if _, err := feed.Write(buf); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return th.lv.Uploaded() > 0 })
+	testutil.WaitFor(t, func() bool { return th.lv.Uploaded() > 0 })
 
 	// Mid-upload, health checks get through on the same link at once.
 	for range 3 {

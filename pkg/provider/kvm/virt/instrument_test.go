@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 
+	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
 )
@@ -341,7 +342,7 @@ func TestInstrumentCancellation(t *testing.T) {
 		// The abandoned call completes on its own; its effect lands, its
 		// answer goes nowhere.
 		release()
-		waitFor(t, func() bool { d, _ := f.Domain("a"); return d.State == libvirt.DomainRunning })
+		testutil.WaitFor(t, func() bool { d, _ := f.Domain("a"); return d.State == libvirt.DomainRunning })
 		mu.Lock()
 		if len(observed) != 1 {
 			t.Errorf("late result observed: %v", observed)
@@ -363,7 +364,7 @@ func TestInstrumentCancellation(t *testing.T) {
 		if _, err := pw.Write([]byte("chunk1")); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool { i, _ := f.Volume("default", "img"); return i.Size == 6 })
+		testutil.WaitFor(t, func() bool { i, _ := f.Volume("default", "img"); return i.Size == 6 })
 		cancel()
 		if err := <-done; !errors.Is(err, context.Canceled) {
 			t.Fatalf("err = %v", err)
@@ -371,7 +372,7 @@ func TestInstrumentCancellation(t *testing.T) {
 		// The read in progress still delivers; the next one fails, which
 		// aborts the abandoned upload and frees the volume.
 		go func() { _, _ = pw.Write([]byte("chunk2")) }()
-		waitFor(t, func() bool { return f.StorageVolDelete(v, 0) == nil })
+		testutil.WaitFor(t, func() bool { return f.StorageVolDelete(v, 0) == nil })
 		_ = pw.Close()
 	})
 
@@ -478,17 +479,6 @@ func TestErrorCodeName(t *testing.T) {
 		if got := virt.ErrorCodeName(tt.err); got != tt.want {
 			t.Errorf("ErrorCodeName(%v) = %q, want %q", tt.err, got, tt.want)
 		}
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

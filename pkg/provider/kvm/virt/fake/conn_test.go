@@ -13,6 +13,7 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 
+	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
 )
@@ -95,7 +96,7 @@ func TestDisconnect(t *testing.T) {
 	defer release()
 	inflight := make(chan error, 1)
 	go func() { _, err := f.DomainLookupByName("a"); inflight <- err }()
-	waitFor(t, func() bool { return f.Blocked(virt.RPCDomainLookupByName) == 1 })
+	testutil.WaitFor(t, func() bool { return f.Blocked(virt.RPCDomainLookupByName) == 1 })
 
 	must(t, f.Disconnect())
 	waitClosed(t, ch)
@@ -135,17 +136,6 @@ func TestDisconnect(t *testing.T) {
 	c := f.Connect()
 	if _, err := c.DomainLookupByName("a"); err != nil {
 		t.Fatalf("after reconnect: %v", err)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -211,7 +201,7 @@ func TestFaultInjection(t *testing.T) {
 			for range 2 {
 				go func() { _, err := f.ConnectGetHostname(); done <- err }()
 			}
-			waitFor(t, func() bool { return f.Blocked(virt.RPCConnectGetHostname) == 2 })
+			testutil.WaitFor(t, func() bool { return f.Blocked(virt.RPCConnectGetHostname) == 2 })
 			select {
 			case <-done:
 				t.Fatal("blocked call returned")

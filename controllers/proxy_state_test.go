@@ -1,0 +1,404 @@
+package controllers
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/proxyprobe"
+)
+
+// scriptedProvider answers each method from its script and records every
+// call. A nil script answers as the real providers do for "nothing there":
+// NotFound for Get, success for Delete.
+type scriptedProvider struct {
+	name   string
+	create func(m *provider.Machine) (*provider.Instance, error)
+	get    func(m *provider.Machine) (*provider.Instance, error)
+	delete func(m *provider.Machine) error
+
+	mu    sync.Mutex
+	calls []string
+}
+
+func (s *scriptedProvider) record(call string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, call)
+}
+
+func (s *scriptedProvider) Calls() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.calls)
+}
+
+func (s *scriptedProvider) Name() string { return s.name }
+
+func (s *scriptedProvider) Create(ctx context.Context, m *provider.Machine) (*provider.Instance, error) {
+	s.record("Create")
+	if s.create == nil {
+		return nil, provider.Permanentf("no Create scripted")
+	}
+	return s.create(m)
+}
+
+func (s *scriptedProvider) Get(ctx context.Context, m *provider.Machine) (*provider.Instance, error) {
+	s.record("Get")
+	if s.get == nil {
+		return nil, provider.NotFoundf("no instance")
+	}
+	return s.get(m)
+}
+
+func (s *scriptedProvider) Delete(ctx context.Context, m *provider.Machine) error {
+	s.record("Delete")
+	if s.delete == nil {
+		return nil
+	}
+	return s.delete(m)
+}
+
+func (s *scriptedProvider) ListByTag(context.Context, string) ([]provider.Instance, error) {
+	return nil, nil
+}
+
+func (s *scriptedProvider) Check(context.Context) error { return nil }
+
+const (
+	stateProviderID = "kubernetes://ns/p"
+	stateAddress    = "10.0.0.5"
+	stateEndpoint   = "http://10.0.0.5:3128"
+)
+
+func running(addr string) func(*provider.Machine) (*provider.Instance, error) {
+	return func(*provider.Machine) (*provider.Instance, error) {
+		return &provider.Instance{ProviderID: stateProviderID, Host: "node1", State: provider.StateRunning, Address: addr, AddressSource: provider.AddressSourcePod}, nil
+	}
+}
+
+func stopped(*provider.Machine) (*provider.Instance, error) {
+	return &provider.Instance{ProviderID: stateProviderID, Host: "node1", State: provider.StateStopped}, nil
+}
+
+func failWith(err error) func(*provider.Machine) (*provider.Instance, error) {
+	return func(*provider.Machine) (*provider.Instance, error) { return nil, err }
+}
+
+// okProber: every proxy answers.
+type okProber struct{}
+
+func (okProber) Probe(context.Context, string, int32) proxyprobe.Result {
+	return proxyprobe.Result{OK: true, Through: true, Latency: time.Millisecond}
+}
+
+// testReconciler is a ProxyReconciler completed as SetupWithManager does,
+// with a fake client, a fake recorder and an empty registry unless set.
+func testReconciler(t *testing.T, prober proxyprobe.Prober, clk *clocktesting.FakePassiveClock, objs ...client.Object) *ProxyReconciler {
+	t.Helper()
+	s := runtime.NewScheme()
+	if err := crawlv1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if prober == nil {
+		prober = okProber{}
+	}
+	r := &ProxyReconciler{
+		Client: fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
+			WithStatusSubresource(&crawlv1.Proxy{}, &crawlv1.KVMHost{}, &crawlv1.KVMImage{}).Build(),
+		Recorder: record.NewFakeRecorder(100),
+		Registry: provider.NewRegistry(),
+		Prober:   prober,
+		Tag:      "unit",
+	}
+	if clk != nil {
+		r.Clock = clk
+	}
+	if err := r.complete(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestProxyReconcilerRejectsMissingDependencies(t *testing.T) {
+	err := (&ProxyReconciler{Registry: provider.NewRegistry()}).complete()
+	if err == nil || !strings.Contains(err.Error(), "Client, Prober, Recorder") {
+		t.Fatalf("complete() = %v, want the missing Client, Prober, Recorder named", err)
+	}
+}
+
+// TestProxyStateMachine drives Reconcile step by step against a scripted
+// provider and checks, after each step, the conditions, the phase, the
+// requeue and the provider calls made.
+func TestProxyStateMachine(t *testing.T) {
+	type step struct {
+		advance    time.Duration // fake clock moves before the step
+		wantCalls  []string
+		wantPhase  crawlv1.ProxyPhase
+		wantReady  metav1.ConditionStatus
+		wantReason string // Ready's reason
+		wantMsg    string // in Ready's message
+		// wantRequeue: 0 none, >0 RequeueAfter exactly, -1 any RequeueAfter > 0.
+		wantRequeue time.Duration
+		wantErr     bool
+		wantGone    bool // the Proxy was released and is gone
+	}
+	const resync = 7 * time.Minute
+	deleting := func(p *crawlv1.Proxy) {
+		p.Finalizers = []string{crawlv1.ProxyFinalizer}
+		p.DeletionTimestamp = &metav1.Time{Time: time.Unix(900, 0)}
+	}
+	recorded := func(p *crawlv1.Proxy) { p.Status.ProviderID = stateProviderID }
+	cases := []struct {
+		name     string
+		setup    func(p *crawlv1.Proxy)
+		prov     *scriptedProvider // nil: provider not enabled
+		steps    []step
+		wantCond map[string]string // condition type → reason after the last step
+	}{{
+		name: "no instance recorded: Create then Get, Ready",
+		prov: &scriptedProvider{create: running(stateAddress), get: running(stateAddress)},
+		steps: []step{{wantCalls: []string{"Create", "Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+			wantReason: crawlv1.ProxyReadyReason, wantMsg: "serving at " + stateEndpoint, wantRequeue: time.Second}},
+		wantCond: map[string]string{crawlv1.InstanceProvisionedCondition: crawlv1.ProxyReadyReason, crawlv1.ProxyHealthyCondition: crawlv1.ProxyProbeSucceededReason},
+	}, {
+		name:  "instance recorded and running: Get only",
+		setup: recorded,
+		prov:  &scriptedProvider{get: running(stateAddress)},
+		steps: []step{{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+			wantReason: crawlv1.ProxyReadyReason, wantMsg: "serving at", wantRequeue: time.Second}},
+	}, {
+		name:  "instance recorded but stopped: Get, Create starts it, Get",
+		setup: recorded,
+		prov: &scriptedProvider{create: running(stateAddress), get: func() func(*provider.Machine) (*provider.Instance, error) {
+			n := 0
+			return func(m *provider.Machine) (*provider.Instance, error) {
+				if n++; n == 1 {
+					return stopped(m)
+				}
+				return running(stateAddress)(m)
+			}
+		}()},
+		steps: []step{{wantCalls: []string{"Get", "Create", "Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+			wantReason: crawlv1.ProxyReadyReason, wantRequeue: time.Second}},
+	}, {
+		name:  "recorded instance NotFound: forgotten and rebuilt",
+		setup: recorded,
+		prov: &scriptedProvider{create: running(stateAddress), get: func() func(*provider.Machine) (*provider.Instance, error) {
+			n := 0
+			return func(m *provider.Machine) (*provider.Instance, error) {
+				if n++; n == 1 {
+					return nil, provider.NotFoundf("pod gone")
+				}
+				return running(stateAddress)(m)
+			}
+		}()},
+		steps: []step{
+			{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
+				wantReason: crawlv1.ProxyInstanceMissingReason, wantMsg: "rebuilding", wantRequeue: -1},
+			{wantCalls: []string{"Create", "Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+				wantReason: crawlv1.ProxyReadyReason, wantRequeue: time.Second},
+		},
+	}, {
+		name: "transient Create error: retried with backoff, not Failed",
+		prov: &scriptedProvider{create: failWith(provider.Transientf("apiserver timeout"))},
+		steps: []step{{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyTransientErrorReason, wantMsg: "apiserver timeout", wantErr: true}},
+	}, {
+		name: "permanent Create error: Failed, waits a resync, no hot loop",
+		prov: &scriptedProvider{create: failWith(provider.Permanentf("quota exceeded"))},
+		steps: []step{
+			{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyFailed, wantReady: metav1.ConditionFalse,
+				wantReason: crawlv1.ProxyPermanentErrorReason, wantMsg: "quota exceeded", wantRequeue: resync},
+			{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyFailed, wantReady: metav1.ConditionFalse,
+				wantReason: crawlv1.ProxyPermanentErrorReason, wantRequeue: resync},
+		},
+	}, {
+		name: "foreign instance on Create: Failed ForeignInstance",
+		prov: &scriptedProvider{create: failWith(&provider.IdentityError{Kind: "pod", Name: "ns.p", Mismatch: "uid x != y"})},
+		steps: []step{{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyFailed, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyForeignInstanceReason, wantMsg: "not this Proxy's", wantRequeue: resync}},
+	}, {
+		name: "provider not enabled: Failed without provider calls",
+		steps: []step{{wantCalls: nil, wantPhase: crawlv1.ProxyFailed, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyProviderDisabledReason, wantMsg: "not enabled", wantRequeue: resync}},
+	}, {
+		name: "running without an address: Provisioning, then Failed after the address timeout",
+		prov: &scriptedProvider{create: running(""), get: func(m *provider.Machine) (*provider.Instance, error) {
+			inst, _ := running("")(m)
+			inst.Message = "no DHCP lease"
+			return inst, nil
+		}},
+		steps: []step{
+			{wantCalls: []string{"Create", "Get"}, wantPhase: crawlv1.ProxyProvisioning, wantReady: metav1.ConditionFalse,
+				wantReason: crawlv1.ProxyWaitingForAddressReason, wantMsg: "no DHCP lease", wantRequeue: 200 * time.Millisecond},
+			{advance: 6 * time.Minute, wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyFailed, wantReady: metav1.ConditionFalse,
+				wantReason: crawlv1.ProxyAddressTimeoutReason, wantMsg: "no address after 6m0s: running, no routable IPv4 address yet: no DHCP lease", wantRequeue: time.Minute},
+		},
+	}, {
+		name:  "delete: Deleting, Delete, finalizer released",
+		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },
+		prov:  &scriptedProvider{},
+		steps: []step{{wantCalls: []string{"Delete"}, wantGone: true}},
+	}, {
+		name:  "transient Delete error: Deleting, retried",
+		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },
+		prov:  &scriptedProvider{delete: func(*provider.Machine) error { return provider.Transientf("connection reset") }},
+		steps: []step{{wantCalls: []string{"Delete"}, wantPhase: crawlv1.ProxyDeleting, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyDeletingReason, wantMsg: "deleting instance " + stateProviderID, wantErr: true}},
+		wantCond: map[string]string{crawlv1.DeletionBlockedCondition: crawlv1.ProxyTransientErrorReason},
+	}, {
+		name:  "IdentityError on Delete: DeletionBlocked, finalizer kept, no hot loop",
+		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },
+		prov: &scriptedProvider{delete: func(*provider.Machine) error {
+			return &provider.IdentityError{Kind: "pod", Name: "ns.p", Mismatch: "uid x != y"}
+		}},
+		steps: []step{{wantCalls: []string{"Delete"}, wantPhase: crawlv1.ProxyDeleting, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyDeletingReason, wantRequeue: resync}},
+		wantCond: map[string]string{crawlv1.DeletionBlockedCondition: crawlv1.ProxyForeignInstanceReason},
+	}, {
+		name: "skip-cleanup: released without provider calls",
+		setup: func(p *crawlv1.Proxy) {
+			recorded(p)
+			deleting(p)
+			p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
+		},
+		prov:  &scriptedProvider{},
+		steps: []step{{wantCalls: nil, wantGone: true}},
+	}, {
+		name:  "provider not enabled on delete: DeletionBlocked until skip-cleanup",
+		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },
+		steps: []step{{wantCalls: nil, wantPhase: crawlv1.ProxyDeleting, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyDeletingReason, wantRequeue: time.Minute}},
+		wantCond: map[string]string{crawlv1.DeletionBlockedCondition: crawlv1.ProxyProviderDisabledReason},
+	}}
+
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &crawlv1.Proxy{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-1"},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Port: 3128,
+					Placement: crawlv1.ProxyPlacement{Image: "registry.example/squid:6"}},
+			}
+			if tc.setup != nil {
+				tc.setup(p)
+			}
+			clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
+			r := testReconciler(t, nil, clk, p)
+			r.ProbeInterval, r.ProvisionPollInterval, r.ResyncInterval, r.AddressTimeout = time.Second, 200*time.Millisecond, resync, 5*time.Minute
+			if tc.prov != nil {
+				tc.prov.name = string(crawlv1.ProviderKubernetes)
+				r.Registry.Add(tc.prov)
+			}
+			key := client.ObjectKeyFromObject(p)
+			for i, st := range tc.steps {
+				clk.SetTime(clk.Now().Add(st.advance))
+				var before int
+				if tc.prov != nil {
+					before = len(tc.prov.Calls())
+				}
+				// Each step re-reads the Proxy: the provider's state is
+				// all that carries over, as between real reconciles.
+				r.MarkDirty(key)
+				res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: key})
+				if (err != nil) != st.wantErr {
+					t.Fatalf("step %d: err = %v, want error %v", i, err, st.wantErr)
+				}
+				var calls []string
+				if tc.prov != nil {
+					calls = tc.prov.Calls()[before:]
+				}
+				if !slices.Equal(calls, st.wantCalls) {
+					t.Fatalf("step %d: provider calls %v, want %v", i, calls, st.wantCalls)
+				}
+				switch {
+				case st.wantRequeue == -1 && res.RequeueAfter <= 0,
+					st.wantRequeue >= 0 && res.RequeueAfter != st.wantRequeue:
+					t.Fatalf("step %d: RequeueAfter %v, want %v", i, res.RequeueAfter, st.wantRequeue)
+				}
+				got := &crawlv1.Proxy{}
+				err = r.Client.Get(context.Background(), key, got)
+				if st.wantGone {
+					if !apierrors.IsNotFound(err) {
+						t.Fatalf("step %d: Proxy still there (err %v, finalizers %v)", i, err, got.Finalizers)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !controllerutil.ContainsFinalizer(got, crawlv1.ProxyFinalizer) {
+					t.Fatalf("step %d: finalizer missing", i)
+				}
+				ready := conditions.Get(got, crawlv1.ReadyCondition)
+				if ready == nil || ready.Status != st.wantReady || ready.Reason != st.wantReason || !strings.Contains(ready.Message, st.wantMsg) {
+					t.Fatalf("step %d: Ready = %+v, want %s %s containing %q", i, ready, st.wantReady, st.wantReason, st.wantMsg)
+				}
+				if got.Status.Phase != st.wantPhase {
+					t.Fatalf("step %d: phase %s, want %s", i, got.Status.Phase, st.wantPhase)
+				}
+			}
+			got := &crawlv1.Proxy{}
+			if err := r.Client.Get(context.Background(), key, got); err != nil {
+				t.Fatal(err)
+			}
+			for typ, reason := range tc.wantCond {
+				if c := conditions.Get(got, typ); c == nil || c.Reason != reason {
+					t.Fatalf("%s = %+v, want reason %s", typ, c, reason)
+				}
+			}
+		})
+	}
+}
+
+func TestProxyPhaseFollowsConditions(t *testing.T) {
+	cond := func(typ string, ok bool, reason string) metav1.Condition {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		return metav1.Condition{Type: typ, Status: s, Reason: reason}
+	}
+	cases := []struct {
+		name  string
+		id    string
+		conds []metav1.Condition
+		want  crawlv1.ProxyPhase
+	}{
+		{"nothing yet", "", nil, crawlv1.ProxyPending},
+		{"waiting for a host", "", []metav1.Condition{cond(crawlv1.InstanceProvisionedCondition, false, crawlv1.ProxyWaitingForHostReason)}, crawlv1.ProxyPending},
+		{"booting", "x", []metav1.Condition{cond(crawlv1.InstanceProvisionedCondition, false, crawlv1.ProxyWaitingForAddressReason)}, crawlv1.ProxyProvisioning},
+		{"probe failing", "x", []metav1.Condition{cond(crawlv1.InstanceProvisionedCondition, true, crawlv1.ProxyReadyReason), cond(crawlv1.ProxyHealthyCondition, false, crawlv1.ProxyProbeFailedReason)}, crawlv1.ProxyProvisioning},
+		{"serving", "x", []metav1.Condition{cond(crawlv1.InstanceProvisionedCondition, true, crawlv1.ProxyReadyReason), cond(crawlv1.ProxyHealthyCondition, true, crawlv1.ProxyProbeSucceededReason)}, crawlv1.ProxyReady},
+		{"permanent error", "", []metav1.Condition{cond(crawlv1.InstanceProvisionedCondition, false, crawlv1.ProxyPermanentErrorReason)}, crawlv1.ProxyFailed},
+		{"address timeout", "x", []metav1.Condition{cond(crawlv1.InstanceProvisionedCondition, false, crawlv1.ProxyAddressTimeoutReason)}, crawlv1.ProxyFailed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &crawlv1.Proxy{Status: crawlv1.ProxyStatus{ProviderID: tc.id, Endpoint: stateEndpoint, Conditions: tc.conds}}
+			summarize(p)
+			if p.Status.Phase != tc.want {
+				t.Fatalf("phase %s, want %s (Ready %+v)", p.Status.Phase, tc.want, conditions.Get(p, crawlv1.ReadyCondition))
+			}
+			if (tc.want == crawlv1.ProxyReady) != conditions.IsTrue(p, crawlv1.ReadyCondition) {
+				t.Fatalf("Ready %+v disagrees with phase %s", conditions.Get(p, crawlv1.ReadyCondition), p.Status.Phase)
+			}
+		})
+	}
+}

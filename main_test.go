@@ -1,0 +1,41 @@
+package main
+
+import (
+	"flag"
+	"strings"
+	"testing"
+)
+
+func TestStartupRejectsUnusableDurations(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string // in the error; empty: accepted
+	}{
+		{nil, ""},
+		{[]string{"--gc-interval=0"}, "--gc-interval must be positive"},
+		{[]string{"--gc-interval=-1m"}, "--gc-interval must be positive"},
+		{[]string{"--resync-interval=-1s"}, "--resync-interval must not be negative"},
+		{[]string{"--provider-call-timeout=-1s"}, "--provider-call-timeout must not be negative"},
+		{[]string{"--instance-tag="}, "--instance-tag must not be empty"},
+		{[]string{"--provider-check-interval=10s", "--provider-check-timeout=20s"}, "--provider-check-timeout"},
+		// flag.Duration accepts 0: the check timeout is then derived.
+		{[]string{"--provider-check-timeout=0"}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var o options
+			fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+			o.bind(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := o.validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("rejected: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("validate() = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
