@@ -127,6 +127,11 @@ func (o *options) validate() error {
 	if err := crawlv1.ValidateCheckTiming(o.checkInterval, o.checkTimeout); err != nil {
 		return fmt.Errorf("invalid --provider-check-interval/--provider-check-timeout: %w", err)
 	}
+	if o.installID != "" {
+		if err := provider.ValidateInstallID(o.installID); err != nil {
+			return fmt.Errorf("--install-id: %w", err)
+		}
+	}
 	return nil
 }
 

@@ -17,6 +17,8 @@ func TestStartupRejectsUnusableDurations(t *testing.T) {
 		{[]string{"--resync-interval=-1s"}, "--resync-interval must not be negative"},
 		{[]string{"--provider-call-timeout=-1s"}, "--provider-call-timeout must not be negative"},
 		{[]string{"--instance-tag="}, "--instance-tag must not be empty"},
+		{[]string{"--install-id=Staging_1"}, "--install-id"},
+		{[]string{"--install-id=staging-1"}, ""},
 		{[]string{"--provider-check-interval=10s", "--provider-check-timeout=20s"}, "--provider-check-timeout"},
 		// flag.Duration accepts 0: the check timeout is then derived.
 		{[]string{"--provider-check-timeout=0"}, ""},

@@ -147,9 +147,7 @@ func (d *Deps) Validate() error {
 	if d.Tag == "" {
 		errs = append(errs, errors.New("--instance-tag must not be empty"))
 	}
-	if err := provider.ValidateInstallID(d.InstallID); err != nil {
-		errs = append(errs, fmt.Errorf("install id: %w", err))
-	}
+
 	if d.Sweep.Interval <= 0 {
 		errs = append(errs, fmt.Errorf("--gc-interval must be positive, got %s", d.Sweep.Interval))
 	}
@@ -188,6 +186,11 @@ func (d *Deps) Validate() error {
 func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	if err := d.Validate(); err != nil {
 		return nil, err
+	}
+	// Checked here, not in Validate: main validates its flags before the
+	// install id is read from the cluster.
+	if err := provider.ValidateInstallID(d.InstallID); err != nil {
+		return nil, fmt.Errorf("Deps.InstallID: %w", err)
 	}
 	w := &Wiring{Registry: d.Registry}
 	w.Proxy = &ProxyReconciler{
