@@ -297,8 +297,19 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	var inst *provider.Instance
 	if p.Status.ProviderID != "" {
 		inst, err = r.get(ctx, prov, m)
-		if provider.Class(err) == provider.ClassNotFound {
+		switch {
+		case provider.Class(err) == provider.ClassNotFound:
 			return r.rebuild(ctx, p)
+		case err != nil && provider.Class(err) == provider.ClassTransient && conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition):
+			// The provider could not be asked (host busy, link down, call
+			// deadline): that says nothing about an instance last seen
+			// running. Keep what is known, let the probe judge the proxy,
+			// and ask again soon; a Create now would only meet the same
+			// outage.
+			logf.FromContext(ctx).Info("instance not re-read, keeping its last state", "providerID", p.Status.ProviderID, "err", err)
+			res, err := r.reconcileHealth(ctx, p)
+			res.RequeueAfter = min(res.RequeueAfter, r.ProvisionPollInterval)
+			return res, err
 		}
 	}
 	if p.Status.ProviderID == "" || err != nil || inst.State != provider.StateRunning {

@@ -216,6 +216,18 @@ func TestProxyStateMachine(t *testing.T) {
 				wantReason: crawlv1.ProxyReadyReason, wantRequeue: time.Second},
 		},
 	}, {
+		name: "Ready proxy whose provider cannot be asked: stays Ready, probed, no Create",
+		setup: func(p *crawlv1.Proxy) {
+			recorded(p)
+			p.Status.Address, p.Status.Endpoint = stateAddress, stateEndpoint
+			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
+			conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
+		},
+		prov: &scriptedProvider{get: failWith(provider.Transientf(`host "hv1" busy: 4 calls in flight`))},
+		steps: []step{{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+			wantReason: crawlv1.ProxyReadyReason, wantMsg: "serving at " + stateEndpoint, wantRequeue: 200 * time.Millisecond}},
+		wantCond: map[string]string{crawlv1.InstanceProvisionedCondition: crawlv1.ProxyReadyReason},
+	}, {
 		name: "transient Create error: retried with backoff, not Failed",
 		prov: &scriptedProvider{create: failWith(provider.Transientf("apiserver timeout"))},
 		steps: []step{{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
