@@ -147,7 +147,8 @@ func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.Storage
 }
 
 // Lookup returns the verified copy of img in pool if there is one, under the
-// same commit rule as Ensure (the marker vouches for the volume); ok is
+// same commit rule as Ensure (the marker vouches for the volume): the shared
+// volume, else a legacy one of img's name (see the naming notes); ok is
 // false when the image still has to be uploaded. It takes no upload claim,
 // so a caller can serve a cached image without queueing behind uploads.
 func (c *Cache) Lookup(lv virt.Client, pool libvirt.StoragePool, img provider.Image) (res Result, ok bool, err error) {
@@ -156,6 +157,12 @@ func (c *Cache) Lookup(lv virt.Client, pool libvirt.StoragePool, img provider.Im
 		return Result{}, false, err
 	}
 	st, err := lookup(lv, pool, s)
+	if err == nil && !st.ready() {
+		// A copy cached by an earlier build, vouched for by its own
+		// full-digest marker, boots while the shared one is made.
+		s.volume, s.marker = s.legacyVolume, s.legacyMarker
+		st, err = lookup(lv, pool, s)
+	}
 	if err != nil || !st.ready() {
 		return Result{}, false, err
 	}
