@@ -436,8 +436,8 @@ func TestEnsureConcurrentSameVolume(t *testing.T) {
 		t.Errorf("concurrent Ensure deleted %d volumes", n)
 	}
 	// Prune skips the volume being uploaded too.
-	if deleted, err := e.cache.Prune(e.ctx, e.host, e.pool, keepNone); err != nil || len(deleted) != 0 {
-		t.Errorf("Prune during upload deleted %v, %v", deleted, err)
+	if res, err := e.cache.Prune(e.ctx, e.host, e.pool, keepNone); err != nil || len(res.Deleted) != 0 {
+		t.Errorf("Prune during upload = %+v, %v; want nothing deleted", res, err)
 	}
 	release()
 	if err := <-done; err != nil {

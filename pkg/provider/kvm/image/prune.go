@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/digitalocean/go-libvirt"
@@ -25,12 +26,14 @@ import (
 // deletes the backing file of an overlay, even of a running domain's disk.
 // A volume being uploaded by this Cache is skipped too. When the pool's
 // volumes cannot all be read nothing is deleted: an image not proven unused
-// stays. Deletion continues past failures; the names deleted are returned
-// with the joined errors.
-func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StoragePool, keep func(digest string) bool) (deleted []string, err error) {
+// stays. Deletion continues past failures; the result (names deleted, and
+// digests left behind only because they are in use) comes with the joined
+// errors.
+func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StoragePool, keep func(digest string) bool) (PruneResult, error) {
+	var res PruneResult
 	vols, _, err := lv.StoragePoolListAllVolumes(pool, 1, 0)
 	if err != nil {
-		return nil, virtError("listing volumes of", "pool", pool, err)
+		return res, virtError("listing volumes of", "pool", pool, err)
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("pool", pool.Name)
 
@@ -64,11 +67,11 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 		}
 	}
 	if len(images) == 0 {
-		return nil, nil
+		return res, nil
 	}
 	backing, err := backingFiles(lv, pool, vols)
 	if err != nil {
-		return nil, err
+		return res, err
 	}
 
 	var errs []error
@@ -84,6 +87,7 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 		}
 		if c.busy(pool, name) {
 			log.V(1).Info("Not pruning volume being uploaded", "volume", name)
+			res.inUse(ci.digest)
 			continue
 		}
 		if ci.vol != nil {
@@ -94,6 +98,7 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 			}
 			if inUse {
 				log.V(1).Info("Not pruning image volume in use as a backing file", "volume", name)
+				res.inUse(ci.digest)
 				continue
 			}
 		}
@@ -105,7 +110,7 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 				continue
 			}
 			log.Info("Pruned image marker", "volume", m.Name)
-			deleted = append(deleted, m.Name)
+			res.Deleted = append(res.Deleted, m.Name)
 		}
 		if ci.vol == nil || failed {
 			continue
@@ -115,9 +120,24 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 			continue
 		}
 		log.Info("Pruned image volume", "volume", name)
-		deleted = append(deleted, name)
+		res.Deleted = append(res.Deleted, name)
 	}
-	return deleted, errors.Join(errs...)
+	return res, errors.Join(errs...)
+}
+
+// PruneResult is what Prune did.
+type PruneResult struct {
+	// Deleted names the volumes deleted.
+	Deleted []string
+	// InUse lists the digests (lower-case hex) whose volumes were not
+	// wanted but stay: a volume backs an overlay, or is being uploaded.
+	InUse []string
+}
+
+func (r *PruneResult) inUse(digest string) {
+	if digest != "" && !slices.Contains(r.InUse, digest) {
+		r.InUse = append(r.InUse, digest)
+	}
 }
 
 // backingSet is the backing files the volumes of one pool name.

@@ -137,9 +137,14 @@ func TestPrune(t *testing.T) {
 	}
 	before := e.volumes()
 
-	deleted, err := e.cache.Prune(e.ctx, e.host, e.pool, keepDigests(kept.Checksum, img("old", content(5)).Checksum))
+	res, err := e.cache.Prune(e.ctx, e.host, e.pool, keepDigests(kept.Checksum, img("old", content(5)).Checksum))
 	if err != nil {
 		t.Fatal(err)
+	}
+	deleted := res.Deleted
+	digest := func(i provider.Image) string { d, _ := ParseChecksum(i.Checksum); return d }
+	if want := []string{digest(backing), digest(relative), digest(img("booted", content(7)))}; !slices.Equal(slices.Sorted(slices.Values(res.InUse)), slices.Sorted(slices.Values(want))) {
+		t.Errorf("Prune left in use %v, want %v", res.InUse, want)
 	}
 	_, unusedMarker := e.names(unused)
 	n := func(i provider.Image) names { x, _ := namesOf(i); return x }
@@ -174,9 +179,9 @@ func TestPruneDeletesNothingItCannotProveUnused(t *testing.T) {
 	}
 	before := e.volumes()
 	e.host.FailNext(virt.RPCStorageVolGetXMLDesc, virt.NewError(libvirt.ErrInternalError, "boom"))
-	deleted, err := e.cache.Prune(e.ctx, e.host, e.pool, keepNone)
-	if err == nil || provider.Class(err) != provider.ClassTransient || len(deleted) != 0 {
-		t.Errorf("Prune = %v, %v; want a transient error and nothing deleted", deleted, err)
+	res, err := e.cache.Prune(e.ctx, e.host, e.pool, keepNone)
+	if err == nil || provider.Class(err) != provider.ClassTransient || len(res.Deleted) != 0 {
+		t.Errorf("Prune = %+v, %v; want a transient error and nothing deleted", res, err)
 	}
 	if got := e.volumes(); !slices.Equal(got, before) {
 		t.Errorf("pool = %v, want %v", got, before)
