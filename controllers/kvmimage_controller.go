@@ -48,6 +48,7 @@ type KVMImageReconciler struct {
 
 	jobsMu sync.Mutex
 	jobs   map[imageJobKey]*imageJob
+	prunes pruneClock // see kvmimage_prune.go
 }
 
 type imageJobKey struct{ image, host, checksum string }
@@ -107,7 +108,7 @@ func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !img.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, nil
+		return r.reconcileDelete(ctx, img)
 	}
 	helper, err := patch.NewHelper(img, r.Client)
 	if err != nil {
@@ -119,7 +120,7 @@ func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 			reterr = kerrors.NewAggregate([]error{reterr, client.IgnoreNotFound(err)})
 		}
 	}()
-	return r.reconcileNormal(ctx, img)
+	return r.reconcileCache(ctx, img)
 }
 
 func (r *KVMImageReconciler) reconcileNormal(ctx context.Context, img *crawlv1.KVMImage) (ctrl.Result, error) {
@@ -206,6 +207,7 @@ func (r *KVMImageReconciler) reconcileHost(ctx context.Context, img *crawlv1.KVM
 	case err == nil:
 		setPhase(crawlv1.ImageHostVerified)
 		entry.Verified, entry.Volume, entry.Bytes, entry.Checksum, entry.Message = true, res.Volume, res.Bytes, img.Spec.Checksum, ""
+		entry.AllocatedBytes = res.Allocated
 		r.Recorder.Eventf(img, "Normal", "Verified", "cached on %s as %s (%s)", host, res.Volume, humanBytes(uint64(res.Bytes)))
 		r.dropJob(key)
 		return entry, 0

@@ -455,6 +455,12 @@ func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Im
 			return err
 		}
 		out = CachedImage{Volume: res.VolumeName, Path: res.Path, Bytes: res.Bytes, Checksum: res.Checksum}
+		// Only reported: a failure here must not fail a verified image.
+		if v, err := c.StorageVolLookupByName(pool, res.VolumeName); err == nil {
+			if _, _, alloc, err := c.StorageVolGetInfo(v); err == nil {
+				out.Allocated = int64(alloc)
+			}
+		}
 		return nil
 	})
 	return out, err
@@ -465,6 +471,14 @@ func (p *Provider) ensureImage(ctx context.Context, c virt.Client, host string, 
 	// queueing behind other images' downloads.
 	if res, ok, err := p.opts.Images.Lookup(c, pool, img); err != nil || ok {
 		return res, err
+	}
+	// Another image of the same digest may be uploading it right now.
+	if waited, err := p.opts.Images.Wait(ctx, pool, img); err != nil {
+		return image.Result{}, err
+	} else if waited {
+		if res, ok, err := p.opts.Images.Lookup(c, pool, img); err != nil || ok {
+			return res, err
+		}
 	}
 	slot := p.uploadSlot(host)
 	select {

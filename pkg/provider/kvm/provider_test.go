@@ -442,7 +442,7 @@ func TestCachedImageDoesNotWaitBehindUploads(t *testing.T) {
 		t.Fatalf("Create with a cached image while an upload holds the slot: %v", err)
 	}
 	// An image that is not cached still waits for the slot.
-	uncached := kvmtest.NewImageServer("third", 4<<10)
+	uncached := kvmtest.NewImageServer("third", 4<<10+1) // another digest: not the upload under way
 	defer uncached.Close()
 	m := e.machine("hv1", "crawl", "p3", "uid-3")
 	m.Image = uncached.Image
@@ -696,5 +696,40 @@ func TestPruneImagesKeepsImagesBackingOverlays(t *testing.T) {
 	}
 	if res, err := e.prov.PruneImages(ctx, "gone", keepNone); err != nil || len(res.Deleted) != 0 {
 		t.Errorf("PruneImages on an unconfigured host = %+v, %v; want nothing, no error", res, err)
+	}
+}
+
+// Two KVMImages of one digest cached at once: the second waits for the
+// first's upload instead of failing or downloading again.
+func TestEnsureImageSameDigestWaitsForTheUploadUnderWay(t *testing.T) {
+	e := newEnv(t, "hv1")
+	ctx := context.Background()
+	f := e.fakes["hv1"]
+	f.Delay(virt.RPCStorageVolUpload, 300*time.Millisecond)
+	a, b := e.img.Image, e.img.Image
+	a.Name, b.Name = "image-a", "image-b"
+
+	first := make(chan error, 1)
+	go func() {
+		_, err := e.prov.EnsureImage(ctx, "hv1", a, nil)
+		first <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.Calls(virt.RPCStorageVolUpload) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	got, err := e.prov.EnsureImage(ctx, "hv1", b, nil)
+	if err != nil {
+		t.Fatalf("second EnsureImage: %v", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("first EnsureImage: %v", err)
+	}
+	want, _ := image.VolumeName(a)
+	if got.Volume != want || got.Bytes != 0 || got.Allocated <= 0 {
+		t.Errorf("second EnsureImage = %+v; want the shared volume %s, cached, with its allocation", got, want)
+	}
+	if n := e.img.Downloads(); n != 1 {
+		t.Errorf("downloaded %d times, want 1", n)
 	}
 }
