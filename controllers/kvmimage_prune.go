@@ -53,7 +53,10 @@ func (r *KVMImageReconciler) pruner() ImagePruner {
 
 // reconcileCache is reconcileNormal with the cache's bookkeeping around it:
 // the finalizer, the checksum history (spec.retain) and, once the current
-// checksum is verified everywhere, a periodic prune pass on every host.
+// checksum is verified everywhere, a prune pass on each of its hosts that
+// has had none for imagePruneInterval. A pass is pool-wide, so however many
+// images a host caches it makes one per interval; a changed checksum makes
+// its hosts due at once.
 func (r *KVMImageReconciler) reconcileCache(ctx context.Context, img *crawlv1.KVMImage) (ctrl.Result, error) {
 	pr := r.pruner()
 	if pr == nil {
@@ -61,31 +64,42 @@ func (r *KVMImageReconciler) reconcileCache(ctx context.Context, img *crawlv1.KV
 	}
 	controllerutil.AddFinalizer(img, KVMImageFinalizer)
 	if recordChecksum(img) {
-		r.prunes.forget(img.Name) // a superseded checksum: prune once Ready
+		for _, h := range img.Status.Hosts {
+			r.prunes.forget(h.Host)
+		}
 	}
 	res, err := r.reconcileNormal(ctx, img)
 	if err != nil || !conditions.IsTrue(img, crawlv1.ReadyCondition) {
 		return res, err
 	}
-	if !r.prunes.due(img.Name, r.Clock.Now()) {
+	now := r.Clock.Now()
+	var due []string
+	for _, h := range img.Status.Hosts {
+		if r.prunes.due(h.Host, now) {
+			due = append(due, h.Host)
+		}
+	}
+	if len(due) == 0 {
 		return requeueSooner(res, imagePruneInterval), nil
 	}
 	keep, err := r.wantedDigests(ctx, "")
 	if err != nil {
 		return res, err
 	}
-	var errs []error
-	for _, h := range img.Status.Hosts {
-		if _, err := pr.PruneImages(ctx, h.Host, keep); err != nil {
-			errs = append(errs, fmt.Errorf("host %s: %w", h.Host, err))
+	log := logf.FromContext(ctx)
+	for _, host := range due {
+		// A failed pass is retried at the next interval: it frees space,
+		// it does not make the image less Ready.
+		pruned, err := pr.PruneImages(ctx, host, keep)
+		if err != nil {
+			log.Error(err, "Pruning the image cache failed", "host", host)
+			continue
+		}
+		r.prunes.done(host, now)
+		if len(pruned.Deleted) > 0 {
+			log.Info("Pruned image cache", "host", host, "volumes", strings.Join(pruned.Deleted, ","))
 		}
 	}
-	if len(errs) == 0 {
-		r.prunes.done(img.Name, r.Clock.Now())
-	}
-	// A failed pass is retried at the next interval; it frees space, it
-	// does not make the image less Ready.
-	logf.FromContext(ctx).V(1).Info("Pruned image cache", "hosts", len(img.Status.Hosts), "errors", len(errs))
 	return requeueSooner(res, imagePruneInterval), nil
 }
 
@@ -148,21 +162,20 @@ func (r *KVMImageReconciler) reconcileDelete(ctx context.Context, img *crawlv1.K
 		return ctrl.Result{}, err
 	}
 	controllerutil.RemoveFinalizer(img, KVMImageFinalizer)
-	r.prunes.forget(img.Name)
 	return ctrl.Result{}, client.IgnoreNotFound(helper.Patch(ctx, img))
 }
 
 // recordChecksum puts the current checksum first in status.checksums and
-// trims the list to spec.retain; it reports whether one was dropped.
-func recordChecksum(img *crawlv1.KVMImage) (dropped bool) {
+// trims the list to spec.retain; it reports whether the list changed (what
+// the pool should hold did).
+func recordChecksum(img *crawlv1.KVMImage) (changed bool) {
 	retain := max(int(img.Spec.Retain), 1)
 	list := slices.DeleteFunc(slices.Clone(img.Status.Checksums), func(c string) bool { return strings.EqualFold(c, img.Spec.Checksum) })
 	list = append([]string{img.Spec.Checksum}, list...)
-	if len(list) > retain {
-		list, dropped = list[:retain], true
-	}
+	list = list[:min(len(list), retain)]
+	changed = !slices.Equal(list, img.Status.Checksums)
 	img.Status.Checksums = list
-	return dropped
+	return changed
 }
 
 // wantedDigests returns the digests that must stay cached: every retained
@@ -208,31 +221,31 @@ func requeueSooner(res ctrl.Result, d time.Duration) ctrl.Result {
 	return res
 }
 
-// pruneClock remembers when each image last made a full prune pass. The
-// zero value is ready; the times are lost on restart, which costs one pass.
+// pruneClock remembers when each host last had a prune pass. The zero value
+// is ready; the times are lost on restart, which costs one pass.
 type pruneClock struct {
 	mu   sync.Mutex
 	last map[string]time.Time
 }
 
-func (c *pruneClock) due(img string, now time.Time) bool {
+func (c *pruneClock) due(host string, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t, ok := c.last[img]
+	t, ok := c.last[host]
 	return !ok || now.Sub(t) >= imagePruneInterval
 }
 
-func (c *pruneClock) done(img string, now time.Time) {
+func (c *pruneClock) done(host string, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.last == nil {
 		c.last = map[string]time.Time{}
 	}
-	c.last[img] = now
+	c.last[host] = now
 }
 
-func (c *pruneClock) forget(img string) {
+func (c *pruneClock) forget(host string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.last, img)
+	delete(c.last, host)
 }

@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -93,5 +95,46 @@ var _ = Describe("image cache", func() {
 				g.Expect(err).To(HaveOccurred(), "KVMImage %s still exists", n)
 			}
 		}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
+	})
+
+	It("keeps spec.retain checksums and prunes a superseded one once no VM disk uses it", func() {
+		h := readyHost(uniqueName("hv"))
+		var srvs []*kvmtest.ImageServer
+		for i, size := range []int{100<<10 + 3, 100<<10 + 5, 100<<10 + 9} {
+			srv := kvmtest.NewImageServer(fmt.Sprintf("r%d", i), size)
+			DeferCleanup(srv.Close)
+			srvs = append(srvs, srv)
+		}
+		volOf := func(srv *kvmtest.ImageServer) string { v, _ := image.VolumeName(srv.Image); return v }
+		present := func(srv *kvmtest.ImageServer) bool { return slices.Contains(imageVolumes(h), volOf(srv)) }
+		name := uniqueName("rotating")
+		ki := createImage(name, srvs[0])
+		waitImageVerified(name, h.name, srvs[0].Image.Checksum)
+		ns := newNamespace()
+		readyProxy(h, ns, "old", name, "192.0.2.42") // boots from the first checksum
+
+		setChecksum := func(srv *kvmtest.ImageServer, retain int32) {
+			Eventually(func() error {
+				if err := k8sClient.Get(ctx, client.ObjectKey{Name: name}, ki); err != nil {
+					return err
+				}
+				ki.Spec.URL, ki.Spec.Checksum, ki.Spec.Retain = srv.Image.URL, srv.Image.Checksum, retain
+				return k8sClient.Update(ctx, ki)
+			}).Should(Succeed())
+			waitImageVerified(name, h.name, srv.Image.Checksum)
+		}
+		setChecksum(srvs[1], 1)
+		// Superseded, but the Proxy's overlay uses it.
+		Consistently(func() bool { return present(srvs[0]) }).WithTimeout(2 * time.Second).Should(BeTrue())
+		deleteProxy(ns, "old")
+		waitProxyGone(ns, "old", 20*time.Second)
+		// Freed: the next pass (due at once on the next checksum change)
+		// prunes it; retain 2 keeps the second.
+		setChecksum(srvs[2], 2)
+		Eventually(func() bool { return present(srvs[0]) }).WithTimeout(20 * time.Second).Should(BeFalse())
+		Expect(present(srvs[1])).To(BeTrue(), "retained checksum pruned")
+		Expect(present(srvs[2])).To(BeTrue())
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: name}, ki)).To(Succeed())
+		Expect(ki.Status.Checksums).To(Equal([]string{srvs[2].Image.Checksum, srvs[1].Image.Checksum}))
 	})
 })
