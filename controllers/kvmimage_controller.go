@@ -55,6 +55,7 @@ type KVMImageReconciler struct {
 	// finished carries a KVMImage whose job just ended, so its result is
 	// reported at once rather than at the next progress poll.
 	finished chan event.GenericEvent
+	prunes pruneClock // see kvmimage_prune.go
 }
 
 type imageJobKey struct{ image, host, checksum string }
@@ -131,7 +132,7 @@ func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 	}
 	if !img.DeletionTimestamp.IsZero() {
 		r.stopJobs(img.Name, nil)
-		return ctrl.Result{}, nil
+		return r.reconcileDelete(ctx, img)
 	}
 	helper, err := patch.NewHelper(img, r.Client)
 	if err != nil {
@@ -143,7 +144,7 @@ func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 			reterr = kerrors.NewAggregate([]error{reterr, client.IgnoreNotFound(err)})
 		}
 	}()
-	return r.reconcileNormal(ctx, img)
+	return r.reconcileCache(ctx, img)
 }
 
 func (r *KVMImageReconciler) reconcileNormal(ctx context.Context, img *crawlv1.KVMImage) (ctrl.Result, error) {
@@ -235,6 +236,7 @@ func (r *KVMImageReconciler) reconcileHost(ctx context.Context, img *crawlv1.KVM
 	case err == nil:
 		setPhase(crawlv1.ImageHostVerified)
 		entry.Verified, entry.Volume, entry.Bytes, entry.Checksum, entry.Message = true, res.Volume, res.Bytes, img.Spec.Checksum, ""
+		entry.AllocatedBytes = res.Allocated
 		r.Recorder.Eventf(img, "Normal", "Verified", "cached on %s as %s (%s)", host, res.Volume, humanBytes(uint64(res.Bytes)))
 		r.dropJob(key)
 		return entry, 0

@@ -53,6 +53,15 @@ type KVMImageSpec struct {
 	// Firmware the image boots with; defaulted to uefi.
 	// +optional
 	Firmware Firmware `json:"firmware,omitempty"`
+
+	// Retain is how many checksums, the current one included, stay cached
+	// after the checksum changes; older ones are deleted from every host
+	// once no VM disk uses them.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16
+	// +optional
+	Retain int32 `json:"retain,omitempty"`
 }
 
 // KVMImageHostStatus is the cache state of the image on one host.
@@ -70,6 +79,10 @@ type KVMImageHostStatus struct {
 	// Bytes downloaded so far (Downloading) or the image size (Verified).
 	// +optional
 	Bytes int64 `json:"bytes,omitempty"`
+	// AllocatedBytes is the disk space the cached volume takes on the host.
+	// Images with the same checksum share one volume, so each reports it.
+	// +optional
+	AllocatedBytes int64 `json:"allocatedBytes,omitempty"`
 	// TotalBytes is the size announced by the server, when known.
 	// +optional
 	TotalBytes int64 `json:"totalBytes,omitempty"`
@@ -96,6 +109,11 @@ type KVMImageStatus struct {
 	// +listMapKey=host
 	// +optional
 	Hosts []KVMImageHostStatus `json:"hosts,omitempty"`
+
+	// Checksums the image has been cached under, newest first, at most
+	// spec.retain: these stay cached; an older one is pruned once unused.
+	// +optional
+	Checksums []string `json:"checksums,omitempty"`
 
 	// ReadyHosts counts hosts with a verified copy.
 	// +optional

@@ -57,10 +57,14 @@ func Reason(err error) string {
 
 // CachedImage is an image verified in a host's pool.
 type CachedImage struct {
-	Volume   string
-	Path     string
-	Bytes    int64
-	Checksum string
+	Volume string
+	Path   string
+	// Bytes uploaded by this call; 0 when the image was cached already.
+	Bytes int64
+	// Allocated is the disk space the volume takes on the host (0 when the
+	// host would not say).
+	Allocated int64
+	Checksum  string
 }
 
 // Progress reports bytes downloaded so far and the total (-1 when unknown).

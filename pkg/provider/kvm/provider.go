@@ -100,6 +100,7 @@ type Provider struct {
 	events chan DomainEvent
 
 	mu       sync.Mutex
+	images   map[string]*sync.RWMutex // per host: Create's overlay step (R) against PruneImages (W)
 	uploads  map[string]chan struct{} // per-host upload slots
 	probing  map[string]bool          // hosts with a probe still running
 	inFlight map[string]int           // per-host calls counted by MaxInFlightPerHost
@@ -135,6 +136,7 @@ func New(opts Options) *Provider {
 	return &Provider{
 		opts:     opts,
 		events:   make(chan DomainEvent, opts.EventBuffer),
+		images:   map[string]*sync.RWMutex{},
 		uploads:  map[string]chan struct{}{},
 		probing:  map[string]bool{},
 		inFlight: map[string]int{},
@@ -244,7 +246,7 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 		if err != nil {
 			return err
 		}
-		diskPath, err := ensureOverlay(c, pool, m, img)
+		diskPath, err := p.overlayOnImage(c, m.Host, pool, m, img)
 		if err != nil {
 			return err
 		}
@@ -453,6 +455,12 @@ func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Im
 			return err
 		}
 		out = CachedImage{Volume: res.VolumeName, Path: res.Path, Bytes: res.Bytes, Checksum: res.Checksum}
+		// Only reported: a failure here must not fail a verified image.
+		if v, err := c.StorageVolLookupByName(pool, res.VolumeName); err == nil {
+			if _, _, alloc, err := c.StorageVolGetInfo(v); err == nil {
+				out.Allocated = int64(alloc)
+			}
+		}
 		return nil
 	})
 	return out, err
@@ -463,6 +471,14 @@ func (p *Provider) ensureImage(ctx context.Context, c virt.Client, host string, 
 	// queueing behind other images' downloads.
 	if res, ok, err := p.opts.Images.Lookup(c, pool, img); err != nil || ok {
 		return res, err
+	}
+	// Another image of the same digest may be uploading it right now.
+	if waited, err := p.opts.Images.Wait(ctx, pool, img); err != nil {
+		return image.Result{}, err
+	} else if waited {
+		if res, ok, err := p.opts.Images.Lookup(c, pool, img); err != nil || ok {
+			return res, err
+		}
 	}
 	slot := p.uploadSlot(host)
 	select {
@@ -568,6 +584,60 @@ func lookupPool(c virt.Client, name string) (libvirt.StoragePool, error) {
 		return pool, classify(err)
 	}
 	return pool, nil
+}
+
+// overlayOnImage makes the Proxy's overlay exist on img. PruneImages cannot
+// run meanwhile, and img is looked up again first: an image found unused and
+// pruned since ensureImage must not become a missing backing file.
+func (p *Provider) overlayOnImage(c virt.Client, host string, pool libvirt.StoragePool, m *provider.Machine, img image.Result) (string, error) {
+	mu := p.imageLock(host)
+	mu.RLock()
+	defer mu.RUnlock()
+	again, ok, err := p.opts.Images.Lookup(c, pool, m.Image)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", provider.Transientf("image volume %s was pruned before the overlay was made; retrying", img.VolumeName)
+	}
+	return ensureOverlay(c, pool, m, again)
+}
+
+func (p *Provider) imageLock(host string) *sync.RWMutex {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	mu, ok := p.images[host]
+	if !ok {
+		mu = &sync.RWMutex{}
+		p.images[host] = mu
+	}
+	return mu
+}
+
+// PruneImages deletes the cached images in host's pool whose digest keep
+// rejects and that no overlay uses (image.Cache.Prune). A host that is not
+// configured, or has no pool, holds nothing to prune. Bounded by
+// MaxUploadsPerHost's sibling rule: not counted by MaxInFlightPerHost.
+func (p *Provider) PruneImages(ctx context.Context, host string, keep func(digest string) bool) (image.PruneResult, error) {
+	var res image.PruneResult
+	err := p.do(ctx, ctx, host, func(c virt.Client, hs HostSpec) error {
+		pool, err := lookupPool(c, hs.Pool)
+		if errors.Is(err, ErrPoolMissing) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		mu := p.imageLock(host)
+		mu.Lock()
+		defer mu.Unlock()
+		res, err = p.opts.Images.Prune(ctx, c, pool, keep)
+		return err
+	})
+	if errors.Is(err, conn.ErrHostNotConfigured) {
+		return res, nil
+	}
+	return res, err
 }
 
 // ensureOverlay reuses the Proxy's overlay or creates it on the image.

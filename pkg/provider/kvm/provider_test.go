@@ -16,6 +16,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/image"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
@@ -441,7 +442,7 @@ func TestCachedImageDoesNotWaitBehindUploads(t *testing.T) {
 		t.Fatalf("Create with a cached image while an upload holds the slot: %v", err)
 	}
 	// An image that is not cached still waits for the slot.
-	uncached := kvmtest.NewImageServer("third", 4<<10)
+	uncached := kvmtest.NewImageServer("third", 4<<10+1) // another digest: not the upload under way
 	defer uncached.Close()
 	m := e.machine("hv1", "crawl", "p3", "uid-3")
 	m.Image = uncached.Image
@@ -658,4 +659,77 @@ func TestHostBusyFailsFastBeyondMaxInFlight(t *testing.T) {
 	// The daemon answers again: its calls return and free the host.
 	release()
 	testutil.WaitFor(t, func() bool { _, err := prov.Get(context.Background(), stuck); return err == nil })
+}
+
+// A cached image backing a Proxy's overlay survives PruneImages; once the
+// Proxy is deleted the image and its marker go.
+func TestPruneImagesKeepsImagesBackingOverlays(t *testing.T) {
+	e := newEnv(t, "hv1")
+	ctx := context.Background()
+	m := e.machine("hv1", "ns", "p", "uid-1")
+	if _, err := e.prov.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	vol, err := image.VolumeName(m.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest, _ := image.ParseChecksum(m.Image.Checksum)
+	keepNone := func(string) bool { return false }
+
+	res, err := e.prov.PruneImages(ctx, "hv1", keepNone)
+	if err != nil || len(res.Deleted) != 0 || len(res.InUse) != 1 || res.InUse[0] != digest {
+		t.Fatalf("PruneImages with an overlay = %+v, %v; want nothing deleted, %s in use", res, err, digest)
+	}
+	if _, ok := e.fakes["hv1"].Volume(kvmtest.PoolName, vol); !ok {
+		t.Fatalf("image volume %s pruned under a running overlay", vol)
+	}
+	if err := e.prov.Delete(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	res, err = e.prov.PruneImages(ctx, "hv1", keepNone)
+	if err != nil || len(res.Deleted) != 2 || len(res.InUse) != 0 {
+		t.Fatalf("PruneImages after Delete = %+v, %v; want image and marker deleted", res, err)
+	}
+	if _, ok := e.fakes["hv1"].Volume(kvmtest.PoolName, vol); ok {
+		t.Errorf("image volume %s left behind", vol)
+	}
+	if res, err := e.prov.PruneImages(ctx, "gone", keepNone); err != nil || len(res.Deleted) != 0 {
+		t.Errorf("PruneImages on an unconfigured host = %+v, %v; want nothing, no error", res, err)
+	}
+}
+
+// Two KVMImages of one digest cached at once: the second waits for the
+// first's upload instead of failing or downloading again.
+func TestEnsureImageSameDigestWaitsForTheUploadUnderWay(t *testing.T) {
+	e := newEnv(t, "hv1")
+	ctx := context.Background()
+	f := e.fakes["hv1"]
+	f.Delay(virt.RPCStorageVolUpload, 300*time.Millisecond)
+	a, b := e.img.Image, e.img.Image
+	a.Name, b.Name = "image-a", "image-b"
+
+	first := make(chan error, 1)
+	go func() {
+		_, err := e.prov.EnsureImage(ctx, "hv1", a, nil)
+		first <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.Calls(virt.RPCStorageVolUpload) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	got, err := e.prov.EnsureImage(ctx, "hv1", b, nil)
+	if err != nil {
+		t.Fatalf("second EnsureImage: %v", err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("first EnsureImage: %v", err)
+	}
+	want, _ := image.VolumeName(a)
+	if got.Volume != want || got.Bytes != 0 || got.Allocated <= 0 {
+		t.Errorf("second EnsureImage = %+v; want the shared volume %s, cached, with its allocation", got, want)
+	}
+	if n := e.img.Downloads(); n != 1 {
+		t.Errorf("downloaded %d times, want 1", n)
+	}
 }

@@ -9,9 +9,13 @@
 // behind. Nothing is buffered: memory use does not depend on image size and
 // nothing touches the operator's local disk.
 //
-// Within a process a Cache lets one call at a time upload a given volume;
-// across processes the operator's leader election does, and a volume that
-// appears under us anyway is reported as an upload in progress.
+// Volumes are content-addressed (see names.go): every image with one digest
+// shares one volume per pool. Within a process a Cache lets one call at a
+// time upload a given volume (Wait lets others queue behind it); across
+// processes the operator's leader election does, and a volume that appears
+// under us anyway is reported as an upload in progress. Prune deletes what
+// no caller wants any more and no overlay in the pool uses as its backing
+// file.
 //
 // Logging goes to the logger in ctx (logr.FromContextOrDiscard) with the key
 // "image"; callers add "host" to that logger, as the KVM provider does for

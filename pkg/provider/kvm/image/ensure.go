@@ -59,7 +59,7 @@ type Cache struct {
 	ProgressInterval time.Duration
 
 	mu       sync.Mutex
-	inflight map[uploadKey]struct{}
+	inflight map[uploadKey]chan struct{} // closed when the upload ends
 }
 
 // uploadKey names one volume on one host: pool UUIDs are random per pool,
@@ -147,7 +147,8 @@ func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.Storage
 }
 
 // Lookup returns the verified copy of img in pool if there is one, under the
-// same commit rule as Ensure (the marker vouches for the volume); ok is
+// same commit rule as Ensure (the marker vouches for the volume): the shared
+// volume, else a legacy one of img's name (see the naming notes); ok is
 // false when the image still has to be uploaded. It takes no upload claim,
 // so a caller can serve a cached image without queueing behind uploads.
 func (c *Cache) Lookup(lv virt.Client, pool libvirt.StoragePool, img provider.Image) (res Result, ok bool, err error) {
@@ -156,6 +157,12 @@ func (c *Cache) Lookup(lv virt.Client, pool libvirt.StoragePool, img provider.Im
 		return Result{}, false, err
 	}
 	st, err := lookup(lv, pool, s)
+	if err == nil && !st.ready() {
+		// A copy cached by an earlier build, vouched for by its own
+		// full-digest marker, boots while the shared one is made.
+		s.volume, s.marker = s.legacyVolume, s.legacyMarker
+		st, err = lookup(lv, pool, s)
+	}
 	if err != nil || !st.ready() {
 		return Result{}, false, err
 	}
@@ -215,14 +222,41 @@ func (c *Cache) acquire(pool libvirt.StoragePool, volume string) (release func()
 		return nil, false
 	}
 	if c.inflight == nil {
-		c.inflight = make(map[uploadKey]struct{})
+		c.inflight = make(map[uploadKey]chan struct{})
 	}
-	c.inflight[k] = struct{}{}
+	done := make(chan struct{})
+	c.inflight[k] = done
 	return func() {
 		c.mu.Lock()
 		delete(c.inflight, k)
 		c.mu.Unlock()
+		close(done)
 	}, true
+}
+
+// Wait returns once no call of this Cache is uploading img's volume to
+// pool, or when ctx ends. Images share volumes by digest, so a caller about
+// to fetch one waits for the upload already under way instead of failing
+// with "upload in progress" (and, in the KVM provider, before it takes an
+// upload slot it would only hold waiting).
+// waited says whether there was an upload to wait for.
+func (c *Cache) Wait(ctx context.Context, pool libvirt.StoragePool, img provider.Image) (waited bool, err error) {
+	vol, err := VolumeName(img)
+	if err != nil {
+		return false, err
+	}
+	c.mu.Lock()
+	done, busy := c.inflight[uploadKey{pool: pool.UUID, name: pool.Name, volume: vol}]
+	c.mu.Unlock()
+	if !busy {
+		return false, nil
+	}
+	select {
+	case <-done:
+		return true, nil
+	case <-ctx.Done():
+		return true, provider.Transient(fmt.Errorf("waiting for the upload of volume %s to pool %s: %w", vol, pool.Name, ctx.Err()))
+	}
 }
 
 // busy reports whether this process is uploading volume in pool.

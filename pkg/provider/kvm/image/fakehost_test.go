@@ -13,9 +13,7 @@ import (
 
 // fakeHost is the shared fake libvirt daemon plus what these tests need on
 // top: the XML each volume was created with (the fake grows raw volumes to
-// fit uploads, so what Ensure declared is kept here) and volume listing for
-// Prune, which neither virt.Client nor the fake offer yet. The list is the
-// volumes created through fakeHost that the fake still holds.
+// fit uploads, so what Ensure declared is kept here).
 type fakeHost struct {
 	*fake.Fake
 
@@ -23,10 +21,7 @@ type fakeHost struct {
 	created map[string]libvirtxml.StorageVolume // "pool/name"
 }
 
-var (
-	_ virt.Client  = (*fakeHost)(nil)
-	_ VolumeLister = (*fakeHost)(nil)
-)
+var _ virt.Client = (*fakeHost)(nil)
 
 func newFakeHost(opts ...fake.Option) *fakeHost {
 	return &fakeHost{Fake: fake.New(opts...), created: map[string]libvirtxml.StorageVolume{}}
@@ -54,35 +49,16 @@ func (h *fakeHost) StorageVolCreateXML(pool libvirt.StoragePool, xml string, fla
 	return v, err
 }
 
-func (h *fakeHost) StoragePoolListAllVolumes(pool libvirt.StoragePool, _ int32, _ uint32) ([]libvirt.StorageVol, uint32, error) {
-	// Go through the fake once so pool errors and faults apply.
-	if _, _, _, _, err := h.StoragePoolGetInfo(pool); err != nil {
-		return nil, 0, err
-	}
-	var out []libvirt.StorageVol
-	for _, name := range h.volumeNames(pool.Name) {
-		if info, ok := h.Volume(pool.Name, name); ok {
-			out = append(out, libvirt.StorageVol{Pool: pool.Name, Name: name, Key: info.Path})
-		}
-	}
-	return out, uint32(len(out)), nil
-}
-
 // volumeNames returns the volumes of pool that exist.
 func (h *fakeHost) volumeNames(pool string) []string {
-	h.mu.Lock()
-	var names []string
-	for k, d := range h.created {
-		if k == pool+"/"+d.Name {
-			names = append(names, d.Name)
-		}
+	p, err := h.StoragePoolLookupByName(pool)
+	if err != nil {
+		return nil
 	}
-	h.mu.Unlock()
+	vols, _, _ := h.StoragePoolListAllVolumes(p, 1, 0)
 	var out []string
-	for _, n := range names {
-		if _, ok := h.Volume(pool, n); ok {
-			out = append(out, n)
-		}
+	for _, v := range vols {
+		out = append(out, v.Name)
 	}
 	return out
 }

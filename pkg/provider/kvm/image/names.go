@@ -8,27 +8,32 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider"
 )
 
-// Volume naming. Every name this package creates is
+// Volume naming. An image is stored once per pool and content:
 //
-//	image:  image-<name>-<digest[:12]>.<format>
-//	marker: image-<name>-<digest[:12]>.<format>.<digest>.sha256
+//	image:  image-sha256_<digest>.<format>
+//	marker: image-sha256_<digest>.<format>.sha256
 //
-// The image name embeds the digest, so a changed checksum selects a new
-// volume and a re-fetch happens without deleting anything in use. The
-// marker's name carries the full digest because the fast path only looks
-// names up (reading a volume back is not part of the seam): a marker vouches
-// for the exact digest it was made for, not just for a 12-digit prefix.
-// 12 hex digits (48 bits) keep image names readable; two versions of one
-// image sharing them by accident is not a practical concern, and arranging
-// it on purpose takes control of the image spec, which decides what boots
-// anyway.
+// so every KVMImage and direct-URL image with one digest shares one volume
+// (the format stays in the name: the same bytes declared raw and qcow2 boot
+// differently). A changed checksum selects a new volume and a re-fetch
+// happens without deleting anything in use. The marker's name carries the
+// full digest because the fast path only looks names up: a marker vouches
+// for the exact digest it was made for.
 //
-// <name> is the KVMImage name, shortened with a hash when long, or for a
-// direct URL "url_" plus a hash of the URL. '_' never occurs in Kubernetes
-// names, so neither form can collide with another image's names, and Prune
-// can tell our volumes from anything else in the pool.
+// Builds before the shared cache named volumes per image:
+//
+//	legacy image:  image-<name>-<digest[:12]>.<format>
+//	legacy marker: image-<name>-<digest[:12]>.<format>.<digest>.sha256
+//
+// with <name> the KVMImage name (shortened with a hash when long) or "url_"
+// plus a hash of a direct URL. Lookup still serves a legacy copy vouched for
+// by its full-digest marker, so Proxies boot during an upgrade; Ensure
+// re-caches under the shared name, and Prune removes legacy volumes once
+// nothing uses them. '_' never occurs in Kubernetes names and the shared
+// name has no '-' after "image-", so no form collides with another.
 const (
 	namePrefix     = "image-"
+	sharedPrefix   = namePrefix + Algorithm + "_"
 	shortDigestLen = 12
 	markerSuffix   = ".sha256"
 	// maxComponent bounds <name> so a marker name stays well under the
@@ -44,9 +49,8 @@ const (
 
 // names are the volume names of one image at one digest.
 type names struct {
-	component string // <name>
-	volume    string
-	marker    string
+	volume, marker             string // shared
+	legacyVolume, legacyMarker string
 }
 
 func newNames(img provider.Image, digest string) (names, error) {
@@ -57,11 +61,13 @@ func newNames(img provider.Image, digest string) (names, error) {
 	if err := checkFormat(img.Format); err != nil {
 		return names{}, err
 	}
-	vol := namePrefix + comp + "-" + digest[:shortDigestLen] + "." + img.Format
+	vol := sharedPrefix + digest + "." + img.Format
+	legacy := namePrefix + comp + "-" + digest[:shortDigestLen] + "." + img.Format
 	return names{
-		component: comp,
-		volume:    vol,
-		marker:    vol + "." + digest + markerSuffix,
+		volume:       vol,
+		marker:       vol + markerSuffix,
+		legacyVolume: legacy,
+		legacyMarker: legacy + "." + digest + markerSuffix,
 	}, nil
 }
 
@@ -129,34 +135,59 @@ func shortHash(s string) string {
 
 // parsedName is a volume name of ours, taken apart.
 type parsedName struct {
+	digest string // full digest; empty for a legacy image volume
 	short  string // digest[:12]
-	digest string // full digest; markers only
+	image  string // the image volume a marker vouches for, or the name itself
+	legacy bool
 	marker bool
 }
 
-// parseName reports whether vol is an image or marker volume of the image
-// whose <name> is comp, and its digests.
-func parseName(vol, comp string) (parsedName, bool) {
-	rest, ok := strings.CutPrefix(vol, namePrefix+comp+"-")
-	if !ok || len(rest) < shortDigestLen+1 || rest[shortDigestLen] != '.' {
-		return parsedName{}, false
-	}
-	p := parsedName{short: rest[:shortDigestLen]}
-	if !isLowerHex(p.short) {
-		return parsedName{}, false
-	}
-	rest = rest[shortDigestLen+1:]
-	format, rest, _ := strings.Cut(rest, ".")
-	if checkFormat(format) != nil {
-		return parsedName{}, false
-	}
-	if rest == "" {
+// parseName reports whether vol is an image or marker volume of this
+// package, shared or legacy, and its digests.
+func parseName(vol string) (parsedName, bool) {
+	if rest, ok := strings.CutPrefix(vol, sharedPrefix); ok {
+		digest, rest, _ := strings.Cut(rest, ".")
+		format, rest, _ := strings.Cut(rest, ".")
+		if len(digest) != digestHexLen || !isLowerHex(digest) || checkFormat(format) != nil || rest != "" && "."+rest != markerSuffix {
+			return parsedName{}, false
+		}
+		p := parsedName{digest: digest, short: digest[:shortDigestLen], image: sharedPrefix + digest + "." + format, marker: rest != ""}
 		return p, true
 	}
-	digest, ok := strings.CutSuffix(rest, markerSuffix)
-	if !ok || len(digest) != digestHexLen || !isLowerHex(digest) {
+	rest, ok := strings.CutPrefix(vol, namePrefix)
+	if !ok {
 		return parsedName{}, false
 	}
-	p.digest, p.marker = digest, true
+	p := parsedName{legacy: true}
+	if base, ok := strings.CutSuffix(rest, markerSuffix); ok {
+		i := strings.LastIndexByte(base, '.')
+		if i < 0 || len(base)-i-1 != digestHexLen || !isLowerHex(base[i+1:]) {
+			return parsedName{}, false
+		}
+		p.digest, p.marker, rest = base[i+1:], true, base[:i]
+	}
+	i := strings.LastIndexByte(rest, '.')
+	if i < 0 || checkFormat(rest[i+1:]) != nil {
+		return parsedName{}, false
+	}
+	head := rest[:i]
+	j := len(head) - shortDigestLen
+	if j < 2 || head[j-1] != '-' || !isLowerHex(head[j:]) || !validComponent(head[:j-1]) {
+		return parsedName{}, false
+	}
+	p.short, p.image = head[j:], namePrefix+rest
+	if p.marker && p.digest[:shortDigestLen] != p.short {
+		return parsedName{}, false
+	}
 	return p, true
+}
+
+// validComponent reports whether s can be a <name> of a legacy volume.
+func validComponent(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -12,15 +12,15 @@ func TestNames(t *testing.T) {
 	const digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 	long := strings.Repeat("a", 200)
 	for _, tc := range []struct {
-		name             string
-		img              provider.Image
-		wantVol, errHas  string
-		wantVolHasPrefix string
+		name                   string
+		img                    provider.Image
+		wantVol, errHas        string
+		wantLegacy, legacyHead string
 	}{
-		{name: "kvmimage", img: provider.Image{Name: "ubuntu-24.04", Checksum: sum, Format: "qcow2"}, wantVol: "image-ubuntu-24.04-9f86d081884c.qcow2"},
-		{name: "raw", img: provider.Image{Name: "deb", Checksum: sum, Format: "raw"}, wantVol: "image-deb-9f86d081884c.raw"},
-		{name: "direct URL", img: provider.Image{URL: "https://example.com/a.img", Checksum: sum, Format: "raw"}, wantVolHasPrefix: "image-url_"},
-		{name: "long name", img: provider.Image{Name: long, Checksum: sum, Format: "raw"}, wantVolHasPrefix: "image-" + long[:51] + "_"},
+		{name: "kvmimage", img: provider.Image{Name: "ubuntu-24.04", Checksum: sum, Format: "qcow2"}, wantVol: "image-sha256_" + digest + ".qcow2", wantLegacy: "image-ubuntu-24.04-9f86d081884c.qcow2"},
+		{name: "raw", img: provider.Image{Name: "deb", Checksum: sum, Format: "raw"}, wantVol: "image-sha256_" + digest + ".raw", wantLegacy: "image-deb-9f86d081884c.raw"},
+		{name: "direct URL shares the volume", img: provider.Image{URL: "https://example.com/a.img", Checksum: sum, Format: "raw"}, wantVol: "image-sha256_" + digest + ".raw", legacyHead: "image-url_"},
+		{name: "long name", img: provider.Image{Name: long, Checksum: sum, Format: "raw"}, wantVol: "image-sha256_" + digest + ".raw", legacyHead: "image-" + long[:51] + "_"},
 		{name: "slash", img: provider.Image{Name: "../etc", Checksum: sum, Format: "raw"}, errHas: `character '/'`},
 		{name: "upper case", img: provider.Image{Name: "Deb", Checksum: sum, Format: "raw"}, errHas: `character 'D'`},
 		{name: "format", img: provider.Image{Name: "deb", Checksum: sum, Format: "iso"}, errHas: `format "iso"`},
@@ -38,54 +38,64 @@ func TestNames(t *testing.T) {
 			if err != nil || merr != nil {
 				t.Fatal(err, merr)
 			}
-			if tc.wantVol != "" && vol != tc.wantVol {
-				t.Errorf("VolumeName = %s, want %s", vol, tc.wantVol)
+			if vol != tc.wantVol || marker != vol+".sha256" {
+				t.Errorf("VolumeName, MarkerName = %s, %s; want %s and its .sha256", vol, marker, tc.wantVol)
 			}
-			if !strings.HasPrefix(vol, tc.wantVolHasPrefix) {
-				t.Errorf("VolumeName = %s, want prefix %s", vol, tc.wantVolHasPrefix)
+			n, _ := namesOf(tc.img)
+			if tc.wantLegacy != "" && n.legacyVolume != tc.wantLegacy || !strings.HasPrefix(n.legacyVolume, tc.legacyHead) {
+				t.Errorf("legacy volume = %s, want %s%s", n.legacyVolume, tc.wantLegacy, tc.legacyHead)
 			}
-			if want := vol + "." + digest + ".sha256"; marker != want {
-				t.Errorf("MarkerName = %s, want %s", marker, want)
+			if want := n.legacyVolume + "." + digest + ".sha256"; n.legacyMarker != want || len(want) > 200 {
+				t.Errorf("legacy marker = %s, want %s (at most 200 bytes)", n.legacyMarker, want)
 			}
-			if len(marker) > 200 {
-				t.Errorf("marker name is %d bytes long", len(marker))
-			}
-			// Prune recognises both names, with their digests.
-			comp, _ := nameComponent(tc.img)
-			if p, ok := parseName(vol, comp); !ok || p.marker || p.short != digest[:12] {
-				t.Errorf("parseName(%s) = %+v, %v", vol, p, ok)
-			}
-			if p, ok := parseName(marker, comp); !ok || !p.marker || p.digest != digest {
-				t.Errorf("parseName(%s) = %+v, %v", marker, p, ok)
-			}
-			if got := imageVolumeOf(marker); got != vol {
-				t.Errorf("imageVolumeOf(marker) = %s, want %s", got, vol)
+			// Prune recognises all four names, with their digests.
+			for _, c := range []struct {
+				name, image, digest string
+				marker, legacy      bool
+			}{
+				{vol, vol, digest, false, false},
+				{marker, vol, digest, true, false},
+				{n.legacyVolume, n.legacyVolume, "", false, true},
+				{n.legacyMarker, n.legacyVolume, digest, true, true},
+			} {
+				p, ok := parseName(c.name)
+				if !ok || p.image != c.image || p.digest != c.digest || p.marker != c.marker || p.legacy != c.legacy || p.short != digest[:12] {
+					t.Errorf("parseName(%s) = %+v, %v; want %+v", c.name, p, ok, c)
+				}
 			}
 		})
 	}
 }
 
-func TestDirectURLNamesDiffer(t *testing.T) {
+func TestDirectURLLegacyNamesDiffer(t *testing.T) {
 	const sum = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
-	a, _ := VolumeName(provider.Image{URL: "https://a.example/x.img", Checksum: sum, Format: "raw"})
-	b, _ := VolumeName(provider.Image{URL: "https://b.example/x.img", Checksum: sum, Format: "raw"})
-	if a == b {
-		t.Errorf("two direct URLs share volume %s", a)
+	a, _ := namesOf(provider.Image{URL: "https://a.example/x.img", Checksum: sum, Format: "raw"})
+	b, _ := namesOf(provider.Image{URL: "https://b.example/x.img", Checksum: sum, Format: "raw"})
+	if a.legacyVolume == b.legacyVolume || a.volume != b.volume {
+		t.Errorf("direct URLs: legacy %s, %s must differ; shared %s, %s must not", a.legacyVolume, b.legacyVolume, a.volume, b.volume)
 	}
 }
 
 func TestParseNameRejectsOthers(t *testing.T) {
+	const digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 	for _, n := range []string{
-		"image-deb-extra-9f86d081884c.raw", // image "deb-extra"
 		"image-deb-9f86d081884c.vmdk",
 		"image-deb-9f86d081884.raw",
 		"image-deb-9F86D081884C.raw",
 		"image-deb-9f86d081884c.raw.bak",
 		"image-deb-9f86d081884c.raw.0123.sha256",
+		"image-deb-9f86d081884c.raw." + strings.Replace(digest, "9f", "00", 1) + ".sha256", // marker of another digest
 		"image-deb.9f86d081884c.raw",
+		"image--9f86d081884c.raw",
+		"image-De b-9f86d081884c.raw",
 		"proxy-deb-9f86d081884c.raw",
+		"image-sha256_" + digest[:63] + ".raw",
+		"image-sha256_" + digest + ".vmdk",
+		"image-sha256_" + digest + ".raw.bak",
+		"image-sha256_" + digest + ".raw." + digest + ".sha256",
+		"image-sha256_" + strings.ToUpper(digest) + ".raw",
 	} {
-		if p, ok := parseName(n, "deb"); ok {
+		if p, ok := parseName(n); ok {
 			t.Errorf("parseName(%q) = %+v, want not ours", n, p)
 		}
 	}

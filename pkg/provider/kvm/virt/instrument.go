@@ -412,6 +412,23 @@ func (c *instrumented) StoragePoolRefresh(pool libvirt.StoragePool, flags uint32
 		func() error { return c.inner.StoragePoolRefresh(pool, flags) })
 }
 
+func (c *instrumented) StoragePoolListAllVolumes(pool libvirt.StoragePool, needResults int32, flags uint32) ([]libvirt.StorageVol, uint32, error) {
+	type res = two[[]libvirt.StorageVol, uint32]
+	r, err := call(c, RPCStoragePoolListAllVolumes, []any{"pool", pool.Name, "flags", flags},
+		func() (res, error) {
+			v, n, err := c.inner.StoragePoolListAllVolumes(pool, needResults, flags)
+			return res{v, n}, err
+		},
+		func(r res) []any { return []any{"volumes", len(r.a)} }, nil)
+	return r.a, r.b, err
+}
+
+func (c *instrumented) StorageVolGetXMLDesc(vol libvirt.StorageVol, flags uint32) (string, error) {
+	return call(c, RPCStorageVolGetXMLDesc, volArgs(vol, "flags", flags),
+		func() (string, error) { return c.inner.StorageVolGetXMLDesc(vol, flags) },
+		func(x string) []any { return []any{"bytes", len(x), "xml", payload(x)} }, nil)
+}
+
 func (c *instrumented) StorageVolLookupByName(pool libvirt.StoragePool, name string) (libvirt.StorageVol, error) {
 	return call(c, RPCStorageVolLookupByName, []any{"pool", pool.Name, "volume", name},
 		func() (libvirt.StorageVol, error) { return c.inner.StorageVolLookupByName(pool, name) },

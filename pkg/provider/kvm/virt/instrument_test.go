@@ -254,6 +254,8 @@ func TestInstrumentCoversEveryMethod(t *testing.T) {
 	_, _ = c.StorageVolGetPath(v)
 	_, _, _, _ = c.StorageVolGetInfo(v)
 	_ = c.StorageVolUpload(v, strings.NewReader("x"), 0, 0, 0)
+	_, _, _ = c.StoragePoolListAllVolumes(p, 1, 0)
+	_, _ = c.StorageVolGetXMLDesc(v, 0)
 	_ = c.StorageVolDelete(v, 0)
 	n, _ := c.NetworkLookupByName("default")
 	_, _, _ = c.NetworkGetDhcpLeases(n, nil, 1, 0)

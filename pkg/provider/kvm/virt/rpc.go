@@ -5,30 +5,32 @@ package virt
 // a dashboard, a log line and a test's fake.FailNext name the same thing and
 // can be looked up in libvirt's documentation as is.
 const (
-	RPCConnectGetLibVersion     = "virConnectGetLibVersion"
-	RPCConnectGetHostname       = "virConnectGetHostname"
-	RPCConnectListAllDomains    = "virConnectListAllDomains"
-	RPCDomainLookupByName       = "virDomainLookupByName"
-	RPCDomainLookupByUUID       = "virDomainLookupByUUID"
-	RPCDomainDefineXMLFlags     = "virDomainDefineXMLFlags"
-	RPCDomainCreate             = "virDomainCreate"
-	RPCDomainResume             = "virDomainResume"
-	RPCDomainDestroyFlags       = "virDomainDestroyFlags"
-	RPCDomainUndefineFlags      = "virDomainUndefineFlags"
-	RPCDomainGetState           = "virDomainGetState"
-	RPCDomainGetXMLDesc         = "virDomainGetXMLDesc"
-	RPCDomainGetMetadata        = "virDomainGetMetadata"
-	RPCDomainInterfaceAddresses = "virDomainInterfaceAddresses"
-	RPCStoragePoolLookupByName  = "virStoragePoolLookupByName"
-	RPCStoragePoolGetInfo       = "virStoragePoolGetInfo"
-	RPCStoragePoolRefresh       = "virStoragePoolRefresh"
-	RPCStorageVolLookupByName   = "virStorageVolLookupByName"
-	RPCStorageVolCreateXML      = "virStorageVolCreateXML"
-	RPCStorageVolDelete         = "virStorageVolDelete"
-	RPCStorageVolGetPath        = "virStorageVolGetPath"
-	RPCStorageVolGetInfo        = "virStorageVolGetInfo"
-	RPCStorageVolUpload         = "virStorageVolUpload"
-	RPCNetworkLookupByName      = "virNetworkLookupByName"
+	RPCConnectGetLibVersion      = "virConnectGetLibVersion"
+	RPCConnectGetHostname        = "virConnectGetHostname"
+	RPCConnectListAllDomains     = "virConnectListAllDomains"
+	RPCDomainLookupByName        = "virDomainLookupByName"
+	RPCDomainLookupByUUID        = "virDomainLookupByUUID"
+	RPCDomainDefineXMLFlags      = "virDomainDefineXMLFlags"
+	RPCDomainCreate              = "virDomainCreate"
+	RPCDomainResume              = "virDomainResume"
+	RPCDomainDestroyFlags        = "virDomainDestroyFlags"
+	RPCDomainUndefineFlags       = "virDomainUndefineFlags"
+	RPCDomainGetState            = "virDomainGetState"
+	RPCDomainGetXMLDesc          = "virDomainGetXMLDesc"
+	RPCDomainGetMetadata         = "virDomainGetMetadata"
+	RPCDomainInterfaceAddresses  = "virDomainInterfaceAddresses"
+	RPCStoragePoolLookupByName   = "virStoragePoolLookupByName"
+	RPCStoragePoolGetInfo        = "virStoragePoolGetInfo"
+	RPCStoragePoolRefresh        = "virStoragePoolRefresh"
+	RPCStoragePoolListAllVolumes = "virStoragePoolListAllVolumes"
+	RPCStorageVolLookupByName    = "virStorageVolLookupByName"
+	RPCStorageVolCreateXML       = "virStorageVolCreateXML"
+	RPCStorageVolDelete          = "virStorageVolDelete"
+	RPCStorageVolGetPath         = "virStorageVolGetPath"
+	RPCStorageVolGetInfo         = "virStorageVolGetInfo"
+	RPCStorageVolUpload          = "virStorageVolUpload"
+	RPCStorageVolGetXMLDesc      = "virStorageVolGetXMLDesc"
+	RPCNetworkLookupByName       = "virNetworkLookupByName"
 	// The C API spells DHCP in capitals, unlike go-libvirt's method.
 	RPCNetworkGetDHCPLeases = "virNetworkGetDHCPLeases"
 	// LifecycleEvents registers a lifecycle callback; this is the C API the
@@ -56,12 +58,14 @@ var RPCNames = []string{
 	RPCStoragePoolLookupByName,
 	RPCStoragePoolGetInfo,
 	RPCStoragePoolRefresh,
+	RPCStoragePoolListAllVolumes,
 	RPCStorageVolLookupByName,
 	RPCStorageVolCreateXML,
 	RPCStorageVolDelete,
 	RPCStorageVolGetPath,
 	RPCStorageVolGetInfo,
 	RPCStorageVolUpload,
+	RPCStorageVolGetXMLDesc,
 	RPCNetworkLookupByName,
 	RPCNetworkGetDHCPLeases,
 	RPCConnectDomainEventRegisterAny,

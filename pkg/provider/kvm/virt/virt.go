@@ -38,11 +38,15 @@ type Client interface {
 	StoragePoolLookupByName(name string) (libvirt.StoragePool, error)
 	StoragePoolGetInfo(pool libvirt.StoragePool) (state uint8, capacity, allocation, available uint64, err error)
 	StoragePoolRefresh(pool libvirt.StoragePool, flags uint32) error
+	StoragePoolListAllVolumes(pool libvirt.StoragePool, needResults int32, flags uint32) ([]libvirt.StorageVol, uint32, error)
 	StorageVolLookupByName(pool libvirt.StoragePool, name string) (libvirt.StorageVol, error)
 	StorageVolCreateXML(pool libvirt.StoragePool, xml string, flags libvirt.StorageVolCreateFlags) (libvirt.StorageVol, error)
 	StorageVolDelete(vol libvirt.StorageVol, flags libvirt.StorageVolDeleteFlags) error
 	StorageVolGetPath(vol libvirt.StorageVol) (string, error)
 	StorageVolGetInfo(vol libvirt.StorageVol) (typ int8, capacity, allocation uint64, err error)
+	// StorageVolGetXMLDesc shows a volume's backing store: what decides
+	// whether an image volume is still in use (see image.Cache.Prune).
+	StorageVolGetXMLDesc(vol libvirt.StorageVol, flags uint32) (string, error)
 	StorageVolUpload(vol libvirt.StorageVol, body io.Reader, offset, length uint64, flags libvirt.StorageVolUploadFlags) error
 
 	// Networks (address fallback: DHCP leases).

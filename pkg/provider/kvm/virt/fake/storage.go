@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 
@@ -303,8 +305,63 @@ func scale(s *libvirtxml.StorageVolumeSize) (uint64, error) {
 	return n, nil
 }
 
+// StoragePoolListAllVolumes implements virt.Client: every volume of an
+// active pool, sorted by name (libvirt's order is unspecified). The
+// needResults and flags arguments are ignored, as libvirt ignores flags.
+func (c *Conn) StoragePoolListAllVolumes(pl libvirt.StoragePool, needResults int32, flags uint32) ([]libvirt.StorageVol, uint32, error) {
+	vols, err := do(c, virt.RPCStoragePoolListAllVolumes, func(f *Fake) ([]libvirt.StorageVol, error) {
+		p, err := f.poolByHandle(pl)
+		if err != nil {
+			return nil, err
+		}
+		if !p.active {
+			return nil, errPoolInactive(p.name)
+		}
+		out := make([]libvirt.StorageVol, 0, len(p.vols))
+		for _, name := range slices.Sorted(maps.Keys(p.vols)) {
+			out = append(out, p.vols[name].handle())
+		}
+		return out, nil
+	})
+	return vols, uint32(len(vols)), err
+}
+
+// StorageVolGetXMLDesc implements virt.Client with what libvirt shows for a
+// file volume: name, key, capacity, allocation, target path and format and,
+// for an overlay, <backingStore> with the path its header names.
+func (c *Conn) StorageVolGetXMLDesc(h libvirt.StorageVol, flags uint32) (string, error) {
+	return do(c, virt.RPCStorageVolGetXMLDesc, func(f *Fake) (string, error) {
+		v, err := f.volByHandle(h)
+		if err != nil {
+			return "", err
+		}
+		x := libvirtxml.StorageVolume{
+			Type:       "file",
+			Name:       v.name,
+			Key:        v.path,
+			Capacity:   &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: v.capacity},
+			Allocation: &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: v.allocation},
+			Target: &libvirtxml.StorageVolumeTarget{
+				Path:   v.path,
+				Format: &libvirtxml.StorageVolumeTargetFormat{Type: v.format},
+			},
+		}
+		if v.backing != "" {
+			bs := &libvirtxml.StorageVolumeBackingStore{Path: v.backing}
+			if b := f.volByPath(v.backing); b != nil {
+				bs.Format = &libvirtxml.StorageVolumeTargetFormat{Type: b.format}
+			}
+			x.BackingStore = bs
+		}
+		return x.Marshal()
+	})
+}
+
 // StorageVolDelete implements virt.Client. A volume being uploaded to is
-// refused, as libvirt does.
+// refused, as libvirt does (VIR_ERR_OPERATION_INVALID). Like libvirt's
+// storageVolDelete it checks nothing else: a volume that is the backing
+// file of another volume, or the disk of a running domain, is deleted (the
+// file is unlinked under qemu). Callers must check backing chains first.
 func (c *Conn) StorageVolDelete(h libvirt.StorageVol, flags libvirt.StorageVolDeleteFlags) error {
 	return do0(c, virt.RPCStorageVolDelete, func(f *Fake) error {
 		v, err := f.volByHandle(h)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"libvirt.org/go/libvirtxml"
 
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
@@ -313,4 +314,49 @@ func TestStorageVolDeleteDuringUploadRefused(t *testing.T) {
 		t.Fatal("upload did not finish")
 	}
 	must(t, f.StorageVolDelete(v, 0))
+}
+
+// Volume listing and XML show backing chains; deleting a backing file, or
+// the disk of a running domain, succeeds as in libvirt, whose
+// storageVolDelete refuses only volumes being uploaded or built.
+func TestStorageBackingChainsAndDelete(t *testing.T) {
+	f := newFake(t)
+	p := pool(t, f, "default")
+	img, err := f.StorageVolCreateXML(p, volXML("base.qcow2", "<capacity>1048576</capacity>", "qcow2", ""), 0)
+	must(t, err)
+	basePath := fake.PoolDir + "/default/base.qcow2"
+	ov, err := f.StorageVolCreateXML(p, volXML("overlay.qcow2", "", "qcow2", basePath), 0)
+	must(t, err)
+
+	vols, n, err := f.StoragePoolListAllVolumes(p, 1, 0)
+	must(t, err)
+	if n != 2 || len(vols) != 2 || vols[0].Name != "base.qcow2" || vols[1].Name != "overlay.qcow2" {
+		t.Fatalf("listed %d: %+v", n, vols)
+	}
+	x, err := f.StorageVolGetXMLDesc(ov, 0)
+	must(t, err)
+	var got libvirtxml.StorageVolume
+	must(t, got.Unmarshal(x))
+	if got.BackingStore == nil || got.BackingStore.Path != basePath || got.Target == nil || got.Target.Path != fake.PoolDir+"/default/overlay.qcow2" {
+		t.Errorf("overlay XML lacks its backing store or path:\n%s", x)
+	}
+	if x, _ := f.StorageVolGetXMLDesc(img, 0); strings.Contains(x, "backingStore") {
+		t.Errorf("base XML shows a backing store:\n%s", x)
+	}
+
+	d := mustDefine(t, f, dom{name: "vm"})
+	must(t, f.DomainCreate(d))
+	must(t, f.StorageVolDelete(img, 0)) // backing file of overlay.qcow2
+	x, err = f.StorageVolGetXMLDesc(ov, 0)
+	must(t, err)
+	if !strings.Contains(x, basePath) {
+		t.Errorf("overlay forgot its deleted backing file:\n%s", x)
+	}
+	must(t, f.StorageVolDelete(ov, 0)) // the running domain's disk
+	_, err = f.StorageVolGetXMLDesc(ov, 0)
+	wantErr(t, err, libvirt.ErrNoStorageVol, "Storage volume not found: no storage vol with matching name 'overlay.qcow2'")
+
+	f.SetPoolActive("default", false)
+	_, _, err = f.StoragePoolListAllVolumes(p, 1, 0)
+	wantErr(t, err, libvirt.ErrOperationInvalid, "storage pool 'default' is not active")
 }

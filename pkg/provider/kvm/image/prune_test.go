@@ -1,0 +1,189 @@
+package image
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/digitalocean/go-libvirt"
+
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
+)
+
+func keepNone(string) bool { return false }
+
+func keepDigests(checksums ...string) func(string) bool {
+	return func(d string) bool {
+		for _, c := range checksums {
+			if got, _ := ParseChecksum(c); got == d {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// overlay creates a qcow2 volume backed by backing (a path or a bare name).
+func overlay(e *env, name, backing string) {
+	e.t.Helper()
+	xml := "<volume><name>" + name + "</name><target><format type='qcow2'/></target><backingStore><path>" + backing + "</path></backingStore></volume>"
+	if _, err := e.host.StorageVolCreateXML(e.pool, xml, 0); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// legacyCopy stores img the way builds before the shared cache did; a
+// nil marker leaves it unverified.
+func legacyCopy(e *env, img provider.Image, content []byte, marker bool) string {
+	e.t.Helper()
+	n, err := namesOf(img)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	createWith(e, n.legacyVolume, content)
+	if marker {
+		createWith(e, n.legacyMarker, []byte("x"))
+	}
+	return n.legacyVolume
+}
+
+// Every KVMImage and direct URL with one digest shares one volume: one
+// download, one marker.
+func TestEnsureSharesOneVolumePerDigest(t *testing.T) {
+	e := newEnv(t)
+	q := qcow2Image(21, 1<<20, 1<<30)
+	url := e.srv.bytes("/deb.qcow2", q)
+	var vols []string
+	for _, img := range []provider.Image{
+		{Name: "deb-a", URL: url, Checksum: checksumOf(q), Format: FormatQCOW2},
+		{Name: "deb-b", URL: url, Checksum: checksumOf(q), Format: FormatQCOW2},
+		{URL: url, Checksum: checksumOf(q), Format: FormatQCOW2},
+	} {
+		res, err := e.ensure(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vols = append(vols, res.VolumeName)
+	}
+	if vols[0] != vols[1] || vols[1] != vols[2] {
+		t.Errorf("volumes = %v, want one shared", vols)
+	}
+	if n := e.srv.requests("/deb.qcow2"); n != 1 {
+		t.Errorf("downloaded %d times, want 1", n)
+	}
+	if got := e.volumes(); len(got) != 2 {
+		t.Errorf("pool holds %v, want the image and its marker", got)
+	}
+}
+
+// Upgrade: a copy cached by an earlier build serves Lookup only when its
+// full-digest marker vouches for it; Ensure re-caches under the shared name.
+func TestLookupServesVerifiedLegacyCopyOnly(t *testing.T) {
+	raw := genBytes(22, 1<<20)
+	for _, tc := range []struct {
+		name   string
+		marker bool
+		wantOK bool
+	}{
+		{name: "verified legacy copy", marker: true, wantOK: true},
+		{name: "unverified legacy copy", marker: false, wantOK: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			img := provider.Image{Name: "deb", URL: e.srv.bytes("/deb", raw), Checksum: checksumOf(raw), Format: FormatRaw}
+			legacy := legacyCopy(e, img, raw, tc.marker)
+			res, ok, err := e.cache.Lookup(e.host, e.pool, img)
+			if err != nil || ok != tc.wantOK || ok && res.VolumeName != legacy {
+				t.Fatalf("Lookup = %+v, %v, %v; want ok=%v on %s", res, ok, err, tc.wantOK, legacy)
+			}
+			res, err = e.ensure(img)
+			if err != nil || res.Cached || res.VolumeName == legacy {
+				t.Fatalf("Ensure = %+v, %v; want a fresh shared copy", res, err)
+			}
+			e.assertCached(img, raw)
+			if got, ok, _ := e.cache.Lookup(e.host, e.pool, img); !ok || got.VolumeName != res.VolumeName {
+				t.Errorf("Lookup after re-cache = %+v, %v; want the shared copy %s", got, ok, res.VolumeName)
+			}
+		})
+	}
+}
+
+func TestPrune(t *testing.T) {
+	e := newEnv(t)
+	content := func(seed uint64) []byte { return genBytes(seed, 64<<10) }
+	img := func(name string, b []byte) provider.Image {
+		return provider.Image{Name: name, URL: e.srv.bytes("/"+name+checksumOf(b), b), Checksum: checksumOf(b), Format: FormatRaw}
+	}
+	kept, unused, backing, relative := img("kept", content(1)), img("unused", content(2)), img("backing", content(3)), img("relative", content(4))
+	for _, i := range []provider.Image{kept, unused, backing, relative} {
+		if _, err := e.ensure(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sharedVol := func(i provider.Image) string { v, _ := e.names(i); return v }
+	overlay(e, "proxy-1-disk.qcow2", fake.PoolDir+"/"+poolName+"/"+sharedVol(backing))
+	overlay(e, "proxy-2-disk.qcow2", sharedVol(relative))
+	// Legacy copies: of a digest with a shared copy (redundant), of a kept
+	// digest without one (still served by Lookup), unverified, and in use.
+	redundant := legacyCopy(e, img("kept", content(1)), content(1), true)
+	onlyCopy := legacyCopy(e, img("old", content(5)), content(5), true)
+	unverified := legacyCopy(e, img("half", content(6)), content(6), false)
+	legacyInUse := legacyCopy(e, img("booted", content(7)), content(7), true)
+	overlay(e, "proxy-3-disk.qcow2", fake.PoolDir+"/"+poolName+"/"+legacyInUse)
+	// Bystanders: look-alikes and foreign volumes.
+	for _, n := range []string{"image-deb-notahexdigest.qcow2", "proxy-1234-disk.qcow2", "image-deb-0123456789ab.vmdk", "image-deb.qcow2", "image-sha256_xyz.raw"} {
+		createWith(e, n, []byte("x"))
+	}
+	before := e.volumes()
+
+	res, err := e.cache.Prune(e.ctx, e.host, e.pool, keepDigests(kept.Checksum, img("old", content(5)).Checksum))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := res.Deleted
+	digest := func(i provider.Image) string { d, _ := ParseChecksum(i.Checksum); return d }
+	if want := []string{digest(backing), digest(relative), digest(img("booted", content(7)))}; !slices.Equal(slices.Sorted(slices.Values(res.InUse)), slices.Sorted(slices.Values(want))) {
+		t.Errorf("Prune left in use %v, want %v", res.InUse, want)
+	}
+	_, unusedMarker := e.names(unused)
+	n := func(i provider.Image) names { x, _ := namesOf(i); return x }
+	want := []string{unusedMarker, sharedVol(unused), n(img("kept", content(1))).legacyMarker, redundant, unverified}
+	if !slices.Equal(slices.Sorted(slices.Values(deleted)), slices.Sorted(slices.Values(want))) {
+		t.Errorf("Prune deleted %v\nwant %v", deleted, want)
+	}
+	// Markers go before their image volume.
+	if i, j := slices.Index(deleted, unusedMarker), slices.Index(deleted, sharedVol(unused)); i < 0 || i > j {
+		t.Errorf("marker deleted after its volume: %v", deleted)
+	}
+	if got, want := e.volumes(), slices.DeleteFunc(before, func(v string) bool { return slices.Contains(want, v) }); !slices.Equal(got, want) {
+		t.Errorf("after Prune pool = %v\nwant %v", got, want)
+	}
+	for _, v := range []string{sharedVol(backing), sharedVol(relative), legacyInUse, onlyCopy} {
+		if _, ok := e.host.Volume(poolName, v); !ok {
+			t.Errorf("Prune deleted %s", v)
+		}
+	}
+	if res, err := e.ensure(kept); err != nil || !res.Cached {
+		t.Errorf("Ensure of the kept image after Prune = %+v, %v; want cached", res, err)
+	}
+}
+
+// An overlay whose XML cannot be read might be the one using an image:
+// nothing is deleted.
+func TestPruneDeletesNothingItCannotProveUnused(t *testing.T) {
+	e := newEnv(t)
+	b := genBytes(8, 64<<10)
+	if _, err := e.ensure(provider.Image{Name: "x", URL: e.srv.bytes("/x", b), Checksum: checksumOf(b), Format: FormatRaw}); err != nil {
+		t.Fatal(err)
+	}
+	before := e.volumes()
+	e.host.FailNext(virt.RPCStorageVolGetXMLDesc, virt.NewError(libvirt.ErrInternalError, "boom"))
+	res, err := e.cache.Prune(e.ctx, e.host, e.pool, keepNone)
+	if err == nil || provider.Class(err) != provider.ClassTransient || len(res.Deleted) != 0 {
+		t.Errorf("Prune = %+v, %v; want a transient error and nothing deleted", res, err)
+	}
+	if got := e.volumes(); !slices.Equal(got, before) {
+		t.Errorf("pool = %v, want %v", got, before)
+	}
+}
