@@ -53,6 +53,7 @@ type options struct {
 	webhookCertDir       string
 	enableWebhooks       bool
 	enableHTTP2          bool
+	allowProxyImageURLs  bool
 
 	providers     string
 	tag           string
@@ -87,6 +88,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "", "Directory with tls.crt/tls.key for the webhook server (controller-runtime's default when empty).")
 	fs.BoolVar(&o.enableWebhooks, "enable-webhooks", true, "Serve the admission webhooks.")
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off: CVE-2023-44487 rapid reset).")
+	fs.BoolVar(&o.allowProxyImageURLs, "allow-proxy-image-urls", false, "Admit Proxies whose spec.placement.image is a URL, which the manager downloads from inside the cluster (SSRF); otherwise only KVMImage names, which cluster admins create.")
 
 	fs.StringVar(&o.providers, "providers", "kvm,kubernetes", "Comma-separated providers to enable: kvm, kubernetes, gcp.")
 	fs.StringVar(&o.tag, "instance-tag", "proxy-operator", "Tag written on every instance; the orphan sweep only considers instances with it (and with this install's id).")
@@ -177,9 +179,9 @@ func run(o options) error {
 
 	if o.enableWebhooks {
 		for name, setup := range map[string]func(ctrl.Manager) error{
-			"KVMHost":  webhookv1.SetupKVMHostWebhookWithManager,
-			"KVMImage": webhookv1.SetupKVMImageWebhookWithManager,
-			"Proxy":    webhookv1.SetupProxyWebhookWithManager,
+			"KVMHost":  (&webhookv1.KVMHostWebhook{}).SetupWithManager,
+			"KVMImage": (&webhookv1.KVMImageWebhook{}).SetupWithManager,
+			"Proxy":    (&webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return fmt.Errorf("create %s webhook: %w", name, err)

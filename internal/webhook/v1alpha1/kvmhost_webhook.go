@@ -31,9 +31,8 @@ import (
 // DefaultSSHPort is used when KVMHost.spec.address has no port.
 const DefaultSSHPort = 22
 
-// SetupKVMHostWebhookWithManager registers the KVMHost webhooks.
-func SetupKVMHostWebhookWithManager(mgr ctrl.Manager) error {
-	w := &KVMHostWebhook{}
+// SetupWithManager registers the KVMHost webhooks.
+func (w *KVMHostWebhook) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewWebhookManagedBy(mgr, &crawlv1.KVMHost{}).WithDefaulter(w).WithValidator(w).Complete()
 }
 
