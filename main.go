@@ -21,11 +21,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/controllers"
+	"crawl.example.com/proxy-operator/internal/metricsauth"
 	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp"
@@ -46,6 +46,7 @@ func init() {
 // options are the manager's flags.
 type options struct {
 	metricsAddr          string
+	metricsSecure        bool
 	probeAddr            string
 	leaderElect          bool
 	leaderElectNamespace string
@@ -80,7 +81,8 @@ type options struct {
 
 func (o *options) bind(fs *flag.FlagSet) {
 	o.checkInterval.Duration = crawlv1.DefaultCheckInterval
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address the metrics endpoint binds to; \"0\" disables it.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS to authenticated and authorized clients only (get on /metrics); false serves plain HTTP to anyone (not recommended).")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the health probe endpoint binds to.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Enable leader election so only one manager is active.")
 	fs.StringVar(&o.leaderElectNamespace, "leader-election-namespace", "", "Namespace of the leader election lease (in-cluster namespace when empty).")
@@ -161,7 +163,7 @@ func run(o options) error {
 		Scheme:                  scheme,
 		Cache:                   cacheOpts,
 		Controller:              controllers.ControllerConfig(),
-		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr, TLSOpts: tlsOpts},
+		Metrics:                 metricsauth.ServerOptions(o.metricsAddr, o.metricsSecure, tlsOpts),
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "proxy-operator.crawl.example.com",
