@@ -55,6 +55,7 @@ type options struct {
 	enableWebhooks       bool
 	enableHTTP2          bool
 	allowProxyImageURLs  bool
+	managerNamespace     string
 
 	providers     string
 	tag           string
@@ -90,6 +91,11 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "", "Directory with tls.crt/tls.key for the webhook server (controller-runtime's default when empty).")
 	fs.BoolVar(&o.enableWebhooks, "enable-webhooks", true, "Serve the admission webhooks.")
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off: CVE-2023-44487 rapid reset).")
+	managerNamespace := os.Getenv("POD_NAMESPACE") // the downward API in config/manager
+	if managerNamespace == "" {
+		managerNamespace = "proxy-operator-system" // config/default's, for local runs
+	}
+	fs.StringVar(&o.managerNamespace, "manager-namespace", managerNamespace, "The manager's namespace, the only one KVMHosts' SSH Secrets are read from (default: $POD_NAMESPACE, else proxy-operator-system).")
 	fs.BoolVar(&o.allowProxyImageURLs, "allow-proxy-image-urls", false, "Admit Proxies whose spec.placement.image is a URL, which the manager downloads from inside the cluster (SSRF); otherwise only KVMImage names, which cluster admins create.")
 
 	fs.StringVar(&o.providers, "providers", "kvm,kubernetes", "Comma-separated providers to enable: kvm, kubernetes, gcp.")
@@ -181,7 +187,7 @@ func run(o options) error {
 
 	if o.enableWebhooks {
 		for name, setup := range map[string]func(ctrl.Manager) error{
-			"KVMHost":  (&webhookv1.KVMHostWebhook{}).SetupWithManager,
+			"KVMHost":  (&webhookv1.KVMHostWebhook{ManagerNamespace: o.managerNamespace}).SetupWithManager,
 			"KVMImage": (&webhookv1.KVMImageWebhook{}).SetupWithManager,
 			"Proxy":    (&webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs}).SetupWithManager,
 		} {
@@ -226,7 +232,7 @@ func run(o options) error {
 		})
 		kvmProvider = kvm.New(kvm.Options{
 			InstallID:          installID,
-			Hosts:              &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial},
+			Hosts:              &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial, SecretNamespace: o.managerNamespace},
 			Pool:               pool,
 			Observer:           rpcObserver,
 			MaxUploadsPerHost:  o.maxUploads,

@@ -204,7 +204,7 @@ func startManager() *harness {
 	})
 	prov = kvm.New(kvm.Options{
 		InstallID:     testInstallID,
-		Hosts:         &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()},
+		Hosts:         &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader(), SecretNamespace: secretNamespace},
 		Pool:          pool,
 		Observer:      rpcMetrics,
 		OnImageUpload: ObserveImageUpload,

@@ -224,6 +224,7 @@ func TestDefaultWiring(t *testing.T) {
 		{"ClusterRoleBinding", namePrefix + "manager-rolebinding", namePrefix + "manager-role"},
 		{"RoleBinding", namePrefix + "leader-election-rolebinding", namePrefix + "leader-election-role"},
 		{"ClusterRoleBinding", namePrefix + "metrics-auth-rolebinding", namePrefix + "metrics-auth-role"},
+		{"RoleBinding", namePrefix + "manager-secrets-rolebinding", namePrefix + "manager-role"},
 	} {
 		o := one(t, objs, b.kind, b.name)
 		role, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
@@ -484,4 +485,47 @@ func TestMetricsAreAuthenticatedHTTPS(t *testing.T) {
 	if ep["scheme"] != "https" || ep["port"] != port["name"] || ep["path"] != "/metrics" || ep["bearerTokenFile"] == nil {
 		t.Errorf("ServiceMonitor endpoint %v, want https on port %v, /metrics, with the bearer token", ep, port["name"])
 	}
+}
+
+// TestSecretsAreReadOnlyInTheManagerNamespace: no ClusterRole of the install
+// grants Secrets; the manager reads them through a Role in its namespace.
+func TestSecretsAreReadOnlyInTheManagerNamespace(t *testing.T) {
+	objs := kustomizeBuild(t, "config/default")
+	grantsSecrets := func(o *unstructured.Unstructured) bool {
+		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+		for _, r := range rules {
+			res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+			if slices.Contains(res, "secrets") || slices.Contains(res, "*") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, cr := range find(objs, "ClusterRole", "") {
+		if grantsSecrets(cr) {
+			t.Errorf("ClusterRole %s grants Secrets cluster-wide", cr.GetName())
+		}
+	}
+	role := one(t, objs, "Role", namePrefix+"manager-role")
+	if role.GetNamespace() != installNamespace || !grantsSecrets(role) {
+		t.Errorf("Role %s/%s does not grant Secrets in the install namespace %s", role.GetNamespace(), role.GetName(), installNamespace)
+	}
+	b := one(t, objs, "RoleBinding", namePrefix+"manager-secrets-rolebinding")
+	if kind, _, _ := unstructured.NestedString(b.Object, "roleRef", "kind"); kind != "Role" || b.GetNamespace() != installNamespace {
+		t.Errorf("RoleBinding %s/%s refers to a %s, want the Role in %s", b.GetNamespace(), b.GetName(), kind, installNamespace)
+	}
+	d := managerDeployment(t, objs)
+	if ns := podNamespaceEnv(managerOf(d)); ns != "metadata.namespace" {
+		t.Errorf("manager's POD_NAMESPACE comes from %q, want the downward API metadata.namespace", ns)
+	}
+}
+
+// podNamespaceEnv is the fieldRef of c's POD_NAMESPACE, or "".
+func podNamespaceEnv(c *corev1.Container) string {
+	for _, e := range c.Env {
+		if e.Name == "POD_NAMESPACE" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			return e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	return ""
 }

@@ -57,6 +57,17 @@ var _ = Describe("admission through the API server", func() {
 			Expect(got.Spec.StoragePool).To(Equal("default"))
 		})
 
+		It("refuses an SSH Secret outside the manager's namespace, naming the field", func() {
+			h := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "hv-foreign-secret"},
+				Spec: crawlv1.KVMHostSpec{Address: "hv1:22", SSHKeySecretRef: &crawlv1.SecretReference{Name: "k", Namespace: "tenant-a"}}}
+			err := k8sClient.Create(ctx, h)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("spec.sshKeySecretRef.namespace"))
+			Expect(err.Error()).To(ContainSubstring(managerNS))
+			h.Spec.SSHKeySecretRef.Namespace = managerNS
+			Expect(k8sClient.Create(ctx, h)).To(Succeed())
+		})
+
 		It("rejects a timeout longer than the interval, naming the field", func() {
 			h := &crawlv1.KVMHost{
 				ObjectMeta: metav1.ObjectMeta{Name: "hv-bad-timeout"},

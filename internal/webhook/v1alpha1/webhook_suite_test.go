@@ -58,7 +58,7 @@ var _ = BeforeSuite(func() {
 	})
 	Expect(err).NotTo(HaveOccurred())
 	// As the manager runs by default: no --allow-proxy-image-urls.
-	Expect((&KVMHostWebhook{}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&KVMHostWebhook{ManagerNamespace: managerNS}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&KVMImageWebhook{}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&ProxyWebhook{}).SetupWithManager(mgr)).To(Succeed())
 	go func() {

@@ -46,9 +46,11 @@ const ProxyProbeInterval = 15 * time.Second
 // ManagerArgs are the manager flags for a run against c: the kvm provider
 // only, health checks every CheckInterval, Ready meaning a request through
 // squid to the probe URL, an empty --ssh-key-dir (the KVMHost names its
-// Secret), and a tag of its own for the orphan sweep.
-func ManagerArgs(c Config, sshKeyDir, tag string) []string {
+// Secret, in namespace, which the manager then reads Secrets from), and a
+// tag of its own for the orphan sweep.
+func ManagerArgs(c Config, sshKeyDir, namespace, tag string) []string {
 	return []string{
+		"--manager-namespace=" + namespace,
 		"--providers=kvm",
 		"--provider-check-interval=" + c.CheckInterval.String(),
 		"--ssh-key-dir=" + sshKeyDir,
@@ -259,7 +261,8 @@ func StartFromEnv(ctx context.Context, c Config, root, dir, tag string) (Operato
 		return nil, err
 	}
 	bin := envOr("E2E_MANAGER", filepath.Join(root, "bin", "manager"))
-	return StartLocal(ctx, dir, bin, ManagerArgs(c, keyDir, tag))
+	// The suite's objects (NewObjects) live in a namespace named like tag.
+	return StartLocal(ctx, dir, bin, ManagerArgs(c, keyDir, tag, tag))
 }
 
 // CounterSum adds up every sample of a Prometheus counter whose labels
