@@ -20,11 +20,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/controllers"
+	"crawl.example.com/proxy-operator/internal/metricsauth"
 	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp"
@@ -45,6 +45,7 @@ func init() {
 // options are the manager's flags.
 type options struct {
 	metricsAddr          string
+	metricsSecure        bool
 	probeAddr            string
 	leaderElect          bool
 	leaderElectNamespace string
@@ -52,6 +53,8 @@ type options struct {
 	webhookCertDir       string
 	enableWebhooks       bool
 	enableHTTP2          bool
+	allowProxyImageURLs  bool
+	managerNamespace     string
 
 	providers     string
 	tag           string
@@ -78,7 +81,8 @@ type options struct {
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "Address the metrics endpoint binds to; \"0\" disables it.")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address the metrics endpoint binds to; \"0\" disables it.")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS to authenticated and authorized clients only (get on /metrics); false serves plain HTTP to anyone (not recommended).")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address the health probe endpoint binds to.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Enable leader election so only one manager is active.")
 	fs.StringVar(&o.leaderElectNamespace, "leader-election-namespace", "", "Namespace of the leader election lease (in-cluster namespace when empty).")
@@ -86,6 +90,12 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "", "Directory with tls.crt/tls.key for the webhook server (controller-runtime's default when empty).")
 	fs.BoolVar(&o.enableWebhooks, "enable-webhooks", true, "Serve the admission webhooks.")
 	fs.BoolVar(&o.enableHTTP2, "enable-http2", false, "Serve HTTP/2 on the webhook and metrics servers (off: CVE-2023-44487 rapid reset).")
+	managerNamespace := os.Getenv("POD_NAMESPACE") // the downward API in config/manager
+	if managerNamespace == "" {
+		managerNamespace = "proxy-operator-system" // config/default's, for local runs
+	}
+	fs.StringVar(&o.managerNamespace, "manager-namespace", managerNamespace, "The manager's namespace, the only one KVMHosts' SSH Secrets are read from (default: $POD_NAMESPACE, else proxy-operator-system).")
+	fs.BoolVar(&o.allowProxyImageURLs, "allow-proxy-image-urls", false, "Admit Proxies whose spec.placement.image is a URL, which the manager downloads from inside the cluster (SSRF); otherwise only KVMImage names, which cluster admins create.")
 
 	fs.StringVar(&o.providers, "providers", "kvm,kubernetes", "Comma-separated providers to enable: kvm, kubernetes, gcp.")
 	fs.StringVar(&o.tag, "instance-tag", "proxy-operator", "Tag written on every instance; the orphan sweep only considers instances with it (and with this install's id).")
@@ -199,7 +209,7 @@ func run(o options) error {
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), controllers.ManagerOptions(ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   cacheOpts,
-		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr, TLSOpts: tlsOpts},
+		Metrics:                 metricsauth.ServerOptions(o.metricsAddr, o.metricsSecure, tlsOpts),
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "proxy-operator.crawl.example.com",
@@ -217,9 +227,9 @@ func run(o options) error {
 
 	if o.enableWebhooks {
 		for name, setup := range map[string]func(ctrl.Manager) error{
-			"KVMHost":  webhookv1.SetupKVMHostWebhookWithManager,
-			"KVMImage": webhookv1.SetupKVMImageWebhookWithManager,
-			"Proxy":    webhookv1.SetupProxyWebhookWithManager,
+			"KVMHost":  (&webhookv1.KVMHostWebhook{ManagerNamespace: o.managerNamespace}).SetupWithManager,
+			"KVMImage": (&webhookv1.KVMImageWebhook{}).SetupWithManager,
+			"Proxy":    (&webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return fmt.Errorf("create %s webhook: %w", name, err)
@@ -242,7 +252,7 @@ func run(o options) error {
 			log.Info(fmt.Sprintf("WARNING: default SSH material in %s not usable yet (KVMHosts without sshKeySecretRef will report SSHMaterialMissing until it is): %v", o.sshKeyDir, err))
 		}
 		deps.KVM = &controllers.KVMDeps{
-			Hosts:              &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial},
+			Hosts:              &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial, SecretNamespace: o.managerNamespace},
 			PoolOptions:        conn.Options{Logger: ctrl.Log.WithName("kvm-conn")},
 			Observer:           rpcObserver,
 			MaxUploadsPerHost:  o.maxUploads,

@@ -59,7 +59,9 @@ type KVMHostReconciler struct {
 // +kubebuilder:rbac:groups=crawl.example.com,resources=kvmhosts,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=kvmhosts/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=kvmhosts/finalizers,verbs=update
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// SSH Secrets are read only from the manager's own namespace (config/ binds
+// this Role there; the KVMHost webhook and KubeHosts refuse other namespaces).
+// +kubebuilder:rbac:groups="",namespace=system,resources=secrets,verbs=get
 
 // SetupWithManager registers the controller. Every host is its own reconcile,
 // so hosts are checked concurrently up to opts.MaxConcurrentReconciles, each

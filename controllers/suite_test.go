@@ -209,7 +209,7 @@ func startManager() *harness {
 		// The sweep never ticks during the suite; specs call Sweep directly.
 		Sweep: SweepOptions{Interval: time.Hour},
 		KVM: &KVMDeps{
-			Hosts: &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()},
+			Hosts: &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader(), SecretNamespace: secretNamespace},
 			PoolOptions: conn.Options{
 				HandshakeTimeout:  2 * time.Second,
 				KeepaliveInterval: 200 * time.Millisecond,

@@ -79,7 +79,7 @@ func run(manager, dir string, once bool) (reterr error) {
 		return err
 	}
 	say("starting a local control plane and the manager (%s)", manager)
-	op, err := e2eutil.StartLocal(ctx, dir, manager, e2eutil.ManagerArgs(cfg, keyDir, "demo-"+e2eutil.RunID()))
+	op, err := e2eutil.StartLocal(ctx, dir, manager, e2eutil.ManagerArgs(cfg, keyDir, "demo", "demo-"+e2eutil.RunID()))
 	if err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func run(manager, dir string, once bool) (reterr error) {
 	say("manager running; log %s", op.LogPath())
 	c := op.Client()
 	hv := e2eutil.NewHost(cfg)
-	objs := e2eutil.NewObjects(cfg, "demo", url, sum)
+	objs := e2eutil.NewObjects(cfg, "demo", op.SecretNamespace(), url, sum)
 	defer func() {
 		if reterr != nil {
 			path := filepath.Join(dir, "failure.txt")

@@ -21,6 +21,7 @@ const (
 	kvmSSHSecret     = "kvm-ssh"
 	kvmSSHDir        = "/etc/kvm-ssh" // main.go's --ssh-key-dir default
 	probePort        = 8081           // main.go's --health-probe-bind-address default
+	metricsPort      = 8443           // main.go's --metrics-bind-address default
 )
 
 // TestEveryKustomizationBuilds renders every kustomization under config/,
@@ -113,6 +114,14 @@ func TestManagerProblemsDetectsRegressions(t *testing.T) {
 		},
 		"no readiness probe": func(d *appsv1.Deployment) {
 			managerOf(d).ReadinessProbe = nil
+		},
+		"plain-HTTP metrics": func(d *appsv1.Deployment) {
+			managerOf(d).Args = append(managerOf(d).Args, "--metrics-secure=false")
+		},
+		"metrics on another port": func(d *appsv1.Deployment) {
+			c := managerOf(d)
+			c.Args = slices.DeleteFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--metrics-bind-address") })
+			c.Args = append(c.Args, "--metrics-bind-address=:8080")
 		},
 	}
 	for name, mutate := range mutations {
@@ -214,6 +223,8 @@ func TestDefaultWiring(t *testing.T) {
 	for _, b := range []struct{ kind, name, role string }{
 		{"ClusterRoleBinding", namePrefix + "manager-rolebinding", namePrefix + "manager-role"},
 		{"RoleBinding", namePrefix + "leader-election-rolebinding", namePrefix + "leader-election-role"},
+		{"ClusterRoleBinding", namePrefix + "metrics-auth-rolebinding", namePrefix + "metrics-auth-role"},
+		{"RoleBinding", namePrefix + "manager-secrets-rolebinding", namePrefix + "manager-role"},
 	} {
 		o := one(t, objs, b.kind, b.name)
 		role, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
@@ -310,6 +321,17 @@ func managerProblems(d *appsv1.Deployment) []string {
 
 	if v, ok := flagSet(c.Args, "--leader-elect"); !ok || (v != "" && v != "true") {
 		bad("--leader-elect is not set (args %v)", c.Args)
+	}
+
+	// Metrics: HTTPS with authn/authz, on the port the Service targets.
+	if v, ok := flagSet(c.Args, "--metrics-secure"); ok && v != "" && v != "true" {
+		bad("--metrics-secure=%s serves /metrics as plain HTTP to anyone", v)
+	}
+	if addr := flagValue(c.Args, "--metrics-bind-address"); addr != "" && addr != fmt.Sprintf(":%d", metricsPort) {
+		bad("--metrics-bind-address %q, the metrics Service targets :%d", addr, metricsPort)
+	}
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == metricsPort }) {
+		bad("manager does not declare the metrics port %d: %v", metricsPort, c.Ports)
 	}
 
 	// Probes: the manager's health endpoints on the probe port.
@@ -424,4 +446,86 @@ func isNamespaced(o *unstructured.Unstructured) bool {
 		return false
 	}
 	return true
+}
+
+// TestMetricsAreAuthenticatedHTTPS checks the metrics path as kubebuilder v4
+// scaffolds it: the Service on 8443 (https), the manager allowed to create
+// TokenReviews and SubjectAccessReviews, a metrics-reader ClusterRole for
+// scrapers, and the ServiceMonitor scraping https with its token.
+func TestMetricsAreAuthenticatedHTTPS(t *testing.T) {
+	objs := kustomizeBuild(t, "config/default")
+	svc := one(t, objs, "Service", namePrefix+"controller-manager-metrics-service")
+	ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+	if len(ports) != 1 {
+		t.Fatalf("metrics Service ports %v, want one", ports)
+	}
+	port := ports[0].(map[string]any)
+	if port["name"] != "https" || fmt.Sprint(port["port"]) != fmt.Sprint(metricsPort) || fmt.Sprint(port["targetPort"]) != fmt.Sprint(metricsPort) {
+		t.Errorf("metrics Service port %v, want https %d -> %d", port, metricsPort, metricsPort)
+	}
+
+	rules := func(kind, name string) string {
+		r, _, _ := unstructured.NestedSlice(one(t, objs, kind, name).Object, "rules")
+		return fmt.Sprint(r)
+	}
+	if got, want := rules("ClusterRole", namePrefix+"metrics-reader"), "[map[nonResourceURLs:[/metrics] verbs:[get]]]"; got != want {
+		t.Errorf("metrics-reader rules %s, want %s", got, want)
+	}
+	if got, want := rules("ClusterRole", namePrefix+"metrics-auth-role"),
+		"[map[apiGroups:[authentication.k8s.io] resources:[tokenreviews] verbs:[create]] map[apiGroups:[authorization.k8s.io] resources:[subjectaccessreviews] verbs:[create]]]"; got != want {
+		t.Errorf("metrics-auth-role rules %s, want %s", got, want)
+	}
+
+	mon := one(t, kustomizeBuild(t, "config/prometheus"), "ServiceMonitor", "")
+	eps, _, _ := unstructured.NestedSlice(mon.Object, "spec", "endpoints")
+	if len(eps) != 1 {
+		t.Fatalf("ServiceMonitor endpoints %v, want one", eps)
+	}
+	ep := eps[0].(map[string]any)
+	if ep["scheme"] != "https" || ep["port"] != port["name"] || ep["path"] != "/metrics" || ep["bearerTokenFile"] == nil {
+		t.Errorf("ServiceMonitor endpoint %v, want https on port %v, /metrics, with the bearer token", ep, port["name"])
+	}
+}
+
+// TestSecretsAreReadOnlyInTheManagerNamespace: no ClusterRole of the install
+// grants Secrets; the manager reads them through a Role in its namespace.
+func TestSecretsAreReadOnlyInTheManagerNamespace(t *testing.T) {
+	objs := kustomizeBuild(t, "config/default")
+	grantsSecrets := func(o *unstructured.Unstructured) bool {
+		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+		for _, r := range rules {
+			res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+			if slices.Contains(res, "secrets") || slices.Contains(res, "*") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, cr := range find(objs, "ClusterRole", "") {
+		if grantsSecrets(cr) {
+			t.Errorf("ClusterRole %s grants Secrets cluster-wide", cr.GetName())
+		}
+	}
+	role := one(t, objs, "Role", namePrefix+"manager-role")
+	if role.GetNamespace() != installNamespace || !grantsSecrets(role) {
+		t.Errorf("Role %s/%s does not grant Secrets in the install namespace %s", role.GetNamespace(), role.GetName(), installNamespace)
+	}
+	b := one(t, objs, "RoleBinding", namePrefix+"manager-secrets-rolebinding")
+	if kind, _, _ := unstructured.NestedString(b.Object, "roleRef", "kind"); kind != "Role" || b.GetNamespace() != installNamespace {
+		t.Errorf("RoleBinding %s/%s refers to a %s, want the Role in %s", b.GetNamespace(), b.GetName(), kind, installNamespace)
+	}
+	d := managerDeployment(t, objs)
+	if ns := podNamespaceEnv(managerOf(d)); ns != "metadata.namespace" {
+		t.Errorf("manager's POD_NAMESPACE comes from %q, want the downward API metadata.namespace", ns)
+	}
+}
+
+// podNamespaceEnv is the fieldRef of c's POD_NAMESPACE, or "".
+func podNamespaceEnv(c *corev1.Container) string {
+	for _, e := range c.Env {
+		if e.Name == "POD_NAMESPACE" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			return e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	return ""
 }

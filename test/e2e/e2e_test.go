@@ -71,7 +71,8 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, func() {
 				GinkgoWriter.Printf("cleanup: %v\n", err)
 			}
 		}
-		for _, o := range []client.Object{objs.Image.DeepCopy(), objs.Host.DeepCopy(), objs.Namespace.DeepCopy()} {
+		// The Secret is in the manager's namespace, not the test's.
+		for _, o := range []client.Object{objs.Image.DeepCopy(), objs.Host.DeepCopy(), objs.Secret.DeepCopy(), objs.Namespace.DeepCopy()} {
 			_ = client.IgnoreNotFound(k8s.Delete(ctx, o))
 		}
 		if err := e2eutil.Poll(ctx, time.Minute, time.Second, func(ctx context.Context) error {

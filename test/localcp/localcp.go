@@ -90,6 +90,9 @@ func (cp *ControlPlane) StartManager(ctx context.Context, binary string, out io.
 		"--webhook-port=" + strconv.Itoa(wh.LocalServingPort),
 		"--webhook-cert-dir=" + wh.LocalServingCertDir,
 		"--metrics-bind-address=" + metrics,
+		// Loopback only, read by tests without a token: the one place plain
+		// HTTP metrics are chosen explicitly.
+		"--metrics-secure=false",
 		"--health-probe-bind-address=" + probe,
 	}, extra...)
 	cmd := exec.Command(binary, args...)

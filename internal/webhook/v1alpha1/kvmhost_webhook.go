@@ -31,9 +31,8 @@ import (
 // DefaultSSHPort is used when KVMHost.spec.address has no port.
 const DefaultSSHPort = 22
 
-// SetupKVMHostWebhookWithManager registers the KVMHost webhooks.
-func SetupKVMHostWebhookWithManager(mgr ctrl.Manager) error {
-	w := &KVMHostWebhook{}
+// SetupWithManager registers the KVMHost webhooks.
+func (w *KVMHostWebhook) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewWebhookManagedBy(mgr, &crawlv1.KVMHost{}).WithDefaulter(w).WithValidator(w).Complete()
 }
 
@@ -41,7 +40,14 @@ func SetupKVMHostWebhookWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:webhook:path=/validate-crawl-example-com-v1alpha1-kvmhost,mutating=false,failurePolicy=fail,sideEffects=None,groups=crawl.example.com,resources=kvmhosts,verbs=create;update,versions=v1alpha1,name=vkvmhost.crawl.example.com,admissionReviewVersions=v1
 
 // KVMHostWebhook defaults and validates KVMHosts.
-type KVMHostWebhook struct{}
+type KVMHostWebhook struct {
+	// ManagerNamespace is the manager's namespace (--manager-namespace), the
+	// only one an sshKeySecretRef may name: the manager may read Secrets
+	// there and nowhere else, so a KVMHost cannot make it read (and use as
+	// SSH material) a Secret of another tenant. Empty refuses every
+	// sshKeySecretRef.
+	ManagerNamespace string
+}
 
 // Default fills the socket path, the SSH port and the derived check timeout.
 func (w *KVMHostWebhook) Default(ctx context.Context, h *crawlv1.KVMHost) error {
@@ -109,14 +115,24 @@ func hasPort(addr string) bool {
 }
 
 func (w *KVMHostWebhook) ValidateCreate(_ context.Context, h *crawlv1.KVMHost) (admission.Warnings, error) {
-	return nil, toInvalid(h, ValidateKVMHost(h))
+	return nil, toInvalid(h, w.validate(h))
+}
+
+// validate is ValidateKVMHost plus the manager's namespace rule.
+func (w *KVMHostWebhook) validate(h *crawlv1.KVMHost) field.ErrorList {
+	errs := ValidateKVMHost(h)
+	if ref := h.Spec.SSHKeySecretRef; ref != nil && ref.Namespace != "" && ref.Namespace != w.ManagerNamespace {
+		errs = append(errs, field.Invalid(field.NewPath("spec", "sshKeySecretRef", "namespace"), ref.Namespace,
+			fmt.Sprintf("SSH Secrets are read only from the manager's namespace %q: put the Secret there", w.ManagerNamespace)))
+	}
+	return errs
 }
 
 func (w *KVMHostWebhook) ValidateUpdate(_ context.Context, old, h *crawlv1.KVMHost) (admission.Warnings, error) {
 	if leftAlone(h, old.Spec, h.Spec) {
 		return nil, nil
 	}
-	errs := ratchet(ValidateKVMHost(h), ValidateKVMHost(old))
+	errs := ratchet(w.validate(h), w.validate(old))
 	errs = append(errs, ValidateKVMHostUpdate(old, h)...)
 	return nil, toInvalid(h, errs)
 }

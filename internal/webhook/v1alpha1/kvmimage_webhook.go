@@ -12,9 +12,8 @@ import (
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 )
 
-// SetupKVMImageWebhookWithManager registers the KVMImage webhooks.
-func SetupKVMImageWebhookWithManager(mgr ctrl.Manager) error {
-	w := &KVMImageWebhook{}
+// SetupWithManager registers the KVMImage webhooks.
+func (w *KVMImageWebhook) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewWebhookManagedBy(mgr, &crawlv1.KVMImage{}).WithDefaulter(w).WithValidator(w).Complete()
 }
 

@@ -22,9 +22,8 @@ var (
 	minDisk   = resource.MustParse("1Gi")
 )
 
-// SetupProxyWebhookWithManager registers the Proxy webhooks.
-func SetupProxyWebhookWithManager(mgr ctrl.Manager) error {
-	w := &ProxyWebhook{}
+// SetupWithManager registers the Proxy webhooks.
+func (w *ProxyWebhook) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewWebhookManagedBy(mgr, &crawlv1.Proxy{}).WithDefaulter(w).WithValidator(w).Complete()
 }
 
@@ -32,7 +31,14 @@ func SetupProxyWebhookWithManager(mgr ctrl.Manager) error {
 // +kubebuilder:webhook:path=/validate-crawl-example-com-v1alpha1-proxy,mutating=false,failurePolicy=fail,sideEffects=None,groups=crawl.example.com,resources=proxies,verbs=create;update,versions=v1alpha1,name=vproxy.crawl.example.com,admissionReviewVersions=v1
 
 // ProxyWebhook defaults and validates Proxies.
-type ProxyWebhook struct{}
+type ProxyWebhook struct {
+	// AllowImageURLs admits a kvm spec.placement.image URL (the manager's
+	// --allow-proxy-image-urls). The manager downloads it from inside the
+	// cluster, so a URL lets anyone who may create a Proxy make the manager
+	// fetch internal addresses (SSRF); a KVMImage, which only cluster admins
+	// create, is the default way to name an image.
+	AllowImageURLs bool
+}
 
 func (w *ProxyWebhook) Default(ctx context.Context, p *crawlv1.Proxy) error {
 	old := &crawlv1.Proxy{}
@@ -91,14 +97,24 @@ func DefaultProxy(p *crawlv1.Proxy) {
 }
 
 func (w *ProxyWebhook) ValidateCreate(_ context.Context, p *crawlv1.Proxy) (admission.Warnings, error) {
-	return nil, toInvalid(p, ValidateProxy(p))
+	return nil, toInvalid(p, w.validate(p))
+}
+
+// validate is ValidateProxy plus the manager's policy on image URLs.
+func (w *ProxyWebhook) validate(p *crawlv1.Proxy) field.ErrorList {
+	errs := ValidateProxy(p)
+	if !w.AllowImageURLs && p.Spec.Provider == crawlv1.ProviderKVM && crawlv1.IsImageURL(p.Spec.Placement.Image) {
+		errs = append(errs, field.Forbidden(field.NewPath("spec", "placement", "image"),
+			"image URLs are fetched by the manager from inside the cluster and are refused unless it runs with --allow-proxy-image-urls; name a KVMImage (created by a cluster admin) instead"))
+	}
+	return errs
 }
 
 func (w *ProxyWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Proxy) (admission.Warnings, error) {
 	if leftAlone(p, old.Spec, p.Spec) {
 		return nil, nil
 	}
-	errs := ratchet(ValidateProxy(p), ValidateProxy(old))
+	errs := ratchet(w.validate(p), w.validate(old))
 	errs = append(errs, ValidateProxyUpdate(old, p)...)
 	return nil, toInvalid(p, errs)
 }

@@ -57,6 +57,17 @@ var _ = Describe("admission through the API server", func() {
 			Expect(got.Spec.StoragePool).To(Equal("default"))
 		})
 
+		It("refuses an SSH Secret outside the manager's namespace, naming the field", func() {
+			h := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "hv-foreign-secret"},
+				Spec: crawlv1.KVMHostSpec{Address: "hv1:22", SSHKeySecretRef: &crawlv1.SecretReference{Name: "k", Namespace: "tenant-a"}}}
+			err := k8sClient.Create(ctx, h)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("spec.sshKeySecretRef.namespace"))
+			Expect(err.Error()).To(ContainSubstring(managerNS))
+			h.Spec.SSHKeySecretRef.Namespace = managerNS
+			Expect(k8sClient.Create(ctx, h)).To(Succeed())
+		})
+
 		It("rejects a timeout longer than the interval, naming the field", func() {
 			h := &crawlv1.KVMHost{
 				ObjectMeta: metav1.ObjectMeta{Name: "hv-bad-timeout"},
@@ -162,15 +173,24 @@ var _ = Describe("admission through the API server", func() {
 			ns = n.Name
 		})
 
-		It("defaults installGuestAgent, port, resources and a URL image's firmware", func() {
+		It("defaults installGuestAgent, port and resources", func() {
 			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "p1", Namespace: ns},
-				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{
-					Host: "hv1", Image: "https://img.example/d.qcow2", ImageChecksum: goodSum}}}
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian"}}}
 			Expect(k8sClient.Create(ctx, p)).To(Succeed())
 			Expect(*p.Spec.InstallGuestAgent).To(BeTrue())
 			Expect(p.Spec.Port).To(Equal(int32(3128)))
-			Expect(p.Spec.Placement.Firmware).To(Equal(crawlv1.FirmwareUEFI))
 			Expect(p.Spec.Resources.Memory.String()).To(Equal("512Mi"))
+		})
+
+		It("refuses an image URL without --allow-proxy-image-urls, pointing to KVMImage", func() {
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "url", Namespace: ns},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{
+					Host: "hv1", Image: "http://10.96.0.1/x.qcow2", ImageChecksum: goodSum}}}
+			err := k8sClient.Create(ctx, p)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("spec.placement.image: Forbidden"))
+			Expect(err.Error()).To(ContainSubstring("KVMImage"))
+			Expect(err.Error()).To(ContainSubstring("--allow-proxy-image-urls"))
 		})
 
 		It("rejects a kvm Proxy without host or selector", func() {
@@ -191,7 +211,12 @@ var _ = Describe("admission through the API server", func() {
 			withoutWebhooks(func() { Expect(k8sClient.Create(ctx, p)).To(Succeed()) })
 			Expect(p.Spec.Placement.Firmware).To(BeEmpty(), "created past the defaulting webhook")
 
-			// A real change is still validated for what it changes.
+			// A real change is still validated for what it changes (the URL
+			// image, refused today, is ratcheted like the memory).
+			ok := p.DeepCopy()
+			ok.Spec.Resources.CPUs = 2
+			Expect(k8sClient.Update(ctx, ok)).To(Succeed())
+			p = ok
 			bad := p.DeepCopy()
 			bad.Spec.Resources.Memory = ptr.To(resource.MustParse("100Mi"))
 			err := k8sClient.Update(ctx, bad)

@@ -57,9 +57,10 @@ var _ = BeforeSuite(func() {
 		}),
 	})
 	Expect(err).NotTo(HaveOccurred())
-	Expect(SetupKVMHostWebhookWithManager(mgr)).To(Succeed())
-	Expect(SetupKVMImageWebhookWithManager(mgr)).To(Succeed())
-	Expect(SetupProxyWebhookWithManager(mgr)).To(Succeed())
+	// As the manager runs by default: no --allow-proxy-image-urls.
+	Expect((&KVMHostWebhook{ManagerNamespace: managerNS}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&KVMImageWebhook{}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&ProxyWebhook{}).SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		Expect(mgr.Start(ctx)).To(Succeed())

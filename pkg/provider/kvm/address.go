@@ -2,6 +2,7 @@ package kvm
 
 import (
 	"net"
+	"slices"
 	"strings"
 
 	"github.com/digitalocean/go-libvirt"
@@ -11,12 +12,29 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
 )
 
-// findAddress returns the first routable IPv4 of dom and where it came from:
-// the guest agent first (it knows the guest's own view), then the libvirt
-// network's DHCP lease, then the host's ARP table. When none has one, the
-// message says what was missing.
+// findAddress returns the routable IPv4 of dom to publish, where it came
+// from, and a message. The DHCP lease comes first: the host's dnsmasq
+// handed it out, whereas the guest agent repeats whatever the guest (whose
+// user-data the Proxy's author wrote) claims. When the agent reports
+// addresses and none is the leased one, the lease is still published and
+// the message says both, so a disagreement is visible rather than silently
+// resolved either way. Without a lease (bridged guests, static addresses)
+// the agent is next, then the host's ARP table. When none has an address
+// the message says what was missing.
 func findAddress(c virt.Client, dom libvirt.Domain, network domxml.Network) (addr, source, message string) {
 	var missing []string
+	var leased string
+	// Leases exist only on libvirt networks; ARP sees bridged guests too.
+	if network.Type != domxml.NetworkTypeBridge {
+		if ifaces, err := c.DomainInterfaceAddresses(dom, uint32(libvirt.DomainInterfaceAddressesSrcLease), 0); err == nil {
+			leased = firstRoutableIPv4(ifaces)
+		}
+		if leased == "" {
+			missing = append(missing, "no DHCP lease")
+		}
+	}
+
+	var agentSays []string
 	ifaces, err := c.DomainInterfaceAddresses(dom, uint32(libvirt.DomainInterfaceAddressesSrcAgent), 0)
 	switch {
 	case virt.IsCode(err, libvirt.ErrAgentUnresponsive, libvirt.ErrAgentUnsynced):
@@ -24,19 +42,19 @@ func findAddress(c virt.Client, dom libvirt.Domain, network domxml.Network) (add
 	case err != nil:
 		missing = append(missing, "guest agent: "+err.Error())
 	default:
-		if a := firstRoutableIPv4(ifaces); a != "" {
-			return a, provider.AddressSourceAgent, ""
+		if agentSays = routableIPv4s(ifaces); len(agentSays) == 0 {
+			missing = append(missing, "guest agent reports no routable IPv4 yet")
 		}
-		missing = append(missing, "guest agent reports no routable IPv4 yet")
 	}
-	// Leases exist only on libvirt networks; ARP sees bridged guests too.
-	if network.Type != domxml.NetworkTypeBridge {
-		if ifaces, err := c.DomainInterfaceAddresses(dom, uint32(libvirt.DomainInterfaceAddressesSrcLease), 0); err == nil {
-			if a := firstRoutableIPv4(ifaces); a != "" {
-				return a, provider.AddressSourceLease, ""
-			}
-		}
-		missing = append(missing, "no DHCP lease")
+
+	switch {
+	case leased != "" && len(agentSays) > 0 && !slices.Contains(agentSays, leased):
+		return leased, provider.AddressSourceLease,
+			"guest agent reports " + strings.Join(agentSays, " and ") + ", DHCP lease says " + leased
+	case leased != "":
+		return leased, provider.AddressSourceLease, ""
+	case len(agentSays) > 0:
+		return agentSays[0], provider.AddressSourceAgent, ""
 	}
 	if ifaces, err := c.DomainInterfaceAddresses(dom, uint32(libvirt.DomainInterfaceAddressesSrcArp), 0); err == nil {
 		if a := firstRoutableIPv4(ifaces); a != "" {
@@ -47,9 +65,18 @@ func findAddress(c virt.Client, dom libvirt.Domain, network domxml.Network) (add
 	return "", "", strings.Join(missing, "; ")
 }
 
-// firstRoutableIPv4 skips loopback (the agent reports lo), link-local and
-// unspecified addresses, and IPv6.
+// firstRoutableIPv4 is the first of routableIPv4s, or "".
 func firstRoutableIPv4(ifaces []libvirt.DomainInterface) string {
+	if all := routableIPv4s(ifaces); len(all) > 0 {
+		return all[0]
+	}
+	return ""
+}
+
+// routableIPv4s skips loopback (the agent reports lo), link-local,
+// unspecified and multicast addresses, and IPv6.
+func routableIPv4s(ifaces []libvirt.DomainInterface) []string {
+	var out []string
 	for _, iface := range ifaces {
 		if iface.Name == "lo" {
 			continue
@@ -62,8 +89,8 @@ func firstRoutableIPv4(ifaces []libvirt.DomainInterface) string {
 			if ip == nil || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsMulticast() {
 				continue
 			}
-			return ip.String()
+			out = append(out, ip.String())
 		}
 	}
-	return ""
+	return out
 }

@@ -26,6 +26,11 @@ type KubeHosts struct {
 	SecretReader client.Reader
 	// DefaultMaterial is used for KVMHosts without sshKeySecretRef.
 	DefaultMaterial conn.MaterialLoader
+	// SecretNamespace is the only namespace Secrets are read from (the
+	// manager's; the webhook enforces it too). A KVMHost naming another,
+	// stored with the webhook off, gets a permanent error; empty refuses
+	// every sshKeySecretRef.
+	SecretNamespace string
 }
 
 var _ HostSource = (*KubeHosts)(nil)
@@ -84,6 +89,9 @@ func (k *KubeHosts) spec(h *crawlv1.KVMHost) HostSpec {
 
 func (k *KubeHosts) secretMaterial(ref crawlv1.SecretReference) conn.MaterialLoader {
 	return func(ctx context.Context) (*conn.Material, error) {
+		if ref.Namespace != k.SecretNamespace {
+			return nil, provider.Permanentf("spec.sshKeySecretRef.namespace %q: SSH Secrets are read only from the manager's namespace %q", ref.Namespace, k.SecretNamespace)
+		}
 		sec := &corev1.Secret{}
 		if err := k.SecretReader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, sec); err != nil {
 			if apierrors.IsNotFound(err) {

@@ -285,8 +285,8 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 	return inst, nil
 }
 
-// Get reports the Proxy's domain: state, and the first routable IPv4 from the
-// guest agent, then the DHCP lease, then ARP. A host that is not configured
+// Get reports the Proxy's domain: state, and the routable IPv4 from the DHCP
+// lease, then the guest agent, then ARP (see findAddress). A host that is not configured
 // is a permanent error, never ErrNotFound: a typo in a host name must not
 // look like a missing VM to rebuild.
 func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Instance, error) {

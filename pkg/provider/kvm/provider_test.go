@@ -401,8 +401,9 @@ func TestSteadyStateGetRPCs(t *testing.T) {
 	if _, err := e.prov.Get(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	// Lookup, metadata, state, agent addresses.
-	if total := e.rpcs.Total(); total != 4 {
+	// Lookup, metadata, state, lease and agent addresses (both, so that a
+	// disagreement is seen).
+	if total := e.rpcs.Total(); total != 5 {
 		t.Fatalf("steady-state Get made %d RPCs: %v", total, e.rpcs.Snapshot())
 	}
 }

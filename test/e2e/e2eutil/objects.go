@@ -67,13 +67,14 @@ func RunID() string {
 }
 
 // NewObjects builds the objects for one proxy on the configured hypervisor:
-// prefix names the namespace, the KVMHost, its Secret and the KVMImage.
-func NewObjects(c Config, prefix, imageURL, imageChecksum string) *Objects {
+// prefix names the namespace, the KVMHost, its Secret and the KVMImage. The
+// Secret goes into secretNamespace, the manager's (Operator.SecretNamespace).
+func NewObjects(c Config, prefix, secretNamespace, imageURL, imageChecksum string) *Objects {
 	ns := prefix
 	o := &Objects{
 		Namespace: &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
 		Secret: &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: prefix + "-ssh", Namespace: ns},
+			ObjectMeta: metav1.ObjectMeta{Name: prefix + "-ssh", Namespace: secretNamespace},
 			Data: map[string][]byte{
 				crawlv1.SSHPrivateKeyKey: c.PrivateKey,
 				crawlv1.KnownHostsKey:    c.KnownHosts,
@@ -84,7 +85,7 @@ func NewObjects(c Config, prefix, imageURL, imageChecksum string) *Objects {
 			Spec: crawlv1.KVMHostSpec{
 				Address:         c.Address,
 				User:            c.User,
-				SSHKeySecretRef: &crawlv1.SecretReference{Name: prefix + "-ssh", Namespace: ns},
+				SSHKeySecretRef: &crawlv1.SecretReference{Name: prefix + "-ssh", Namespace: secretNamespace},
 				SocketPath:      c.SocketPath,
 				StoragePool:     c.Pool,
 				Network:         c.Network,

@@ -37,6 +37,9 @@ type Operator interface {
 	LogPath() string
 	// Metrics returns the manager's Prometheus metrics (local manager only).
 	Metrics(ctx context.Context) (string, error)
+	// SecretNamespace is the manager's namespace, the only one it reads
+	// KVMHosts' SSH Secrets from.
+	SecretNamespace() string
 	Stop()
 }
 
@@ -46,9 +49,11 @@ const ProxyProbeInterval = 15 * time.Second
 // ManagerArgs are the manager flags for a run against c: the kvm provider
 // only, health checks every CheckInterval, Ready meaning a request through
 // squid to the probe URL, an empty --ssh-key-dir (the KVMHost names its
-// Secret), and a tag of its own for the orphan sweep.
-func ManagerArgs(c Config, sshKeyDir, tag string) []string {
+// Secret, in namespace, which the manager then reads Secrets from), and a
+// tag of its own for the orphan sweep.
+func ManagerArgs(c Config, sshKeyDir, namespace, tag string) []string {
 	return []string{
+		"--manager-namespace=" + namespace,
 		"--providers=kvm",
 		"--provider-check-interval=" + c.CheckInterval.String(),
 		"--ssh-key-dir=" + sshKeyDir,
@@ -69,6 +74,8 @@ type LocalOperator struct {
 	logPath string
 	logFile *os.File
 	client  client.Client
+	// secretNamespace is the --manager-namespace given in args.
+	secretNamespace string
 }
 
 // StartLocal starts a control plane (state in dir) and the manager binary
@@ -84,7 +91,12 @@ func StartLocal(ctx context.Context, dir, managerBin string, args []string) (*Lo
 	if err != nil {
 		return nil, err
 	}
-	o := &LocalOperator{CP: cp, Dir: dir, logPath: filepath.Join(dir, "manager.log")}
+	o := &LocalOperator{CP: cp, Dir: dir, logPath: filepath.Join(dir, "manager.log"), secretNamespace: "proxy-operator-system"}
+	for _, a := range args {
+		if ns, ok := strings.CutPrefix(a, "--manager-namespace="); ok {
+			o.secretNamespace = ns
+		}
+	}
 	o.logFile, err = os.Create(o.logPath)
 	if err != nil {
 		_ = cp.Stop()
@@ -103,9 +115,10 @@ func StartLocal(ctx context.Context, dir, managerBin string, args []string) (*Lo
 	return o, nil
 }
 
-func (o *LocalOperator) Client() client.Client { return o.client }
-func (o *LocalOperator) Kubeconfig() string    { return o.CP.Kubeconfig }
-func (o *LocalOperator) LogPath() string       { return o.logPath }
+func (o *LocalOperator) Client() client.Client   { return o.client }
+func (o *LocalOperator) Kubeconfig() string      { return o.CP.Kubeconfig }
+func (o *LocalOperator) LogPath() string         { return o.logPath }
+func (o *LocalOperator) SecretNamespace() string { return o.secretNamespace }
 
 func (o *LocalOperator) Alive(context.Context) error {
 	select {
@@ -187,10 +200,11 @@ func newClusterOperator(ctx context.Context, cfg *rest.Config, path, namespace, 
 	return o, nil
 }
 
-func (o *ClusterOperator) Client() client.Client { return o.client }
-func (o *ClusterOperator) Kubeconfig() string    { return o.Path }
-func (o *ClusterOperator) LogPath() string       { return "" }
-func (o *ClusterOperator) Stop()                 {}
+func (o *ClusterOperator) Client() client.Client   { return o.client }
+func (o *ClusterOperator) Kubeconfig() string      { return o.Path }
+func (o *ClusterOperator) LogPath() string         { return "" }
+func (o *ClusterOperator) SecretNamespace() string { return o.Namespace }
+func (o *ClusterOperator) Stop()                   {}
 
 func (o *ClusterOperator) Metrics(context.Context) (string, error) {
 	return "", errors.New("the metrics of a manager in a cluster are not read by the suite")
@@ -259,7 +273,8 @@ func StartFromEnv(ctx context.Context, c Config, root, dir, tag string) (Operato
 		return nil, err
 	}
 	bin := envOr("E2E_MANAGER", filepath.Join(root, "bin", "manager"))
-	return StartLocal(ctx, dir, bin, ManagerArgs(c, keyDir, tag))
+	// The suite's objects (NewObjects) live in a namespace named like tag.
+	return StartLocal(ctx, dir, bin, ManagerArgs(c, keyDir, tag, tag))
 }
 
 // CounterSum adds up every sample of a Prometheus counter whose labels

@@ -1,0 +1,75 @@
+package kvm_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm"
+)
+
+// countingReader counts Secret reads.
+type countingReader struct {
+	client.Reader
+	secretGets int
+}
+
+func (r *countingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*corev1.Secret); ok {
+		r.secretGets++
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+// TestKubeHostsReadSecretsOnlyInTheirNamespace: defence in depth behind the
+// webhook, for KVMHosts stored with it off.
+func TestKubeHostsReadSecretsOnlyInTheirNamespace(t *testing.T) {
+	sch := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	if err := crawlv1.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	host := func(name, ns string) *crawlv1.KVMHost {
+		return &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: crawlv1.KVMHostSpec{Address: "hv:22", SSHKeySecretRef: &crawlv1.SecretReference{Name: "ssh", Namespace: ns}}}
+	}
+	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(
+		host("elsewhere", "tenant-a"), host("home", "proxy-operator-system"),
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ssh", Namespace: "tenant-a"}, Data: map[string][]byte{"ssh-privatekey": []byte("x")}},
+	).Build()
+	secrets := &countingReader{Reader: c}
+	k := &kvm.KubeHosts{Reader: c, SecretReader: secrets, SecretNamespace: "proxy-operator-system"}
+	ctx := context.Background()
+
+	hs, err := k.Host(ctx, "elsewhere")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = hs.Material(ctx)
+	if provider.Class(err) != provider.ClassPermanent || !strings.Contains(err.Error(), `spec.sshKeySecretRef.namespace "tenant-a"`) {
+		t.Fatalf("material of a Secret in another namespace: %v (class %s), want a permanent error naming the field", err, provider.Class(err))
+	}
+	if secrets.secretGets != 0 {
+		t.Fatalf("the Secret in another namespace was read (%d gets)", secrets.secretGets)
+	}
+
+	// In the manager's namespace the Secret is read (here: missing, transient).
+	hs, err = k.Host(ctx, "home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hs.Material(ctx); provider.Class(err) != provider.ClassTransient || secrets.secretGets != 1 {
+		t.Fatalf("material of a missing Secret in the manager's namespace: %v (class %s, %d gets), want transient after one read", err, provider.Class(err), secrets.secretGets)
+	}
+}
