@@ -350,8 +350,14 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	if inst.State != provider.StateRunning || inst.Address == "" {
 		return r.waitForAddress(p, inst)
 	}
+	msg := fmt.Sprintf("running on %s, address %s from %s", inst.Host, inst.Address, inst.AddressSource)
+	if inst.Message != "" {
+		// What the provider remarks on a running instance (the guest
+		// agent disagreeing with the lease, squid's restarts) stays visible.
+		msg += "; " + inst.Message
+	}
 	conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue,
-		Reason: crawlv1.ProxyReadyReason, Message: fmt.Sprintf("running on %s, address %s from %s", inst.Host, inst.Address, inst.AddressSource)})
+		Reason: crawlv1.ProxyReadyReason, Message: msg})
 	return r.reconcileHealth(ctx, p)
 }
 

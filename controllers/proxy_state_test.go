@@ -171,6 +171,8 @@ func TestProxyStateMachine(t *testing.T) {
 		prov     *scriptedProvider // nil: provider not enabled
 		steps    []step
 		wantCond map[string]string // condition type → reason after the last step
+		// wantCondMsg: condition type → text its message contains after the last step.
+		wantCondMsg map[string]string
 	}{{
 		name: "no instance recorded: Create then Get, Ready",
 		prov: &scriptedProvider{create: running(stateAddress), get: running(stateAddress)},
@@ -183,6 +185,17 @@ func TestProxyStateMachine(t *testing.T) {
 		prov:  &scriptedProvider{get: running(stateAddress)},
 		steps: []step{{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
 			wantReason: crawlv1.ProxyReadyReason, wantMsg: "serving at", wantRequeue: time.Second}},
+	}, {
+		name:  "running instance with a provider remark: Ready, the remark in InstanceProvisioned",
+		setup: recorded,
+		prov: &scriptedProvider{get: func(m *provider.Machine) (*provider.Instance, error) {
+			inst, _ := running(stateAddress)(m)
+			inst.Message = "guest agent reports 10.96.0.1, DHCP lease says " + stateAddress
+			return inst, nil
+		}},
+		steps: []step{{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+			wantReason: crawlv1.ProxyReadyReason, wantMsg: "serving at", wantRequeue: time.Second}},
+		wantCondMsg: map[string]string{crawlv1.InstanceProvisionedCondition: "address " + stateAddress + " from pod; guest agent reports 10.96.0.1, DHCP lease says " + stateAddress},
 	}, {
 		name:  "instance recorded but stopped: Get, Create starts it, Get",
 		setup: recorded,
@@ -373,6 +386,11 @@ func TestProxyStateMachine(t *testing.T) {
 			for typ, reason := range tc.wantCond {
 				if c := conditions.Get(got, typ); c == nil || c.Reason != reason {
 					t.Fatalf("%s = %+v, want reason %s", typ, c, reason)
+				}
+			}
+			for typ, msg := range tc.wantCondMsg {
+				if c := conditions.Get(got, typ); c == nil || !strings.Contains(c.Message, msg) {
+					t.Fatalf("%s = %+v, want a message containing %q", typ, c, msg)
 				}
 			}
 		})
