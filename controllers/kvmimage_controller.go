@@ -55,7 +55,7 @@ type KVMImageReconciler struct {
 	// finished carries a KVMImage whose job just ended, so its result is
 	// reported at once rather than at the next progress poll.
 	finished chan event.GenericEvent
-	prunes pruneClock // see kvmimage_prune.go
+	prunes   pruneClock // see kvmimage_prune.go
 }
 
 type imageJobKey struct{ image, host, checksum string }
