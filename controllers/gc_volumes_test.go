@@ -6,30 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/digitalocean/go-libvirt"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
 )
-
-// undefineOutside removes a domain as `virsh destroy; virsh undefine`
-// would, leaving its volumes in the pool.
-func undefineOutside(t *testing.T, f *fake.Fake, name string) {
-	t.Helper()
-	c := f.Connect()
-	dom, err := c.DomainLookupByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.DomainDestroyFlags(dom, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.DomainUndefineFlags(dom, libvirt.DomainUndefineNvram); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // proxyVolumes returns which of uid's two volumes are in the test pool.
 func proxyVolumes(f *fake.Fake, uid string) []string {
@@ -87,7 +69,7 @@ func TestSweepDeletesVolumesOfDomainsUndefinedOutside(t *testing.T) {
 	}
 
 	for _, d := range []string{"crawl.gone", "crawl.live", "crawl.attached", "crawl.backing", "web.other"} {
-		undefineOutside(t, host, d)
+		kvmtest.UndefineOutside(t, host, d)
 	}
 	attachedDisk, _ := host.Volume(kvmtest.PoolName, domxml.DiskVolumeName(attached))
 	byHand, err := domxml.Domain(domxml.Params{Name: "by-hand", DomainType: domxml.DomainTypeKVM, VCPUs: 1, MemoryBytes: 256 << 20,
