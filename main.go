@@ -72,6 +72,7 @@ type options struct {
 	addressTimeout        time.Duration
 	resyncInterval        time.Duration
 	gcInterval            time.Duration
+	gcVolumeGrace         time.Duration
 	providerCallTimeout   time.Duration
 	proxyConcurrency      int
 	hostConcurrency       int
@@ -113,6 +114,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.addressTimeout, "address-timeout", 10*time.Minute, "How long a running instance may go without an address before the Proxy is Failed.")
 	fs.DurationVar(&o.resyncInterval, "resync-interval", 10*time.Minute, "Re-read a Ready proxy's instance this often even without provider events.")
 	fs.DurationVar(&o.gcInterval, "gc-interval", 5*time.Minute, "Interval of the orphan-instance sweep (must be positive).")
+	fs.DurationVar(&o.gcVolumeGrace, "gc-volume-grace", controllers.DefaultVolumeGrace, "How long the volumes a kvm domain of this install left behind (domain undefined outside the operator, Proxy gone) must stay unused before the sweep deletes them.")
 	fs.DurationVar(&o.providerCallTimeout, "provider-call-timeout", controllers.DefaultProviderCallTimeout, "Bound of each provider call (Create, Get, Delete) of a Proxy reconcile.")
 	fs.IntVar(&o.proxyConcurrency, "proxy-concurrency", 16, "Concurrent Proxy reconciles.")
 	fs.IntVar(&o.hostConcurrency, "kvmhost-concurrency", 64, "Concurrent KVMHost health checks (hosts beyond this wait for a worker).")
@@ -173,7 +175,7 @@ func (o *options) deps(registry *provider.Registry) controllers.Deps {
 			ProviderCallTimeout:   o.providerCallTimeout,
 			Workers:               o.proxyConcurrency,
 		},
-		Sweep: controllers.SweepOptions{Interval: o.gcInterval},
+		Sweep: controllers.SweepOptions{Interval: o.gcInterval, VolumeGrace: o.gcVolumeGrace},
 	}
 	if o.proxyProbeURL != "" {
 		d.Prober = proxyprobe.HTTP{URL: o.proxyProbeURL}

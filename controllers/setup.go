@@ -90,6 +90,9 @@ type SweepOptions struct {
 	// CallTimeout bounds each provider call of a sweep; 0:
 	// DefaultSweepCallTimeout.
 	CallTimeout time.Duration
+	// VolumeGrace is how long a kvm domain's leftover volumes must be
+	// provably unused before they are swept; 0: DefaultVolumeGrace.
+	VolumeGrace time.Duration
 }
 
 // KVMDeps wire the kvm provider.
@@ -160,6 +163,7 @@ func (d *Deps) Validate() error {
 		{"--address-timeout", d.Proxy.AddressTimeout},
 		{"--resync-interval", d.Proxy.ResyncInterval},
 		{"--provider-call-timeout", d.Proxy.ProviderCallTimeout},
+		{"--gc-volume-grace", d.Sweep.VolumeGrace},
 	} {
 		if f.d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.flag, f.d))
@@ -222,7 +226,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 
 	w.Sweep = &OrphanCollector{
 		Reader: mgr.GetAPIReader(), Registry: d.Registry, Tag: d.Tag, InstallID: d.InstallID,
-		Interval: d.Sweep.Interval, CallTimeout: d.Sweep.CallTimeout,
+		Interval: d.Sweep.Interval, CallTimeout: d.Sweep.CallTimeout, VolumeGrace: d.Sweep.VolumeGrace,
 		Recorder: mgr.GetEventRecorderFor("orphan-collector"),
 	}
 	if err := mgr.Add(w.Sweep); err != nil {

@@ -13,12 +13,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr"
+	"libvirt.org/go/libvirtxml"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
@@ -829,4 +833,130 @@ func stateOf(state int32) provider.State {
 		return provider.StateFailed
 	}
 	return provider.StateUnknown
+}
+
+// SweepVolumes deletes the per-Proxy volumes (proxy-<uid>-*) in host's
+// pool that nothing uses and whose UID collect accepts, and returns the
+// UIDs it offered collect and the volumes it deleted. Volumes carry no
+// metadata, so "nothing uses" is proven conservatively in the same call:
+// no domain on the host, of any install or none, mentions the UID anywhere
+// in its live or persistent XML (name, metadata, disk source paths: volume
+// names carry the UID), and no volume of the pool names the volume as its
+// backing file. When any domain or volume cannot be read nothing is
+// offered or deleted. collect decides ownership (see OrphanCollector); it
+// is called once per candidate UID, while the host's call is held, so it
+// must not block. A host that is not configured, or has no pool, holds
+// nothing.
+func (p *Provider) SweepVolumes(ctx context.Context, host string, collect func(uid string) bool) (candidates, deleted []string, err error) {
+	err = p.withHost(ctx, host, func(c virt.Client, hs HostSpec) error {
+		pool, err := lookupPool(c, hs.Pool)
+		if errors.Is(err, ErrPoolMissing) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		vols, _, err := c.StoragePoolListAllVolumes(pool, 1, 0)
+		if err != nil {
+			return classify(err)
+		}
+		byUID := map[string][]libvirt.StorageVol{}
+		var uids []string
+		for _, v := range vols {
+			if uid, ok := domxml.VolumeOwnerUID(v.Name); ok {
+				if byUID[uid] == nil {
+					uids = append(uids, uid)
+				}
+				byUID[uid] = append(byUID[uid], v)
+			}
+		}
+		if len(uids) == 0 {
+			return nil
+		}
+		docs, err := domainDocuments(c)
+		if err != nil {
+			return err
+		}
+		backing, err := backingPaths(c, vols)
+		if err != nil {
+			return err
+		}
+		log := logr.FromContextOrDiscard(ctx).WithValues("host", host, "pool", hs.Pool)
+		for _, uid := range uids {
+			if slices.ContainsFunc(docs, func(doc string) bool { return strings.Contains(doc, uid) }) {
+				continue
+			}
+			candidates = append(candidates, uid)
+			if !collect(uid) {
+				continue
+			}
+			for _, v := range byUID[uid] {
+				path, err := volPath(c, v)
+				if err != nil {
+					return err
+				}
+				if backing[path] || backing[v.Name] {
+					log.V(1).Info("Not sweeping volume that backs another", "volume", v.Name)
+					continue
+				}
+				if err := c.StorageVolDelete(v, 0); err != nil && !virt.IsCode(err, libvirt.ErrNoStorageVol) {
+					return classify(fmt.Errorf("deleting volume %s: %w", v.Name, err))
+				}
+				deleted = append(deleted, v.Name)
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, conn.ErrHostNotConfigured) {
+		return nil, nil, nil
+	}
+	return candidates, deleted, err
+}
+
+// domainDocuments returns the live and persistent XML of every domain on
+// the host. A domain undefined meanwhile is skipped; any other failure
+// fails the whole: an unread domain might be the one using a volume.
+func domainDocuments(c virt.Client) ([]string, error) {
+	doms, _, err := c.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
+	if err != nil {
+		return nil, classify(err)
+	}
+	var docs []string
+	for _, dom := range doms {
+		for _, flags := range []libvirt.DomainXMLFlags{0, libvirt.DomainXMLInactive} {
+			doc, err := c.DomainGetXMLDesc(dom, flags)
+			if virt.IsCode(err, libvirt.ErrNoDomain) {
+				break
+			}
+			if err != nil {
+				return nil, classify(fmt.Errorf("reading the XML of domain %s: %w", dom.Name, err))
+			}
+			docs = append(docs, dom.Name, doc)
+		}
+	}
+	return docs, nil
+}
+
+// backingPaths returns the backing files (paths as written, cleaned) the
+// volumes name. A volume deleted meanwhile is skipped; any other failure
+// fails the whole.
+func backingPaths(c virt.Client, vols []libvirt.StorageVol) (map[string]bool, error) {
+	out := map[string]bool{}
+	for _, v := range vols {
+		doc, err := c.StorageVolGetXMLDesc(v, 0)
+		if virt.IsCode(err, libvirt.ErrNoStorageVol) {
+			continue
+		}
+		if err != nil {
+			return nil, classify(fmt.Errorf("reading the XML of volume %s: %w", v.Name, err))
+		}
+		var x libvirtxml.StorageVolume
+		if err := x.Unmarshal(doc); err != nil {
+			return nil, provider.Permanentf("parsing the XML of volume %s: %v", v.Name, err)
+		}
+		if x.BackingStore != nil && x.BackingStore.Path != "" {
+			out[path.Clean(x.BackingStore.Path)] = true
+		}
+	}
+	return out, nil
 }

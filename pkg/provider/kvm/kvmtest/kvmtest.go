@@ -12,6 +12,9 @@ import (
 	"net/http/httptest"
 	"sort"
 	"sync"
+	"testing"
+
+	"github.com/digitalocean/go-libvirt"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
@@ -216,5 +219,22 @@ func Wedge(f *fake.Fake) (release func()) {
 		for _, r := range releases {
 			r()
 		}
+	}
+}
+
+// UndefineOutside removes a domain as `virsh destroy; virsh undefine
+// --nvram` would, leaving its volumes in the pool.
+func UndefineOutside(t testing.TB, f *fake.Fake, name string) {
+	t.Helper()
+	c := f.Connect()
+	dom, err := c.DomainLookupByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DomainDestroyFlags(dom, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DomainUndefineFlags(dom, libvirt.DomainUndefineNvram); err != nil {
+		t.Fatal(err)
 	}
 }
