@@ -16,6 +16,7 @@ func TestStartupRejectsUnusableDurations(t *testing.T) {
 		{[]string{"--gc-interval=-1m"}, "--gc-interval must be positive"},
 		{[]string{"--resync-interval=-1s"}, "--resync-interval must not be negative"},
 		{[]string{"--provider-call-timeout=-1s"}, "--provider-call-timeout must not be negative"},
+		{[]string{"--gc-volume-grace=-1m"}, "--gc-volume-grace must not be negative"},
 		{[]string{"--instance-tag="}, "--instance-tag must not be empty"},
 		{[]string{"--install-id=Staging_1"}, "--install-id"},
 		{[]string{"--install-id=staging-1"}, ""},
