@@ -296,6 +296,39 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		Expect(d.State).To(Equal(libvirt.DomainRunning))
 	})
 
+	It("reads the address as soon as the guest agent connects, not at the next provision poll", func() {
+		mgr.stop()
+		mgr = startManager(func(o *ProxyOptions) { o.ProvisionPollInterval, o.AddressTimeout = time.Minute, 5*time.Minute })
+		DeferCleanup(func() {
+			mgr.stop()
+			mgr = startManager()
+		})
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		dom := ns + ".agent"
+		h.fake.SetAgentConnected(dom, false) // the guest is still booting
+		createProxy(ns, "agent", h.name, image)
+		giveAddress(h, ns, "agent", "192.0.2.19")
+		// The reconciler has looked for the address, found none and settled
+		// (no address reads for 2 s): its next poll is a minute away.
+		Eventually(func(g Gomega) {
+			g.Expect(conditions.GetReason(getProxy(ns, "agent"), crawlv1.InstanceProvisionedCondition)).To(Equal(crawlv1.ProxyWaitingForAddressReason))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		last := -1
+		Eventually(func() bool {
+			n := h.fake.Calls(virt.RPCDomainInterfaceAddresses)
+			settled := n == last
+			last = n
+			return settled
+		}).WithPolling(2 * time.Second).WithTimeout(20 * time.Second).Should(BeTrue())
+
+		connected := time.Now()
+		h.fake.SetAgentConnected(dom, true)
+		p := waitProxyPhase(ns, "agent", crawlv1.ProxyReady, 5*time.Second)
+		Expect(p.Status.Address).To(Equal("192.0.2.19"))
+		GinkgoWriter.Printf("agent connected -> Ready in %v\n", time.Since(connected))
+	})
+
 	It("creates no duplicate domain when the manager restarts mid-Create", func() {
 		h := readyHost(uniqueName("hv"))
 		release := h.fake.Block(virt.RPCDomainCreate)

@@ -75,6 +75,9 @@ type ProxyReconciler struct {
 	synced map[types.NamespacedName]time.Time
 	// waiting: since when each Proxy has waited for its address.
 	waiting map[types.NamespacedName]time.Time
+	// probeBackoff: the next requeue of each Proxy probed but never yet
+	// healthy (see firstProbeBackoff).
+	probeBackoff map[types.NamespacedName]time.Duration
 }
 
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;update;patch
@@ -141,6 +144,7 @@ func (r *ProxyReconciler) complete() error {
 	r.memMu.Lock()
 	r.synced = map[types.NamespacedName]time.Time{}
 	r.waiting = map[types.NamespacedName]time.Time{}
+	r.probeBackoff = map[types.NamespacedName]time.Duration{}
 	r.memMu.Unlock()
 	return nil
 }
@@ -410,6 +414,8 @@ func (r *ProxyReconciler) instanceDown(p *crawlv1.Proxy, state provider.State) {
 
 // reconcileHealth probes the proxy and sets ProxyHealthy.
 func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
+	key := client.ObjectKeyFromObject(p)
+	neverProbed := p.Status.Probe == nil
 	res := r.Prober.Probe(ctx, p.Status.Address, p.Spec.Port)
 	now := metav1.NewTime(r.Clock.Now())
 	if p.Status.Probe == nil {
@@ -421,6 +427,7 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy)
 
 	wasHealthy := conditions.IsTrue(p, crawlv1.ProxyHealthyCondition)
 	if res.OK {
+		r.endProbeBackoff(key)
 		ps.ConsecutiveFailures, ps.LastError = 0, ""
 		reason, msg := crawlv1.ProxyProbeSucceededReason, fmt.Sprintf("request through the proxy succeeded in %s", res.Latency.Round(time.Millisecond))
 		if !res.Through {
@@ -449,9 +456,43 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy)
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionFalse, Reason: reason, Message: msg})
 	if wasHealthy {
 		// It served before: a failing proxy is re-read from the provider.
-		r.MarkDirty(client.ObjectKeyFromObject(p))
+		r.MarkDirty(key)
+	} else if after, ok := r.nextProbeBackoff(key, neverProbed); ok {
+		return ctrl.Result{RequeueAfter: after}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.ProvisionPollInterval}, nil
+}
+
+// firstProbeBackoff is the first requeue of a new Proxy whose port is not
+// open yet; it doubles up to ProvisionPollInterval. A guest's squid comes up
+// seconds after its address, so a fixed poll would add most of a poll
+// interval to time-to-Ready. A Proxy that was healthy keeps the poll
+// interval (and the failure threshold): it is not booting.
+const firstProbeBackoff = 500 * time.Millisecond
+
+// nextProbeBackoff returns the requeue after a failed probe of a Proxy that
+// has never been healthy: start says this was its first probe ever, which
+// begins the backoff; false means the Proxy is not backing off (it was
+// healthy before, or this manager did not see its first probe).
+func (r *ProxyReconciler) nextProbeBackoff(key types.NamespacedName, start bool) (time.Duration, bool) {
+	r.memMu.Lock()
+	defer r.memMu.Unlock()
+	d, ok := r.probeBackoff[key]
+	if !ok {
+		if !start {
+			return 0, false
+		}
+		d = firstProbeBackoff
+	}
+	d = min(d, r.ProvisionPollInterval)
+	r.probeBackoff[key] = min(2*d, r.ProvisionPollInterval)
+	return d, true
+}
+
+func (r *ProxyReconciler) endProbeBackoff(key types.NamespacedName) {
+	r.memMu.Lock()
+	defer r.memMu.Unlock()
+	delete(r.probeBackoff, key)
 }
 
 // reconcileDelete removes the instance and releases the finalizer; the
@@ -579,6 +620,7 @@ func (r *ProxyReconciler) forget(key types.NamespacedName) {
 	defer r.memMu.Unlock()
 	delete(r.synced, key)
 	delete(r.waiting, key)
+	delete(r.probeBackoff, key)
 }
 
 func (r *ProxyReconciler) stopWaiting(key types.NamespacedName) {

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -428,6 +429,60 @@ func TestProxyPhaseFollowsConditions(t *testing.T) {
 			}
 			if (tc.want == crawlv1.ProxyReady) != conditions.IsTrue(p, crawlv1.ReadyCondition) {
 				t.Fatalf("Ready %+v disagrees with phase %s", conditions.Get(p, crawlv1.ReadyCondition), p.Status.Phase)
+			}
+		})
+	}
+}
+
+// TestFirstProbeBacksOff: until a Proxy is first healthy its probe is
+// retried after 500ms, doubling up to ProvisionPollInterval; once healthy it
+// probes every ProbeInterval, and a healthy Proxy's failures keep the
+// threshold and the poll interval.
+func TestFirstProbeBacksOff(t *testing.T) {
+	ok := proxyprobe.Result{OK: true, Through: true, Latency: time.Millisecond}
+	closed := proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
+	const poll, probe = 5 * time.Second, 30 * time.Second
+	ms := time.Millisecond
+	cases := []struct {
+		name   string
+		script []proxyprobe.Result
+		// forgetAfter: forget the Proxy (deleted and created again, status
+		// empty) after this many probes; 0 = never.
+		forgetAfter int
+		want        []time.Duration
+	}{
+		{"port opens late", []proxyprobe.Result{closed, closed, closed, closed, closed, closed, ok, ok},
+			0, []time.Duration{500 * ms, time.Second, 2 * time.Second, 4 * time.Second, poll, poll, probe, probe}},
+		{"a healthy proxy's failure keeps the poll interval", []proxyprobe.Result{closed, ok, closed, closed, closed, closed},
+			0, []time.Duration{500 * ms, probe, poll, poll, poll, poll}},
+		{"forget restarts the backoff", []proxyprobe.Result{closed, closed, closed, closed},
+			2, []time.Duration{500 * ms, time.Second, 500 * ms, time.Second}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testReconciler(t, &scriptedProber{results: tc.script}, clocktesting.NewFakePassiveClock(time.Unix(1000, 0)))
+			r.ProvisionPollInterval, r.ProbeInterval = poll, probe
+			newProxy := func() *crawlv1.Proxy {
+				p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
+					Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1", Endpoint: "http://192.0.2.1:3128"}}
+				conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
+				return p
+			}
+			p := newProxy()
+			var got []time.Duration
+			for i := range tc.script {
+				if tc.forgetAfter != 0 && i == tc.forgetAfter {
+					r.forget(client.ObjectKeyFromObject(p))
+					p = newProxy()
+				}
+				res, err := r.reconcileHealth(context.Background(), p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, res.RequeueAfter)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("requeues %v, want %v", got, tc.want)
 			}
 		})
 	}

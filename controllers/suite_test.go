@@ -189,23 +189,29 @@ func freeAddr() string {
 	return l.Addr().String()
 }
 
-func startManager() *harness {
+// startManager starts the suite's manager; tune, if given, changes its Proxy
+// options (e.g. a slower provision poll).
+func startManager(tune ...func(*ProxyOptions)) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	metricsAddr := freeAddr()
 	m, err := ctrl.NewManager(cfg, ManagerOptions(ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr},
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}}))
 	Expect(err).NotTo(HaveOccurred())
 
+	proxyOpts := ProxyOptions{
+		ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond,
+		AddressTimeout: time.Minute, ResyncInterval: 10 * time.Minute, // only events re-read a Ready proxy
+		Workers: 8,
+	}
+	for _, t := range tune {
+		t(&proxyOpts)
+	}
 	w, err := Setup(ctx, m, Deps{
 		Registry:  provider.NewRegistry(),
 		Prober:    prober,
 		Tag:       testTag,
 		InstallID: testInstallID,
-		Proxy: ProxyOptions{
-			ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond,
-			AddressTimeout: time.Minute, ResyncInterval: 10 * time.Minute, // only events re-read a Ready proxy
-			Workers: 8,
-		},
+		Proxy:     proxyOpts,
 		// The sweep never ticks during the suite; specs call Sweep directly.
 		Sweep: SweepOptions{Interval: time.Hour},
 		KVM: &KVMDeps{

@@ -523,3 +523,13 @@ func (c *instrumented) LifecycleEvents(ctx context.Context) (<-chan libvirt.Doma
 			}
 		})
 }
+
+// SubscribeEvents is instrumented like LifecycleEvents.
+func (c *instrumented) SubscribeEvents(ctx context.Context, eventID libvirt.DomainEventID, dom libvirt.OptDomain) (<-chan interface{}, error) {
+	return call(c, RPCConnectDomainEventCallbackRegisterAny, []any{"event", eventID},
+		func() (<-chan interface{}, error) { return c.inner.SubscribeEvents(ctx, eventID, dom) }, nil,
+		func(ch <-chan interface{}) {
+			for range ch {
+			}
+		})
+}

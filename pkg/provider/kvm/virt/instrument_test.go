@@ -261,6 +261,7 @@ func TestInstrumentCoversEveryMethod(t *testing.T) {
 	_, _, _ = c.NetworkGetDhcpLeases(n, nil, 1, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	_, _ = c.LifecycleEvents(ctx)
+	_, _ = c.SubscribeEvents(ctx, libvirt.DomainEventIDAgentLifecycle, nil)
 	cancel()
 
 	lines, raw := captured.get()

@@ -36,6 +36,9 @@ const (
 	// LifecycleEvents registers a lifecycle callback; this is the C API the
 	// registration corresponds to.
 	RPCConnectDomainEventRegisterAny = "virConnectDomainEventRegisterAny"
+	// SubscribeEvents is named after the remote procedure both event
+	// registrations send, to tell it apart from LifecycleEvents.
+	RPCConnectDomainEventCallbackRegisterAny = "virConnectDomainEventCallbackRegisterAny"
 )
 
 // RPCNames lists every RPC name above, one per Client method, e.g. to
@@ -69,4 +72,5 @@ var RPCNames = []string{
 	RPCNetworkLookupByName,
 	RPCNetworkGetDHCPLeases,
 	RPCConnectDomainEventRegisterAny,
+	RPCConnectDomainEventCallbackRegisterAny,
 }

@@ -55,6 +55,11 @@ type Client interface {
 
 	// Events. The channel closes when ctx ends or the connection drops.
 	LifecycleEvents(ctx context.Context) (<-chan libvirt.DomainEventLifecycleMsg, error)
+	// SubscribeEvents streams one other event type; the provider uses it for
+	// the guest agent's lifecycle (DomainEventIDAgentLifecycle, values
+	// *libvirt.DomainEventCallbackAgentLifecycleMsg). The channel must be
+	// drained until it closes: go-libvirt blocks on it.
+	SubscribeEvents(ctx context.Context, eventID libvirt.DomainEventID, dom libvirt.OptDomain) (<-chan interface{}, error)
 }
 
 // Compile-time proof that the real client fits the seam.

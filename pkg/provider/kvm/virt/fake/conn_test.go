@@ -327,3 +327,64 @@ func BenchmarkProxyLifecycle(b *testing.B) {
 		_ = f.StorageVolDelete(v, 0)
 	}
 }
+
+func TestAgentLifecycleEventsFollowTheGuestAgent(t *testing.T) {
+	f := newFake(t, fake.WithAgentAutoConnect(false))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := f.SubscribeEvents(ctx, libvirt.DomainEventIDAgentLifecycle, nil)
+	must(t, err)
+	type agentEv struct {
+		dom    string
+		state  libvirt.ConnectDomainEventAgentLifecycleState
+		reason libvirt.ConnectDomainEventAgentLifecycleReason
+	}
+	next := func() agentEv {
+		t.Helper()
+		select {
+		case raw, ok := <-ch:
+			if !ok {
+				t.Fatal("event channel closed")
+			}
+			m := raw.(*libvirt.DomainEventCallbackAgentLifecycleMsg)
+			return agentEv{m.Dom.Name, libvirt.ConnectDomainEventAgentLifecycleState(m.State), libvirt.ConnectDomainEventAgentLifecycleReason(m.Reason)}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no agent event")
+		}
+		return agentEv{}
+	}
+
+	h := mustDefine(t, f, dom{name: "a", uuid: uuidA, agent: true})
+	f.SetAgentConnected("a", true) // not running: no channel to connect
+	f.SetAgentConnected("a", false)
+	must(t, f.DomainCreate(h))
+	f.SetAgentConnected("a", true)
+	f.SetAgentConnected("a", true) // no change, no event
+	f.SetAgentConnected("a", false)
+	must(t, f.DomainDestroyFlags(h, 0))
+	f.SetAgentConnected("a", true)
+	must(t, f.DomainCreate(h)) // connected at start
+
+	want := []agentEv{
+		{"a", libvirt.ConnectDomainEventAgentLifecycleStateConnected, libvirt.ConnectDomainEventAgentLifecycleReasonChannel},
+		{"a", libvirt.ConnectDomainEventAgentLifecycleStateDisconnected, libvirt.ConnectDomainEventAgentLifecycleReasonChannel},
+		{"a", libvirt.ConnectDomainEventAgentLifecycleStateConnected, libvirt.ConnectDomainEventAgentLifecycleReasonDomainStarted},
+	}
+	for i, w := range want {
+		if got := next(); got != w {
+			t.Errorf("event %d: got %+v, want %+v", i, got, w)
+		}
+	}
+	select {
+	case raw := <-ch:
+		t.Errorf("unexpected event %+v", raw)
+	case <-time.After(50 * time.Millisecond):
+	}
+
+	if _, err := f.SubscribeEvents(ctx, libvirt.DomainEventIDReboot, nil); !virt.IsCode(err, libvirt.ErrArgumentUnsupported) {
+		t.Errorf("unsupported event type: %v, want VIR_ERR_ARGUMENT_UNSUPPORTED", err)
+	}
+	cancel()
+	for range ch {
+	}
+}

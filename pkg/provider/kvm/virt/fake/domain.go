@@ -314,6 +314,22 @@ func (f *Fake) start(d *domain) {
 	d.id = f.nextID
 	f.nextID++
 	f.emit(d, libvirt.DomainEventStarted, int32(libvirt.DomainEventStartedBooted))
+	// libvirt reports an agent channel already connected when the process
+	// starts with reason "domain started"; a later connect says "channel".
+	if f.agentConnected(d) {
+		f.emitAgent(d, libvirt.ConnectDomainEventAgentLifecycleStateConnected, libvirt.ConnectDomainEventAgentLifecycleReasonDomainStarted)
+	}
+}
+
+// agentConnected reports whether d's guest agent is connected. Caller holds f.mu.
+func (f *Fake) agentConnected(d *domain) bool {
+	if d.state != libvirt.DomainRunning || !d.live.agent {
+		return false
+	}
+	if a := f.agents[d.name]; a != nil && a.connected != nil {
+		return *a.connected
+	}
+	return f.agentAuto
 }
 
 // DomainResume implements virt.Client like qemu's driver: a paused domain
@@ -553,11 +569,7 @@ func (f *Fake) agentAddresses(d *domain) ([]libvirt.DomainInterface, error) {
 		return nil, errNotRunning()
 	}
 	a := f.agents[d.name]
-	connected := f.agentAuto && d.live.agent
-	if a != nil && a.connected != nil {
-		connected = *a.connected
-	}
-	if !connected {
+	if !f.agentConnected(d) {
 		if d.live.agent {
 			return nil, lverr(libvirt.ErrAgentUnresponsive, "QEMU guest agent is not connected")
 		}
@@ -646,11 +658,23 @@ func (f *Fake) stopByName(name string, reason libvirt.DomainShutoffReason, detai
 }
 
 // SetAgentConnected overrides whether name's guest agent is connected while
-// the domain runs. It may be called before the domain exists.
+// the domain runs. It may be called before the domain exists. A change on a
+// running domain with an agent channel emits the agent lifecycle event
+// (reason "channel"), as libvirt does when the guest opens or closes it.
 func (f *Fake) SetAgentConnected(name string, connected bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	d := f.domains[name]
+	was := d != nil && f.agentConnected(d)
 	f.agent(name).connected = &connected
+	if d == nil || was == f.agentConnected(d) {
+		return
+	}
+	state := libvirt.ConnectDomainEventAgentLifecycleStateDisconnected
+	if connected {
+		state = libvirt.ConnectDomainEventAgentLifecycleStateConnected
+	}
+	f.emitAgent(d, state, libvirt.ConnectDomainEventAgentLifecycleReasonChannel)
 }
 
 // SetAgentAddresses sets what name's guest agent reports besides "lo"

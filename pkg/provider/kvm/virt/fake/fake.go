@@ -414,11 +414,12 @@ func (c *Conn) ConnectGetHostname() (string, error) {
 
 // Events.
 
-// subscriber buffers events without bound so the daemon never blocks on a
-// slow consumer (go-libvirt queues them the same way).
+// subscriber buffers events of one type without bound so the daemon never
+// blocks on a slow consumer (go-libvirt queues them the same way).
 type subscriber struct {
+	id    libvirt.DomainEventID
 	mu    sync.Mutex
-	queue []libvirt.DomainEventLifecycleMsg
+	queue []any
 	wake  chan struct{}
 }
 
@@ -426,14 +427,45 @@ type subscriber struct {
 // undefine is delivered in order until ctx ends or the connection drops,
 // then the channel is closed.
 func (c *Conn) LifecycleEvents(ctx context.Context) (<-chan libvirt.DomainEventLifecycleMsg, error) {
-	s := &subscriber{wake: make(chan struct{}, 1)}
-	if err := do0(c, virt.RPCConnectDomainEventRegisterAny, func(f *Fake) error {
+	s, err := c.subscribe(virt.RPCConnectDomainEventRegisterAny, libvirt.DomainEventIDLifecycle)
+	if err != nil {
+		return nil, err
+	}
+	return pump(ctx, c, s, func(ev any) libvirt.DomainEventLifecycleMsg { return ev.(libvirt.DomainEventLifecycleMsg) }), nil
+}
+
+// SubscribeEvents implements virt.Client for the guest agent's lifecycle,
+// delivered as go-libvirt does: *libvirt.DomainEventCallbackAgentLifecycleMsg.
+// Other event types (and a domain filter) are refused as unsupported, so a
+// caller relying on them fails loudly here rather than waiting forever.
+func (c *Conn) SubscribeEvents(ctx context.Context, eventID libvirt.DomainEventID, dom libvirt.OptDomain) (<-chan interface{}, error) {
+	if eventID != libvirt.DomainEventIDAgentLifecycle || len(dom) != 0 {
+		return nil, do0(c, virt.RPCConnectDomainEventCallbackRegisterAny, func(*Fake) error {
+			return lverr(libvirt.ErrArgumentUnsupported, "fake: event %d (domain filter %d) not supported", eventID, len(dom))
+		})
+	}
+	s, err := c.subscribe(virt.RPCConnectDomainEventCallbackRegisterAny, eventID)
+	if err != nil {
+		return nil, err
+	}
+	return pump(ctx, c, s, func(ev any) interface{} { return ev }), nil
+}
+
+func (c *Conn) subscribe(rpc string, id libvirt.DomainEventID) (*subscriber, error) {
+	s := &subscriber{id: id, wake: make(chan struct{}, 1)}
+	if err := do0(c, rpc, func(f *Fake) error {
 		f.subs[s] = struct{}{}
 		return nil
 	}); err != nil {
 		return nil, err
 	}
-	out := make(chan libvirt.DomainEventLifecycleMsg)
+	return s, nil
+}
+
+// pump delivers s's events in order until ctx ends or the connection drops,
+// then unsubscribes and closes the channel.
+func pump[T any](ctx context.Context, c *Conn, s *subscriber, conv func(any) T) <-chan T {
+	out := make(chan T)
 	go func() {
 		defer close(out)
 		defer func() {
@@ -448,7 +480,7 @@ func (c *Conn) LifecycleEvents(ctx context.Context) (<-chan libvirt.DomainEventL
 			s.mu.Unlock()
 			for _, ev := range q {
 				select {
-				case out <- ev:
+				case out <- conv(ev):
 				case <-ctx.Done():
 					return
 				case <-c.done:
@@ -464,13 +496,24 @@ func (c *Conn) LifecycleEvents(ctx context.Context) (<-chan libvirt.DomainEventL
 			}
 		}
 	}()
-	return out, nil
+	return out
 }
 
-// emit queues an event for every subscriber. Caller holds f.mu.
+// emit queues a lifecycle event for every subscriber. Caller holds f.mu.
 func (f *Fake) emit(d *domain, event libvirt.DomainEventType, detail int32) {
-	ev := libvirt.DomainEventLifecycleMsg{Dom: d.handle(), Event: int32(event), Detail: detail}
+	f.publish(libvirt.DomainEventIDLifecycle, libvirt.DomainEventLifecycleMsg{Dom: d.handle(), Event: int32(event), Detail: detail})
+}
+
+// emitAgent queues a guest agent lifecycle event. Caller holds f.mu.
+func (f *Fake) emitAgent(d *domain, state libvirt.ConnectDomainEventAgentLifecycleState, reason libvirt.ConnectDomainEventAgentLifecycleReason) {
+	f.publish(libvirt.DomainEventIDAgentLifecycle, &libvirt.DomainEventCallbackAgentLifecycleMsg{Dom: d.handle(), State: int32(state), Reason: int32(reason)})
+}
+
+func (f *Fake) publish(id libvirt.DomainEventID, ev any) {
 	for s := range f.subs {
+		if s.id != id {
+			continue
+		}
 		s.mu.Lock()
 		s.queue = append(s.queue, ev)
 		s.mu.Unlock()
