@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"crawl.example.com/proxy-operator/internal/testutil"
 )
 
 // The tests run Debian's squid (make test-deps installs it) and fail when
@@ -154,7 +156,7 @@ func startSquid(t *testing.T, c Config) *runningSquid {
 	if c.ListenAddress == "" {
 		c.ListenAddress = "127.0.0.1"
 	}
-	c.Port = freePort(t)
+	c.Port = testutil.FreePort(t)
 	c.Paths = Paths{
 		PasswordFile: filepath.Join(dir, "passwd"), PidFile: filepath.Join(dir, "squid.pid"),
 		CacheLog: filepath.Join(dir, "cache.log"), AccessLog: filepath.Join(dir, "access.log"), CoredumpDir: dir,
@@ -214,16 +216,6 @@ func startSquid(t *testing.T, c Config) *runningSquid {
 			t.Fatalf("squid not listening on %s after 20s:\n%s\n%s", s.addr, out.String(), cacheLog)
 		}
 	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // proxyResponse is what squid answered to one request.

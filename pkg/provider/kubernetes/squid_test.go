@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"crawl.example.com/proxy-operator/internal/testutil"
 )
 
 // squidUnderTest runs the container's command line (SquidCommand) against
@@ -71,7 +73,7 @@ func startSquid(t *testing.T) *squidUnderTest {
 			t.Fatal(err)
 		}
 	}
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	s.addr = fmt.Sprintf("127.0.0.1:%d", port)
 	conf := SquidConfig{Port: int32(port), ListenAddress: "127.0.0.1", AllowedClients: []string{"127.0.0.1/32"},
 		StateDir: s.state, Name: "test/squid"}.Render()
@@ -157,16 +159,6 @@ func (s *squidUnderTest) command(t *testing.T, bin string, uid, gid int, asRoot 
 func (s *squidUnderTest) log(f *os.File) string {
 	b, _ := os.ReadFile(f.Name())
 	return string(b)
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // TestSquidRunsTheContainerCommandLineUnprivileged proves the entrypoint

@@ -2,6 +2,7 @@
 package testutil
 
 import (
+	"net"
 	"testing"
 	"time"
 )
@@ -20,4 +21,17 @@ func WaitFor(t testing.TB, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, for
+// a server the test starts itself (squid, which cannot be handed a
+// listener).
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
