@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -245,11 +246,7 @@ func (c *OrphanCollector) sweepVolumes(ctx context.Context, timeout time.Duratio
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	hosts := make([]string, 0, len(c.seen))
-	for h := range c.seen {
-		hosts = append(hosts, h)
-	}
-	slices.Sort(hosts)
+	hosts := slices.Sorted(maps.Keys(c.seen))
 	deleted := 0
 	var errs []error
 	for _, host := range hosts {
