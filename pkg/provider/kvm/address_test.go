@@ -45,12 +45,7 @@ func TestPublishedAddressPrefersTheDHCPLease(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, "hv1")
 			ctx := context.Background()
-			m := e.machine("hv1", "crawl", "p1", "uid-1")
-			inst, err := e.prov.Create(ctx, m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.ProviderID = inst.ProviderID
+			m := e.created("hv1", "crawl", "p1", "uid-1")
 			f := e.fakes["hv1"]
 			if tc.lease {
 				f.SetLease(kvmtest.NetworkName, domainMAC(t, f), leased, "p1")

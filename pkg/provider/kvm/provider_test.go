@@ -54,6 +54,19 @@ func (e *env) machine(host, ns, name, uid string) *provider.Machine {
 	}
 }
 
+// created is machine, created on its host, with its providerID recorded as
+// the Proxy controller records it.
+func (e *env) created(host, ns, name, uid string) *provider.Machine {
+	e.t.Helper()
+	m := e.machine(host, ns, name, uid)
+	inst, err := e.prov.Create(context.Background(), m)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	m.ProviderID = inst.ProviderID
+	return m
+}
+
 func volumes(f *fake.Fake, uid string) (disk, seed bool) {
 	_, disk = f.Volume(kvmtest.PoolName, domxml.DiskVolumeName(uid))
 	_, seed = f.Volume(kvmtest.PoolName, domxml.SeedVolumeName(uid))
@@ -176,12 +189,7 @@ func TestIdentity(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				e := newEnv(t, "hv1")
 				f := e.fakes["hv1"]
-				m := e.machine("hv1", "crawl", "p1", "uid-1")
-				inst, err := e.prov.Create(ctx, m)
-				if err != nil {
-					t.Fatal(err)
-				}
-				m.ProviderID = inst.ProviderID
+				m := e.created("hv1", "crawl", "p1", "uid-1")
 				for call, do := range map[string]func() error{
 					"Create": func() error { _, err := e.prov.Create(ctx, m); return err },
 					"Get":    func() error { _, err := e.prov.Get(ctx, m); return err },
@@ -390,12 +398,7 @@ func TestProbe(t *testing.T) {
 func TestSteadyStateGetRPCs(t *testing.T) {
 	e := newEnv(t, "hv1")
 	ctx := context.Background()
-	m := e.machine("hv1", "crawl", "p1", "uid-1")
-	inst, err := e.prov.Create(ctx, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.ProviderID = inst.ProviderID
+	m := e.created("hv1", "crawl", "p1", "uid-1")
 	e.fakes["hv1"].SetAgentAddresses("crawl.p1", []libvirt.DomainInterface{{Name: "eth0", Addrs: []libvirt.DomainIPAddr{{Type: int32(libvirt.IPAddrTypeIpv4), Addr: "192.0.2.10", Prefix: 24}}}})
 	e.rpcs.Reset()
 	if _, err := e.prov.Get(ctx, m); err != nil {
@@ -465,12 +468,7 @@ func TestPausedDomainIsResumedNotStarted(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t, "hv1")
 	f := e.fakes["hv1"]
-	m := e.machine("hv1", "crawl", "p1", "uid-1")
-	inst, err := e.prov.Create(ctx, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.ProviderID = inst.ProviderID
+	m := e.created("hv1", "crawl", "p1", "uid-1")
 
 	// libvirt pauses the guest on ENOSPC: Get says so and why.
 	if err := f.Pause("crawl.p1", libvirt.DomainPausedIoerror); err != nil {
