@@ -98,7 +98,12 @@ func DefaultKVMHost(h *crawlv1.KVMHost) {
 	}
 	if s.Address != "" && !hasPort(s.Address) {
 		host := strings.TrimSuffix(strings.TrimPrefix(s.Address, "["), "]")
-		s.Address = net.JoinHostPort(host, strconv.Itoa(DefaultSSHPort))
+		// A malformed address ("0[") would not split back after the port
+		// is added and would be wrapped again on every update: leave it for
+		// validation to refuse, naming the field.
+		if withPort := net.JoinHostPort(host, strconv.Itoa(DefaultSSHPort)); hasPort(withPort) {
+			s.Address = withPort
+		}
 	}
 	// Only a host with its own interval gets a derived timeout written down;
 	// without one, the manager's --provider-check-interval decides at run time.
