@@ -14,6 +14,10 @@ const (
 	// with --proxy-probe-url, a request through the proxy succeeds.
 	ProxyHealthyCondition = "ProxyHealthy"
 
+	// SecureCondition (Proxy, managed squid with auth): a request without
+	// credentials is refused with 407. False names what answered instead.
+	SecureCondition = "Secure"
+
 	// DeletionBlockedCondition (Proxy): deletion cannot converge without an
 	// operator, e.g. a same-named domain that is not this Proxy's.
 	DeletionBlockedCondition = "DeletionBlocked"
@@ -56,6 +60,16 @@ const (
 	ProxyPortClosedReason         = "PortClosed"
 	ProxyForeignInstanceReason    = "ForeignInstance"
 	ProxyDeletingReason           = "Deleting"
+	// ProxyProbeAuthFailedReason (ProxyHealthy): squid refused the
+	// manager's credentials with 407.
+	ProxyProbeAuthFailedReason = "ProbeAuthFailed"
+	// ProxyCredentialsMissingReason: the credential Secret named by
+	// spec.access.auth.secretRef is absent or lacks a key.
+	ProxyCredentialsMissingReason = "CredentialsMissing"
+	// Secure reasons.
+	ProxyAuthRequiredReason  = "AuthenticationRequired"
+	ProxyOpenProxyReason     = "OpenProxy"
+	ProxySecureUnknownReason = "NotChecked"
 )
 
 // KVMImage Ready reasons.

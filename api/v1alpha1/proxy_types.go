@@ -121,15 +121,112 @@ type ProxyCloudInit struct {
 	VendorData string `json:"vendorData,omitempty"`
 }
 
+// ProxyAuthType is how clients authenticate to squid.
+// +kubebuilder:validation:Enum=Basic;None
+type ProxyAuthType string
+
+const (
+	ProxyAuthBasic ProxyAuthType = "Basic"
+	// ProxyAuthNone leaves the source allow-list as the only guard; it must
+	// be stated explicitly and each allowed range must be a single subnet.
+	ProxyAuthNone ProxyAuthType = "None"
+)
+
+// Keys of the credential Secrets: the user's spec.access.auth.secretRef
+// holds username and password; the operator's status.credentialsSecretRef
+// holds all three, url once the address is known.
+const (
+	CredentialsUsernameKey = "username"
+	CredentialsPasswordKey = "password"
+	CredentialsURLKey      = "url"
+)
+
+// ProxyAuth is the client authentication of a managed squid.
+type ProxyAuth struct {
+	// Type is Basic (default) or None.
+	// +kubebuilder:default=Basic
+	// +optional
+	Type ProxyAuthType `json:"type,omitempty"`
+
+	// SecretRef names a Secret in the Proxy's namespace with keys username
+	// and password. When absent with Basic, the operator generates a random
+	// credential into a Secret owned by the Proxy.
+	// +optional
+	SecretRef *LocalObjectReference `json:"secretRef,omitempty"`
+}
+
+// LocalObjectReference names an object in the same namespace.
+type LocalObjectReference struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// ProxyAccess is who may use the proxy and where it may go. With managed
+// true (the default) the operator renders squid's whole configuration from
+// it (pkg/squid); see docs/security.md.
+type ProxyAccess struct {
+	// Managed: the operator writes and starts squid's configuration. false
+	// leaves squid to the user's cloud-init, and the proxy's safety with it.
+	// +kubebuilder:default=true
+	// +optional
+	Managed *bool `json:"managed,omitempty"`
+
+	// AllowedSourceCIDRs are the client ranges admitted, as squid sees the
+	// source address. Required when managed.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=64
+	AllowedSourceCIDRs []string `json:"allowedSourceCIDRs,omitempty"`
+
+	// Auth of clients; Basic with a generated credential when absent.
+	// +optional
+	Auth *ProxyAuth `json:"auth,omitempty"`
+
+	// AllowedPorts are the destination ports (default 80 and 443); CONNECT
+	// only ever goes to 443.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	AllowedPorts []int32 `json:"allowedPorts,omitempty"`
+
+	// ExtraDeniedDestinations are refused on top of the built-in list
+	// (loopback, link-local and metadata, RFC 1918, CGNAT, ULA).
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=64
+	ExtraDeniedDestinations []string `json:"extraDeniedDestinations,omitempty"`
+
+	// AllowedDestinationExceptions are carved out of the built-in denied
+	// list, for targets that really are internal. Each must lie inside a
+	// built-in denied range. Use narrowly: an exception is reachable by
+	// every client of the proxy.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=64
+	AllowedDestinationExceptions []string `json:"allowedDestinationExceptions,omitempty"`
+
+	// MaxConnectionsPerClient caps concurrent connections per client
+	// address (default 256).
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MaxConnectionsPerClient int32 `json:"maxConnectionsPerClient,omitempty"`
+}
+
+// IsManaged reports whether the operator renders squid's configuration.
+// A nil Access (a Proxy stored before spec.access existed) is unmanaged:
+// its squid belongs to its cloud-init, as when it was created.
+func (p *Proxy) IsManaged() bool {
+	a := p.Spec.Access
+	return a != nil && (a.Managed == nil || *a.Managed)
+}
+
 // ProxySpec is the desired proxy.
 type ProxySpec struct {
 	// Provider runs the instance: kvm, kubernetes or gcp.
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="provider is immutable"
 	Provider ProviderName `json:"provider"`
 
 	// Placement says where the instance runs and what it boots. Immutable:
 	// moving a proxy is deleting it and creating another.
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="placement is immutable"
 	// +optional
 	Placement ProxyPlacement `json:"placement,omitempty"`
 
@@ -150,9 +247,13 @@ type ProxySpec struct {
 	// the instance is created.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="port is immutable: the instance keeps the port it was created with; delete the Proxy and create another"
 	// +optional
 	Port int32 `json:"port,omitempty"`
+
+	// Access is who may use the proxy and where it may go. Immutable: squid
+	// is configured with it when the instance is created.
+	// +optional
+	Access *ProxyAccess `json:"access,omitempty"`
 }
 
 // ProxyProbeStatus is the last health probe of the proxy.
@@ -198,6 +299,17 @@ type ProxyStatus struct {
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
 
+	// EgressAddress is the source address the probe URL saw requests
+	// through this proxy come from (when the probe URL echoes it).
+	// +optional
+	EgressAddress string `json:"egressAddress,omitempty"`
+
+	// CredentialsSecretRef names the Secret (owned by this Proxy) with keys
+	// username, password and url (http://user:pass@address:port) for
+	// clients. Set when squid is managed with Basic auth.
+	// +optional
+	CredentialsSecretRef *LocalObjectReference `json:"credentialsSecretRef,omitempty"`
+
 	// Probe is the last health probe.
 	// +optional
 	Probe *ProxyProbeStatus `json:"probe,omitempty"`
@@ -227,6 +339,14 @@ type Proxy struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
+	// The immutability rules sit here, not on the fields, because
+	// ProxySpec is also a ProxyPool's template, which must change to roll.
+	// Like field-level transition rules, each holds only when the field is
+	// set before and after; access may also not be added or removed.
+	// +kubebuilder:validation:XValidation:rule="self.provider == oldSelf.provider",message="provider is immutable",fieldPath=".provider"
+	// +kubebuilder:validation:XValidation:rule="!has(self.placement) || !has(oldSelf.placement) || self.placement == oldSelf.placement",message="placement is immutable",fieldPath=".placement"
+	// +kubebuilder:validation:XValidation:rule="!has(self.port) || !has(oldSelf.port) || self.port == oldSelf.port",message="port is immutable: the instance keeps the port it was created with; delete the Proxy and create another",fieldPath=".port"
+	// +kubebuilder:validation:XValidation:rule="has(self.access) == has(oldSelf.access) && (!has(self.access) || self.access == oldSelf.access)",message="access is immutable: the instance keeps the access it was created with; delete the Proxy and create another (a ProxyPool rolls its replicas)",fieldPath=".access"
 	Spec   ProxySpec   `json:"spec,omitempty"`
 	Status ProxyStatus `json:"status,omitempty"`
 }

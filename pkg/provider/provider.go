@@ -1,6 +1,10 @@
 package provider
 
-import "context"
+import (
+	"context"
+
+	"crawl.example.com/proxy-operator/pkg/squid"
+)
 
 // Provider turns a Machine (the provider-neutral view of one Proxy) into a
 // running instance and back. Every method is idempotent and every error it
@@ -54,6 +58,13 @@ type Machine struct {
 	VendorData        []byte
 	InstallGuestAgent bool
 	Port              int32
+
+	// Squid is the operator-managed squid configuration (Paths left empty:
+	// each provider renders it with squid.Render and its own paths, and
+	// delivers squid.conf and the password file before squid first
+	// serves). nil when the user's cloud-init owns squid (managed: false).
+	// Auth.Password is plaintext: never log or record it.
+	Squid *squid.Config
 
 	// GCP placement (gcp only).
 	Project     string

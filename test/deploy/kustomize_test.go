@@ -162,8 +162,8 @@ func TestDefaultWiring(t *testing.T) {
 			}
 		}
 	}
-	if n := len(find(objs, "CustomResourceDefinition", "")); n != 3 {
-		t.Errorf("%d CRDs, want 3", n)
+	if n := len(find(objs, "CustomResourceDefinition", "")); n != 4 {
+		t.Errorf("%d CRDs, want 4", n)
 	}
 
 	d := managerDeployment(t, objs)

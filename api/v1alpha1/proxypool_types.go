@@ -1,0 +1,271 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Labels and annotations of pool replicas.
+const (
+	// PoolNameLabel names the ProxyPool a Proxy belongs to.
+	PoolNameLabel = "crawl.example.com/pool"
+	// TemplateHashLabel is the hash of the pool template a replica was made
+	// from; a replica whose hash differs from the pool's is out of date.
+	TemplateHashLabel = "crawl.example.com/template-hash"
+	// DeleteProxyAnnotation on a replica (any value) marks it first to go
+	// when the pool scales down or rotates: how a crawler reports a banned
+	// address.
+	DeleteProxyAnnotation = "crawl.example.com/delete-proxy"
+	// DrainingAnnotation holds the RFC 3339 time a replica was unpublished
+	// before its deletion.
+	DrainingAnnotation = "crawl.example.com/draining-since"
+	// ProxyPoolFinalizer holds a pool until its published objects are gone.
+	ProxyPoolFinalizer = "crawl.example.com/proxypool"
+)
+
+// ProxyPool condition types.
+const (
+	PoolAvailableCondition          = "Available"
+	PoolRollingOutCondition         = "RollingOut"
+	PoolRotatingCondition           = "Rotating"
+	PoolRemediatingCondition        = "Remediating"
+	PoolRemediationAllowedCondition = "RemediationAllowed"
+	PoolPlacementBlockedCondition   = "PlacementBlocked"
+	PoolPausedCondition             = "Paused"
+)
+
+// ProxyPool condition reasons.
+const (
+	PoolTooManyUnhealthyReason     = "TooManyUnhealthy"
+	PoolInsufficientCapacityReason = "InsufficientCapacity"
+	PoolSpreadUnsatisfiableReason  = "SpreadUnsatisfiable"
+)
+
+// ProxyTemplate is what each replica is made from.
+type ProxyTemplate struct {
+	// Labels and annotations of each replica; labels must match the
+	// pool's selector.
+	// +optional
+	Metadata ProxyTemplateMeta `json:"metadata,omitempty"`
+	Spec     ProxySpec         `json:"spec"`
+}
+
+// ProxyTemplateMeta is the part of a replica's metadata the pool sets.
+type ProxyTemplateMeta struct {
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// RolloutStrategyType is how out-of-date replicas are replaced.
+// +kubebuilder:validation:Enum=RollingUpdate;OnDelete
+type RolloutStrategyType string
+
+const (
+	RollingUpdateStrategy RolloutStrategyType = "RollingUpdate"
+	// OnDeleteStrategy replaces a replica only when it is deleted.
+	OnDeleteStrategy RolloutStrategyType = "OnDelete"
+)
+
+// ProxyPoolRollout is the one disruption budget shared by rollout,
+// rotation and remediation: never fewer than replicas - maxUnavailable
+// available, never more than replicas + maxSurge in existence.
+type ProxyPoolRollout struct {
+	// +kubebuilder:default=RollingUpdate
+	// +optional
+	Type RolloutStrategyType `json:"type,omitempty"`
+	// MaxSurge: count or percent of replicas (rounded up); default 1.
+	// +optional
+	MaxSurge *intstr.IntOrString `json:"maxSurge,omitempty"`
+	// MaxUnavailable: count or percent of replicas (rounded down); default 0.
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+	// MinReadySeconds a new replica must be Ready before it counts as
+	// available.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MinReadySeconds int32 `json:"minReadySeconds,omitempty"`
+	// DrainSeconds a replica stays unpublished before it is deleted, so
+	// crawlers stop using it first. Default 30.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	DrainSeconds *int32 `json:"drainSeconds,omitempty"`
+}
+
+// ProxyPoolRotation replaces replicas by age, at a bounded rate.
+type ProxyPoolRotation struct {
+	// MaxAge of a replica; absent means no rotation.
+	// +optional
+	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
+	// Jitter: each replica expires at a random point in [maxAge-jitter,
+	// maxAge], fixed per replica, so replicas of one age do not expire
+	// together.
+	// +optional
+	Jitter *metav1.Duration `json:"jitter,omitempty"`
+	// MaxConcurrent rotations in flight; default 1.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MaxConcurrent int32 `json:"maxConcurrent,omitempty"`
+	// MinInterval between the starts of two rotations.
+	// +optional
+	MinInterval *metav1.Duration `json:"minInterval,omitempty"`
+}
+
+// ProxyPoolRemediation replaces replicas that do not become or stay Ready.
+type ProxyPoolRemediation struct {
+	// StartupTimeout for a new replica to become Ready; default 10m.
+	// +optional
+	StartupTimeout *metav1.Duration `json:"startupTimeout,omitempty"`
+	// UnhealthyTimeout a Ready replica may be not Ready before it is
+	// replaced; default 5m.
+	// +optional
+	UnhealthyTimeout *metav1.Duration `json:"unhealthyTimeout,omitempty"`
+	// MaxUnhealthy (count or percent): when more replicas are unhealthy,
+	// remediation stops (RemediationAllowed=False, TooManyUnhealthy): an
+	// outage must not delete the fleet. Default 40%.
+	// +optional
+	MaxUnhealthy *intstr.IntOrString `json:"maxUnhealthy,omitempty"`
+	// MaxCreatesPerMinute caps replica creations of any cause; default 10.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MaxCreatesPerMinute int32 `json:"maxCreatesPerMinute,omitempty"`
+}
+
+// ScaleDownOrder picks which replicas go first when scaling down, after
+// those annotated delete-proxy and the unhealthy.
+// +kubebuilder:validation:Enum=Oldest;Newest;Random
+type ScaleDownOrder string
+
+const (
+	ScaleDownOldest ScaleDownOrder = "Oldest"
+	ScaleDownNewest ScaleDownOrder = "Newest"
+	ScaleDownRandom ScaleDownOrder = "Random"
+)
+
+// ProxyPoolScaleDown orders deletions.
+type ProxyPoolScaleDown struct {
+	// +kubebuilder:default=Oldest
+	// +optional
+	Order ScaleDownOrder `json:"order,omitempty"`
+}
+
+// ProxyPoolPlacement spreads replicas.
+type ProxyPoolPlacement struct {
+	// HostSelector picks the KVMHosts replicas spread over (kvm), with a
+	// maximum skew of 1 by host and room for each replica checked.
+	// +optional
+	HostSelector *metav1.LabelSelector `json:"hostSelector,omitempty"`
+	// CPUOvercommit is the vCPUs per host CPU allowed (kvm); default 4.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	CPUOvercommit int32 `json:"cpuOvercommit,omitempty"`
+	// Zones replicas spread over (gcp).
+	// +optional
+	Zones []string `json:"zones,omitempty"`
+}
+
+// ProxyPoolSpec is the desired fleet.
+type ProxyPoolSpec struct {
+	// Replicas desired; the scale subresource sets it.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+	// Selector of the replicas; must match template.metadata.labels.
+	Selector metav1.LabelSelector `json:"selector"`
+	// Template of each replica.
+	Template ProxyTemplate `json:"template"`
+	// +optional
+	Rollout ProxyPoolRollout `json:"rollout,omitempty"`
+	// +optional
+	Rotation ProxyPoolRotation `json:"rotation,omitempty"`
+	// +optional
+	Remediation ProxyPoolRemediation `json:"remediation,omitempty"`
+	// +optional
+	ScaleDown ProxyPoolScaleDown `json:"scaleDown,omitempty"`
+	// +optional
+	Placement ProxyPoolPlacement `json:"placement,omitempty"`
+	// Paused stops rollout, rotation and remediation (scaling and
+	// publishing go on).
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+}
+
+// ProxyPoolRotationStatus is when rotation last started one and next will.
+type ProxyPoolRotationStatus struct {
+	// +optional
+	LastTime *metav1.Time `json:"lastTime,omitempty"`
+	// +optional
+	NextTime *metav1.Time `json:"nextTime,omitempty"`
+}
+
+// ProxyPoolStatus is the observed fleet.
+type ProxyPoolStatus struct {
+	// Replicas in existence (any state, draining included).
+	// +optional
+	Replicas int32 `json:"replicas"`
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas"`
+	// AvailableReplicas are Ready for minReadySeconds and not draining.
+	// +optional
+	AvailableReplicas int32 `json:"availableReplicas"`
+	// +optional
+	UpToDateReplicas int32 `json:"upToDateReplicas"`
+	// +optional
+	DrainingReplicas int32 `json:"drainingReplicas"`
+	// +optional
+	UnhealthyReplicas int32 `json:"unhealthyReplicas"`
+	// +optional
+	DistinctHosts int32 `json:"distinctHosts"`
+	// +optional
+	DistinctEgressAddresses int32 `json:"distinctEgressAddresses"`
+	// Selector is the label selector of the replicas in string form, for
+	// the scale subresource (HPA, KEDA, kubectl scale).
+	// +optional
+	Selector string `json:"selector,omitempty"`
+	// +optional
+	Rotation *ProxyPoolRotationStatus `json:"rotation,omitempty"`
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// ProxyPool is a fleet of Proxies that scales, rolls, rotates, heals and
+// publishes its Ready replicas for crawlers (Secret <pool>-proxies and a
+// headless Service).
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:categories=crawl,shortName=ppool
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.status.replicas`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
+// +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.availableReplicas`
+// +kubebuilder:printcolumn:name="Egress",type=integer,JSONPath=`.status.distinctEgressAddresses`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ProxyPool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ProxyPoolSpec   `json:"spec,omitempty"`
+	Status ProxyPoolStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// ProxyPoolList contains a list of ProxyPool.
+type ProxyPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ProxyPool `json:"items"`
+}
+
+func (p *ProxyPool) GetConditions() []metav1.Condition  { return p.Status.Conditions }
+func (p *ProxyPool) SetConditions(c []metav1.Condition) { p.Status.Conditions = c }
+
+func init() {
+	SchemeBuilder.Register(&ProxyPool{}, &ProxyPoolList{})
+}
