@@ -164,6 +164,7 @@ func (d *Deps) Validate() error {
 		{"--resync-interval", d.Proxy.ResyncInterval},
 		{"--provider-call-timeout", d.Proxy.ProviderCallTimeout},
 		{"--gc-volume-grace", d.Sweep.VolumeGrace},
+		{"--provider-check-interval", kvmCheckInterval(d.KVM)},
 	} {
 		if f.d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.flag, f.d))
@@ -176,7 +177,8 @@ func (d *Deps) Validate() error {
 		if k.Hosts == nil {
 			errs = append(errs, errors.New("Deps.KVM.Hosts is required"))
 		}
-		if err := crawlv1.ValidateCheckTiming(k.CheckInterval, k.CheckTimeout); err != nil {
+		// Zero means the default, as where the interval is used.
+		if err := crawlv1.ValidateCheckTiming(orDefaultDuration(k.CheckInterval, crawlv1.DefaultCheckInterval), k.CheckTimeout); err != nil {
 			errs = append(errs, fmt.Errorf("--provider-check-interval/--provider-check-timeout: %w", err))
 		}
 	}
@@ -288,6 +290,13 @@ func setupKVM(ctx context.Context, mgr ctrl.Manager, k *KVMDeps, installID strin
 		return nil, fmt.Errorf("create KVMImage controller: %w", err)
 	}
 	return prov, nil
+}
+
+func kvmCheckInterval(k *KVMDeps) time.Duration {
+	if k == nil {
+		return 0
+	}
+	return k.CheckInterval
 }
 
 func orDefaultInt(v, def int) int {
