@@ -42,11 +42,11 @@ import (
 	"crawl.example.com/proxy-operator/test/envtestutil"
 )
 
-// Fleet benchmark shape.
-const (
-	benchProxies = 200
-	benchHosts   = 10
-)
+// fleetShape is how many Proxies over how many hosts.
+type fleetShape struct{ proxies, hosts int }
+
+// BenchmarkProxyFleet's shape.
+var fleetBenchShape = fleetShape{proxies: 200, hosts: 10}
 
 // Steady state runs on production intervals divided by a scale factor so an
 // hour's pattern fits in seconds. A resync costs the same RPCs whenever it
@@ -103,6 +103,24 @@ var (
 // first -count only. With -count/-benchtime > 1 the memory figures are the
 // maximum over iterations.
 func BenchmarkProxyFleet(b *testing.B) {
+	restCfg, sch, cl := startBenchEnv(b)
+
+	var sum benchFleetResult
+	iter := 0
+	for b.Loop() {
+		b.StopTimer()
+		r := runFleetIteration(b, restCfg, sch, cl, iter, fleetBenchShape)
+		sum.add(r)
+		iter++
+		b.StartTimer()
+	}
+	sum.report(b, float64(iter))
+	b.ReportMetric(float64(benchShutdownHangs.Load()), "shutdown-hangs")
+}
+
+// startBenchEnv starts an envtest of the benchmark's own (stopped at
+// cleanup) and returns its config, a scheme and a client.
+func startBenchEnv(b *testing.B) (*rest.Config, *kruntime.Scheme, client.Client) {
 	logf.SetLogger(logr.Discard())
 	env, err := envtestutil.New(false)
 	if err != nil {
@@ -132,18 +150,7 @@ func BenchmarkProxyFleet(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-
-	var sum benchFleetResult
-	iter := 0
-	for b.Loop() {
-		b.StopTimer()
-		r := runFleetIteration(b, restCfg, sch, cl, iter)
-		sum.add(r)
-		iter++
-		b.StartTimer()
-	}
-	sum.report(b, float64(iter))
-	b.ReportMetric(float64(benchShutdownHangs.Load()), "shutdown-hangs")
+	return restCfg, sch, cl
 }
 
 // benchFleetResult holds one iteration's figures (or their sums).
@@ -214,11 +221,13 @@ var productionTiming = benchTiming{scale: 1, probe: 30 * time.Second, provisionP
 
 // benchKVM is one iteration's hypervisors.
 type benchKVM struct {
+	shape     fleetShape
 	names     []string
 	fakes     map[string]*fake.Fake
 	conns     *kvmtest.Conns
 	proxyRPCs *resyncObserver  // Proxy and KVMImage controllers
 	hostRPCs  *virt.RPCCounter // KVMHost health checks
+	probes    atomic.Int64     // proxy probes answered by benchProber
 }
 
 // resyncObserver counts RPCs and notes when each
@@ -254,13 +263,20 @@ func (o *resyncObserver) resyncTimes() []time.Time {
 	return slices.Clone(o.times)
 }
 
-func runFleetIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, cl client.Client, iter int) benchFleetResult {
-	ctx := context.Background()
-	var res benchFleetResult
-	suffix := fmt.Sprintf("%d-%d", iter, time.Now().UnixNano()%1_000_000)
+// benchFleet is one iteration's objects: hosts, image and namespace.
+type benchFleet struct {
+	hv               *benchKVM
+	image, namespace string
+	imgSrv           *kvmtest.ImageServer
+}
 
-	hv := &benchKVM{fakes: map[string]*fake.Fake{}, conns: kvmtest.NewConns(), proxyRPCs: &resyncObserver{}, hostRPCs: &virt.RPCCounter{}}
-	for i := range benchHosts {
+// newBenchFleet creates shape.hosts in-memory hosts with their KVMHosts, a
+// KVMImage served locally and a namespace for the Proxies.
+func newBenchFleet(b *testing.B, cl client.Client, shape fleetShape, iter int) *benchFleet {
+	ctx := context.Background()
+	suffix := fmt.Sprintf("%d-%d", iter, time.Now().UnixNano()%1_000_000)
+	hv := &benchKVM{shape: shape, fakes: map[string]*fake.Fake{}, conns: kvmtest.NewConns(), proxyRPCs: &resyncObserver{}, hostRPCs: &virt.RPCCounter{}}
+	for i := range shape.hosts {
 		name := fmt.Sprintf("bench-hv%02d-%s", i, suffix)
 		f := kvmtest.NewHost()
 		hv.names = append(hv.names, name)
@@ -273,7 +289,6 @@ func runFleetIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 		}))
 	}
 	imgSrv := kvmtest.NewImageServer("debian", 256<<10)
-	defer imgSrv.Close()
 	imageName := "bench-debian-" + suffix
 	benchMust(b, cl.Create(ctx, &crawlv1.KVMImage{
 		ObjectMeta: metav1.ObjectMeta{Name: imageName},
@@ -282,14 +297,35 @@ func runFleetIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	}))
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-fleet-"}}
 	benchMust(b, cl.Create(ctx, ns))
+	return &benchFleet{hv: hv, image: imageName, namespace: ns.Name, imgSrv: imgSrv}
+}
+
+// waitImageCached waits until the fleet's KVMImage is verified on every host.
+func (f *benchFleet) waitImageCached(b *testing.B, cl client.Client) {
+	benchWait(b, 60*time.Second, "KVMImage verified on every host", func() bool {
+		img := &crawlv1.KVMImage{}
+		return cl.Get(context.Background(), client.ObjectKey{Name: f.image}, img) == nil &&
+			int(img.Status.ReadyHosts) == f.hv.shape.hosts && conditions.IsTrue(img, crawlv1.ReadyCondition)
+	})
+}
+
+// cleanup removes what newBenchFleet and the Proxies made.
+func (f *benchFleet) cleanup(b *testing.B, cl client.Client) {
+	cleanupFleet(b, cl, f.namespace, f.hv.names, f.image)
+	f.imgSrv.Close()
+}
+
+func runFleetIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, cl client.Client, iter int, shape fleetShape) benchFleetResult {
+	ctx := context.Background()
+	var res benchFleetResult
+	fleet := newBenchFleet(b, cl, shape, iter)
+	hv, imageName := fleet.hv, fleet.image
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fleet.namespace}}
+	benchProxies := shape.proxies
 
 	// 1. A production-configured manager; the image cached everywhere.
 	mgr := startBenchManager(b, restCfg, sch, hv, productionTiming)
-	benchWait(b, 60*time.Second, "KVMImage verified on every host", func() bool {
-		img := &crawlv1.KVMImage{}
-		return cl.Get(ctx, client.ObjectKey{Name: imageName}, img) == nil &&
-			img.Status.ReadyHosts == benchHosts && conditions.IsTrue(img, crawlv1.ReadyCondition)
-	})
+	fleet.waitImageCached(b, cl)
 	hv.proxyRPCs.Reset()
 	reconcilesBefore := proxyReconciles(b)
 
@@ -331,16 +367,7 @@ func runFleetIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	for i := range benchProxies {
 		name := fmt.Sprintf("p%03d", i)
 		created[name] = time.Now()
-		benchMust(b, cl.Create(ctx, &crawlv1.Proxy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: name},
-			Spec: crawlv1.ProxySpec{
-				Provider:          crawlv1.ProviderKVM,
-				Placement:         crawlv1.ProxyPlacement{Host: hv.names[i%benchHosts], Image: imageName},
-				CloudInit:         crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"},
-				InstallGuestAgent: ptr.To(true),
-				Port:              3128,
-			},
-		}))
+		benchMust(b, cl.Create(ctx, benchProxy(ns.Name, name, hv.names[i%shape.hosts], imageName)))
 	}
 	res.applySubmit = time.Since(start)
 	select {
@@ -359,8 +386,8 @@ func runFleetIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	}
 	slices.Sort(lat)
 	res.readyP50, res.readyP90, res.readyMax = lat[len(lat)/2], lat[len(lat)*9/10], lat[len(lat)-1]
-	res.reconciles = (proxyReconciles(b) - reconcilesBefore) / benchProxies
-	res.rpcs = float64(hv.proxyRPCs.Total()) / benchProxies
+	res.reconciles = (proxyReconciles(b) - reconcilesBefore) / float64(benchProxies)
+	res.rpcs = float64(hv.proxyRPCs.Total()) / float64(benchProxies)
 	res.peakHeapInuse = mem.stop()
 	res.vmHWM = vmHWM(b)
 	// What stays: the live heap after a collection, the manager still
@@ -372,8 +399,8 @@ func runFleetIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	b.Logf("apply→Ready: libvirt RPCs by name over %d Proxies: %s", benchProxies, formatCounts(hv.proxyRPCs.Snapshot()))
 	b.Logf("apply→Ready: host health-check RPCs (separate provider, not per Proxy): %d", hv.hostRPCs.Total())
 	for _, h := range hv.names {
-		if n := len(hv.fakes[h].DomainNames()); n != benchProxies/benchHosts {
-			b.Fatalf("host %s has %d domains, want %d", h, n, benchProxies/benchHosts)
+		if n := len(hv.fakes[h].DomainNames()); n != benchProxies/shape.hosts {
+			b.Fatalf("host %s has %d domains, want %d", h, n, benchProxies/shape.hosts)
 		}
 	}
 	mgr.stop(b)
@@ -383,8 +410,22 @@ func runFleetIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	res.events = steadyState(b, restCfg, sch, hv, "events", eventsTiming, eventsTiming.resync/4, 2*eventsTiming.resync)
 	res.polling = steadyState(b, restCfg, sch, hv, "polling", pollingTiming, 2*pollingTiming.probe, 8*pollingTiming.probe)
 
-	cleanupFleet(b, cl, ns.Name, hv.names, imageName)
+	fleet.cleanup(b, cl)
 	return res
+}
+
+// benchProxy is one fleet Proxy as the benchmarks create it.
+func benchProxy(namespace, name, host, image string) *crawlv1.Proxy {
+	return &crawlv1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: crawlv1.ProxySpec{
+			Provider:          crawlv1.ProviderKVM,
+			Placement:         crawlv1.ProxyPlacement{Host: host, Image: image},
+			CloudInit:         crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"},
+			InstallGuestAgent: ptr.To(true),
+			Port:              3128,
+		},
+	}
 }
 
 // steadyStateResult is one steady-state window.
@@ -415,6 +456,7 @@ type steadyStateResult struct {
 // error within 1/8.
 func steadyState(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, hv *benchKVM, mode string,
 	t benchTiming, settle, window time.Duration) steadyStateResult {
+	benchProxies := float64(hv.shape.proxies)
 	before := proxyReconciles(b)
 	mgr := startBenchManager(b, restCfg, sch, hv, t)
 	defer mgr.stop(b)
@@ -490,7 +532,7 @@ func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	hostSource := &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()}
 	w, err := Setup(ctx, m, Deps{
 		Registry:  provider.NewRegistry(),
-		Prober:    benchProber{},
+		Prober:    benchProber{count: &hv.probes},
 		Tag:       "bench",
 		InstallID: "bench-install",
 		Proxy: ProxyOptions{
@@ -554,10 +596,11 @@ func (bm *benchManager) stop(b *testing.B) {
 	bm.subs.Wait()
 }
 
-// benchProber: every proxy port answers.
-type benchProber struct{}
+// benchProber: every proxy port answers; probes are counted.
+type benchProber struct{ count *atomic.Int64 }
 
-func (benchProber) Probe(context.Context, string, int32) proxyprobe.Result {
+func (p benchProber) Probe(context.Context, string, int32) proxyprobe.Result {
+	p.count.Add(1)
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
 }
 
@@ -566,7 +609,7 @@ func (benchProber) Probe(context.Context, string, int32) proxyprobe.Result {
 type guestBooter struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
-	defined atomic.Int64 // unix nanos when all benchProxies domains existed
+	defined atomic.Int64 // unix nanos when all the fleet's domains existed
 }
 
 func startGuestBooter(hv *benchKVM, ns string) *guestBooter {
@@ -590,7 +633,7 @@ func startGuestBooter(hv *benchKVM, ns string) *guestBooter {
 						Type: int32(libvirt.IPAddrTypeIpv4), Addr: fmt.Sprintf("10.%d.%d.%d", n/62500, n/250%250, n%250+1), Prefix: 8}}}})
 				}
 			}
-			if len(seen) == benchProxies && g.defined.Load() == 0 {
+			if len(seen) == hv.shape.proxies && g.defined.Load() == 0 {
 				g.defined.Store(time.Now().UnixNano())
 			}
 			select {
