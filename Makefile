@@ -14,7 +14,7 @@ GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint
 # the Go module proxy into ~/.cache/proxy-operator/envtest (see hack/envtest-assets.sh).
 ENVTEST_ASSETS = $(shell hack/envtest-assets.sh)
 
-GO_TEST_FLAGS ?= -race -count=1
+GO_TEST_FLAGS ?= -race -count=1 -timeout=30m
 export GOTOOLCHAIN ?= local
 
 .DEFAULT_GOAL := help

@@ -53,13 +53,6 @@ func readyHost(name string) *testHost {
 	createSecret(h)
 	createKVMHost(name, h.ssh.Addr(), nil)
 	waitHostReason(name, crawlv1.HostReadyReason, 20*time.Second)
-	// The patch helper writes conditions and the rest of status in two
-	// patches, so Ready can be read a moment before the check's figures.
-	Eventually(func(g Gomega) {
-		kh := &crawlv1.KVMHost{}
-		g.Expect(k8sClient.Get(ctx, client.ObjectKey{Name: name}, kh)).To(Succeed())
-		g.Expect(kh.Status.LastCheckTime).NotTo(BeNil())
-	}).WithTimeout(5 * time.Second).WithPolling(50 * time.Millisecond).Should(Succeed())
 	return h
 }
 

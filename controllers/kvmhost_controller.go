@@ -13,7 +13,6 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -125,16 +124,12 @@ func (r *KVMHostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 			return ctrl.Result{}, err
 		}
 	}
-	helper, err := patch.NewHelper(h, r.Client)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
+	helper := newObjectPatcher(r.Client, h)
 	before := h.DeepCopy()
 	defer func() {
 		r.emitTransition(before, h)
-		// Also writes a released finalizer; the helper ignores NotFound for
-		// a deleted object without finalizers.
-		if err := helper.Patch(ctx, h, patch.WithOwnedConditions{Conditions: []string{crawlv1.ReadyCondition}}); err != nil {
+		// Also writes a released finalizer.
+		if err := helper.Patch(ctx, h); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
 	}()

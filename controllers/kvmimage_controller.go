@@ -14,7 +14,6 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -134,13 +133,10 @@ func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 		r.stopJobs(img.Name, nil)
 		return r.reconcileDelete(ctx, img)
 	}
-	helper, err := patch.NewHelper(img, r.Client)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
+	helper := newObjectPatcher(r.Client, img)
 	defer func() {
 		img.Status.ObservedGeneration = img.Generation
-		if err := helper.Patch(ctx, img, patch.WithOwnedConditions{Conditions: []string{crawlv1.ReadyCondition}}); err != nil {
+		if err := helper.Patch(ctx, img); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, client.IgnoreNotFound(err)})
 		}
 	}()

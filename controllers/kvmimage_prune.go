@@ -10,7 +10,6 @@ import (
 
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -156,10 +155,7 @@ func (r *KVMImageReconciler) reconcileDelete(ctx context.Context, img *crawlv1.K
 		waited := r.Clock.Now().Sub(img.DeletionTimestamp.Time)
 		return ctrl.Result{RequeueAfter: min(max(waited/4, imageInUseMinRetry), imageInUseMaxRetry)}, nil
 	}
-	helper, err := patch.NewHelper(img, r.Client)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
+	helper := newObjectPatcher(r.Client, img)
 	controllerutil.RemoveFinalizer(img, KVMImageFinalizer)
 	return ctrl.Result{}, client.IgnoreNotFound(helper.Patch(ctx, img))
 }

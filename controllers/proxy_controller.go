@@ -20,7 +20,6 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/patch"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -180,10 +179,7 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ct
 			return ctrl.Result{}, err
 		}
 	}
-	helper, err := patch.NewHelper(p, r.Client)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
+	helper := newObjectPatcher(r.Client, p)
 	before := p.Status.Phase
 	defer func() {
 		summarize(p)
@@ -191,12 +187,8 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ct
 			r.Recorder.Eventf(p, eventType(p.Status.Phase), "Phase"+string(p.Status.Phase), "%s", phaseMessage(p))
 		}
 		p.Status.ObservedGeneration = p.Generation
-		// Also writes a released finalizer; the helper ignores NotFound
-		// for a deleted object without finalizers.
-		if err := helper.Patch(ctx, p, patch.WithOwnedConditions{Conditions: []string{
-			crawlv1.ReadyCondition, crawlv1.InstanceProvisionedCondition,
-			crawlv1.ProxyHealthyCondition, crawlv1.DeletionBlockedCondition,
-		}}); err != nil {
+		// Also writes a released finalizer.
+		if err := helper.Patch(ctx, p); err != nil {
 			reterr = kerrors.NewAggregate([]error{reterr, err})
 		}
 	}()
