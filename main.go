@@ -24,6 +24,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/controllers"
+	"crawl.example.com/proxy-operator/internal/logkeys"
 	"crawl.example.com/proxy-operator/internal/metricsauth"
 	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -153,7 +154,7 @@ func main() {
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	ctrl.SetLogger(logkeys.Wrap(zap.New(zap.UseFlagOptions(&zapOpts))))
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		os.Exit(1)

@@ -23,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"crawl.example.com/proxy-operator/controllers"
+	"crawl.example.com/proxy-operator/internal/logkeys"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp/gcptest"
@@ -65,7 +66,7 @@ func TestProviders(t *testing.T) {
 }
 
 var _ = BeforeSuite(func() {
-	logf.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true), zap.Level(zapcore.InfoLevel)))
+	logf.SetLogger(logkeys.Wrap(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true), zap.Level(zapcore.InfoLevel))))
 	var err error
 	// Fails (never skips) without KUBEBUILDER_ASSETS, saying how to get them.
 	testEnv, err = envtestutil.New(false)
