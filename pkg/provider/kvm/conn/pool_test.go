@@ -647,7 +647,10 @@ func TestAbandonedCallKeepsTheLink(t *testing.T) {
 func TestUploadDoesNotBlockHealthChecks(t *testing.T) {
 	th := newTestHost(t)
 	var d countingDialer
-	p := newPool(t, Options{Dial: d.Dial, KeepaliveInterval: 50 * time.Millisecond})
+	// Keepalives tick during the upload; 50ms (a 150ms budget) was too
+	// tight for -race on a loaded machine, where a reply queued behind
+	// upload data dropped the link and the test hung on a blocked write.
+	p := newPool(t, Options{Dial: d.Dial, KeepaliveInterval: 250 * time.Millisecond})
 	if err := p.Set(th.config("hv1"), th.loader(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -656,14 +659,18 @@ func TestUploadDoesNotBlockHealthChecks(t *testing.T) {
 	body, feed := io.Pipe()
 	uploaded := make(chan error, 1)
 	go func() {
-		uploaded <- p.Do(testCtx(t, time.Minute), "hv1", func(c virt.Client) error {
+		err := p.Do(testCtx(t, time.Minute), "hv1", func(c virt.Client) error {
 			vol := libvirt.StorageVol{Pool: "default", Name: "image.qcow2", Key: "/var/lib/libvirt/images/image.qcow2"}
 			return c.StorageVolUpload(vol, body, 0, 0, 0)
 		})
+		// An upload that ends early stops reading: unblock the writes below,
+		// or the test hangs instead of failing.
+		body.CloseWithError(fmt.Errorf("upload ended: %v", err))
+		uploaded <- err
 	}()
 	buf := bytes.Repeat([]byte{0xa5}, chunk)
 	if _, err := feed.Write(buf); err != nil {
-		t.Fatal(err)
+		t.Fatalf("feeding the upload: %v", err)
 	}
 	testutil.WaitFor(t, func() bool { return th.lv.Uploaded() > 0 })
 
@@ -679,7 +686,7 @@ func TestUploadDoesNotBlockHealthChecks(t *testing.T) {
 	}
 	for range chunks - 1 {
 		if _, err := feed.Write(buf); err != nil {
-			t.Fatal(err)
+			t.Fatalf("feeding the upload: %v", err)
 		}
 	}
 	feed.Close()
