@@ -28,8 +28,13 @@ func TestParseProblemsCatchesWarningsAndFatals(t *testing.T) {
 
 func TestRenderedConfigsParse(t *testing.T) {
 	for name, change := range map[string]func(*Config){
-		"defaults":      func(*Config) {},
-		"auth None":     func(c *Config) { c.Auth = Auth{Type: AuthNone} },
+		"defaults":  func(*Config) {},
+		"auth None": func(c *Config) { c.Auth = Auth{Type: AuthNone} },
+		"auth None, broad sources": func(c *Config) {
+			c.Auth = Auth{Type: AuthNone}
+			c.AllowedSourceCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"}
+			c.BroadSourcesWithoutAuth = true
+		},
 		"IPv6 listen":   func(c *Config) { c.ListenAddress = "::1"; c.Port = 8080 },
 		"IPv4 listen":   func(c *Config) { c.ListenAddress = "192.0.2.10" },
 		"mixed sources": func(c *Config) { c.AllowedSourceCIDRs = []string{"0.0.0.0/0", "2000::/3", "fc00::/7", "192.0.2.0/24"} },

@@ -13,7 +13,7 @@ import (
 var renderedDirectives = map[string]bool{
 	"http_port": true, "visible_hostname": true, "auth_param": true, "acl": true, "http_access": true,
 	"icp_port": true, "htcp_port": true, "snmp_port": true, "icp_access": true, "htcp_access": true,
-	"snmp_access": true, "pinger_enable": true, "via": true, "forwarded_for": true,
+	"snmp_access": true, "pinger_enable": true, "netdb_filename": true, "via": true, "forwarded_for": true,
 	"httpd_suppress_version_string": true, "cache": true, "cache_mem": true, "shutdown_lifetime": true,
 	"pid_filename": true, "cache_log": true, "coredump_dir": true, "access_log": true,
 }
