@@ -84,10 +84,13 @@ const (
 
 // PathLine and RootLine are lines of every script that tests swap for a
 // sandbox (stub commands first on PATH, a fake root): the script touches
-// nothing outside "$root".
+// nothing outside "$root" but through the commands it calls (systemctl,
+// apt-get, logger), which a sandbox stubs.
 const (
 	PathLine = `PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"; export PATH`
 	RootLine = `root=""`
+	// LoggerStub stands in for logger(1) in a sandbox.
+	LoggerStub = "#!/bin/sh\nexit 0\n"
 )
 
 // Script returns the stage's script for f. It is 7-bit ASCII (the files
@@ -125,7 +128,12 @@ func writeFile(b *strings.Builder, dest, mode, group string, data []byte) {
 }
 
 const scriptFunctions = `
-log() { echo "proxy-operator: $*" >&2; }
+log() {
+	echo "proxy-operator: $*" >&2
+	# A boothook's output goes nowhere; the journal keeps this.
+	command -v logger >/dev/null 2>&1 && logger -t proxy-operator -- "$*" 2>/dev/null
+	return 0
+}
 
 # install_file DEST MODE GROUP < base64: replaces DEST atomically (a file
 # beside it, then rename) unless it already holds the same bytes; sets

@@ -109,6 +109,10 @@ func newSandbox(t *testing.T, stubs map[string]string) *sandbox {
 			t.Fatal(err)
 		}
 	}
+	// Not the host's syslog; what is logged is the script's stderr too.
+	if err := os.WriteFile(filepath.Join(s.bin, "logger"), []byte(LoggerStub), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 

@@ -211,6 +211,9 @@ func TestSquidBoothookRunsUnderCloudInit(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bin, "systemctl"), []byte("#!/bin/sh\necho inactive\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(bin, "logger"), []byte(guestsquid.LoggerStub), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	body := string(squidPartsOf(t, vd)[0].body)
 	body = strings.Replace(body, guestsquid.PathLine, "PATH="+bin+":/usr/bin:/bin; export PATH", 1)
 	body = strings.Replace(body, guestsquid.RootLine, "root="+root, 1)

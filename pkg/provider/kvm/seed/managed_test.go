@@ -154,6 +154,9 @@ func runBoothook(t *testing.T, vendorData []byte, root string) {
 	if err := os.WriteFile(filepath.Join(bin, "systemctl"), []byte(stub), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(bin, "logger"), []byte(guestsquid.LoggerStub), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	script = strings.Replace(script, guestsquid.PathLine, "PATH="+bin+":/usr/bin:/bin; export PATH", 1)
 	script = strings.Replace(script, guestsquid.RootLine, "root="+root, 1)
 	cmd := exec.Command("/bin/sh", "-c", script)
