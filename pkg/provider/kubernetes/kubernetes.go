@@ -44,8 +44,9 @@
 //
 // Naming and identity: the ConfigMap, Secret, NetworkPolicy and the first
 // pod are named ObjectName(name, uid), "proxy-<name>-<8 hex of
-// sha256(uid)>"; replacement pods add "-<incarnation>" (PodName). Every object carries the tag
-// contract labels (LabelManagedBy, LabelTag, LabelProxyUID, LabelProxyName)
+// sha256(uid)>"; replacement pods add "-<incarnation>" (PodName). Every
+// object carries the tag contract labels (LabelManagedBy, LabelTag,
+// LabelProxyUID, LabelProxyName)
 // and a controller owner reference to the Proxy, so Kubernetes' garbage
 // collector removes them with the Proxy even if the operator never gets to.
 // Get and Delete act only on objects whose proxy-uid label equals the
@@ -515,11 +516,14 @@ func (p *Provider) ensure(ctx context.Context, m *provider.Machine, obj client.O
 func (p *Provider) converge(ctx context.Context, m *provider.Machine, want client.Object, same func(have, want client.Object) bool) error {
 	have := want.DeepCopyObject().(client.Object)
 	created, err := p.ensure(ctx, m, have)
-	if err != nil || created || same(have, want) {
+	if err != nil || created {
 		return err
 	}
 	if have.GetDeletionTimestamp() != nil {
 		return provider.Transientf("kubernetes: %s %s/%s is being deleted; recreated once gone", kindOf(want), want.GetNamespace(), want.GetName())
+	}
+	if same(have, want) {
+		return nil
 	}
 	switch h := have.(type) {
 	case *corev1.ConfigMap:

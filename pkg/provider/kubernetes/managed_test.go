@@ -323,3 +323,31 @@ func TestDefaultManagerPodLabelsMatchTheManagerDeployment(t *testing.T) {
 	}
 	t.Fatal("no Deployment in config/manager/manager.yaml")
 }
+
+// A Secret of ours that is being deleted is not rewritten or used, even
+// when it holds the right password: Create is transient until it is gone
+// and can be made anew.
+func TestCreateWaitsForATerminatingSecret(t *testing.T) {
+	_, _, m := managedCluster(t)
+	k := podKey(m)
+	now := metav1.Now()
+	pw, err := squid.PasswordFile(m.Squid.Auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	terminating := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
+		Name: k.Name, Namespace: k.Namespace, Labels: map[string]string{LabelProxyUID: uid},
+		DeletionTimestamp: &now, Finalizers: []string{"example.com/hold"},
+	}, Data: map[string][]byte{PasswordKey: pw}}
+	c := newFake(t, terminating)
+	p := New(c, Options{ManagerNamespace: managerNS})
+	_, err = p.Create(context.Background(), m)
+	wantClass(t, err, provider.ClassTransient)
+	var got corev1.Secret
+	if err := c.Get(context.Background(), k, &got); err != nil || string(got.Data[PasswordKey]) != string(pw) {
+		t.Errorf("terminating Secret rewritten (%v)", err)
+	}
+	if err := c.Get(context.Background(), k, &corev1.Pod{}); !apierrors.IsNotFound(err) {
+		t.Errorf("pod created on a Secret that is going away: %v", err)
+	}
+}
