@@ -88,6 +88,7 @@ FUZZ_TARGETS = \
 	./pkg/provider/kvm/domxml:FuzzParseMetadata \
 	./pkg/provider/kvm/domxml:FuzzMetadataFromDomainXML \
 	./pkg/provider/kvm/seed:FuzzBuildUserData \
+	./pkg/provider/kvm/seed:FuzzComposeVendorData \
 	./internal/webhook/v1alpha1:FuzzProxyAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \

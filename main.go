@@ -270,6 +270,7 @@ func run(o options) error {
 		ko := o.kubernetes
 		ko.APIReader = mgr.GetAPIReader()
 		ko.InstallID = installID
+		ko.ManagerNamespace = o.managerNamespace // its NetworkPolicies admit the manager's probes
 		registry.Add(kubernetes.New(mgr.GetClient(), ko))
 	}
 	if enabled[gcp.Name] {
