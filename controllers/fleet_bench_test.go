@@ -597,9 +597,12 @@ func (bm *benchManager) stop(b *testing.B) {
 }
 
 // benchProber: every proxy port answers; probes are counted.
-type benchProber struct{ count *atomic.Int64 }
+type benchProber struct {
+	requiresAuth
+	count *atomic.Int64
+}
 
-func (p benchProber) Probe(context.Context, string, int32) proxyprobe.Result {
+func (p benchProber) Probe(context.Context, proxyprobe.Target) proxyprobe.Result {
 	p.count.Add(1)
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt/socket"
+	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"go.uber.org/zap/zapcore"
@@ -151,14 +152,15 @@ func (f *fleet) secretData(h *testHost) map[string][]byte {
 
 // fakeProber stands in for the TCP/HTTP probe of the proxy port.
 type fakeProber struct {
+	requiresAuth
 	mu   sync.Mutex
 	down map[string]bool
 }
 
-func (p *fakeProber) Probe(_ context.Context, addr string, _ int32) proxyprobe.Result {
+func (p *fakeProber) Probe(_ context.Context, t proxyprobe.Target) proxyprobe.Result {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.down[addr] {
+	if p.down[t.Address] {
 		return proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
 	}
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
@@ -193,10 +195,17 @@ func freeAddr() string {
 // startManager starts the suite's manager; tune, if given, changes its Proxy
 // options (e.g. a slower provision poll).
 func startManager(tune ...func(*ProxyOptions)) *harness {
+	return startManagerLogging(logr.Logger{}, tune...)
+}
+
+// startManagerLogging is startManager with log as the logger of the
+// manager, its controllers and the kvm provider and pool; the zero
+// Logger keeps the suite's.
+func startManagerLogging(log logr.Logger, tune ...func(*ProxyOptions)) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	metricsAddr := freeAddr()
 	m, err := ctrl.NewManager(cfg, ManagerOptions(ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr},
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}}))
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}, Logger: log}))
 	Expect(err).NotTo(HaveOccurred())
 
 	proxyOpts := ProxyOptions{
@@ -221,7 +230,9 @@ func startManager(tune ...func(*ProxyOptions)) *harness {
 				HandshakeTimeout:  2 * time.Second,
 				KeepaliveInterval: 200 * time.Millisecond,
 				NewLibvirt:        hosts.newLibvirt,
+				Logger:            log,
 			},
+			Logger:                log,
 			Observer:              rpcMetrics,
 			CheckInterval:         time.Second,
 			ImageProgressInterval: 100 * time.Millisecond,

@@ -119,7 +119,7 @@ var exampleValues = map[string]string{
 	"KVMHOST_KNOWN_HOSTS_B64":     base64.StdEncoding.EncodeToString([]byte("hv1.lan ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPlaceholderPlaceholderPlaceholderPlace\n")),
 	"DEBIAN_IMAGE_SHA256":         strings.Repeat("0123456789abcdef", 4),
 	"PROXY_NAME":                  "egress-1",
-	"PROXY_CLIENT_CIDR":           "10.0.0.0/8",
+	"PROXY_ALLOWED_SOURCE_CIDRS":  "10.244.0.0/16, 192.0.2.0/24",
 	"GCP_PROJECT":                 "crawl-project",
 	"GCP_ZONE":                    "europe-west1-b",
 }

@@ -96,6 +96,9 @@ func FuzzProxyAdmission(f *testing.F) {
 		`{"metadata":{"name":"p"},"spec":{"provider":"gcp","placement":{"zone":"europe-west1-b"},"cloudInit":{"userData":"#cloud-config\n"}}}`,
 		`{"metadata":{"name":"p"},"spec":{"provider":"kvm","port":0,"placement":{"hostSelector":{"matchLabels":{"a":"b"}},"image":"https://h/i.qcow2","imageChecksum":"sha256:00"}}}`,
 		`{"metadata":{"name":"Bad_Name"},"spec":{"provider":"kvm","resources":{"cpus":-1,"memory":"1Ki"}}}`,
+		`{"metadata":{"name":"p"},"spec":{"provider":"kubernetes","access":{"allowedSourceCIDRs":["10.0.0.0/8","0.0.0.0/0","::/0"],"allowedPorts":[0,443],"auth":{"type":"None","secretRef":{"name":"p-proxy-credentials"}}}}}`,
+		`{"metadata":{"name":"p"},"spec":{"provider":"kubernetes","access":{"managed":false,"maxConnectionsPerClient":-3,"allowedDestinationExceptions":["10.1.0.0/16"],"extraDeniedDestinations":["10.0.0.0/8"]}}}`,
+		`{"metadata":{"name":"p"},"spec":{"provider":"gcp","access":{"managed":true,"auth":{}}}}`,
 	}, func() *crawlv1.Proxy { return &crawlv1.Proxy{} }, &ProxyWebhook{})
 }
 
