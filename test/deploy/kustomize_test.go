@@ -487,23 +487,31 @@ func TestMetricsAreAuthenticatedHTTPS(t *testing.T) {
 	}
 }
 
-// TestSecretsAreReadOnlyInTheManagerNamespace: no ClusterRole of the install
-// grants Secrets; the manager reads them through a Role in its namespace.
+// TestSecretsAreReadOnlyInTheManagerNamespace: the manager reads SSH
+// Secrets through a Role in its namespace. Cluster-wide it may only name
+// Secrets one at a time (get, create, update, delete: the kubernetes
+// provider's password-file Secret lives in each Proxy's namespace), never
+// list or watch them: it holds no Secret it did not ask for by name.
 func TestSecretsAreReadOnlyInTheManagerNamespace(t *testing.T) {
 	objs := kustomizeBuild(t, "config/default")
-	grantsSecrets := func(o *unstructured.Unstructured) bool {
+	secretVerbs := func(o *unstructured.Unstructured) []string {
+		var verbs []string
 		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
 		for _, r := range rules {
 			res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
 			if slices.Contains(res, "secrets") || slices.Contains(res, "*") {
-				return true
+				v, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "verbs")
+				verbs = append(verbs, v...)
 			}
 		}
-		return false
+		return verbs
 	}
+	grantsSecrets := func(o *unstructured.Unstructured) bool { return len(secretVerbs(o)) > 0 }
 	for _, cr := range find(objs, "ClusterRole", "") {
-		if grantsSecrets(cr) {
-			t.Errorf("ClusterRole %s grants Secrets cluster-wide", cr.GetName())
+		for _, v := range secretVerbs(cr) {
+			if !slices.Contains([]string{"get", "create", "update", "delete"}, v) {
+				t.Errorf("ClusterRole %s grants %q on Secrets cluster-wide", cr.GetName(), v)
+			}
 		}
 	}
 	role := one(t, objs, "Role", namePrefix+"manager-role")
