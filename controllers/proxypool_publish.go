@@ -132,7 +132,7 @@ func (p *Publisher) Publish(ctx context.Context, pool *crawlv1.ProxyPool, replic
 		return err
 	}
 	for _, l := range leftOut {
-		log.V(1).Info("replica left out of the published lists", "proxy", l.name, "reason", l.reason)
+		log.V(1).Info("replica left out of the published lists", "proxy", types.NamespacedName{Namespace: pool.Namespace, Name: l.name}, "reason", l.reason)
 	}
 
 	var errs []error
@@ -253,7 +253,7 @@ func (p *Publisher) resolve(ctx context.Context, pool *crawlv1.ProxyPool, replic
 		entries = append(entries, publishedProxy(ctx, r, u))
 		if ep, why := endpointOf(r); why != "" {
 			// Still in the Secret: only in-cluster discovery misses it.
-			log.V(1).Info("replica left out of the EndpointSlices", "proxy", r.Name, "reason", why)
+			log.V(1).Info("replica left out of the EndpointSlices", "proxy", client.ObjectKeyFromObject(r), "reason", why)
 		} else {
 			endpoints = append(endpoints, ep)
 		}
@@ -383,7 +383,7 @@ func publishedProxy(ctx context.Context, r *crawlv1.Proxy, u string) PublishedPr
 		if t, err := time.Parse(time.RFC3339, v); err == nil {
 			e.ExpiresAt = t.UTC().Format(time.RFC3339)
 		} else {
-			ctrl.LoggerFrom(ctx).V(1).Info("ignoring an expires-at annotation that is not RFC 3339", "proxy", r.Name, "value", v)
+			ctrl.LoggerFrom(ctx).V(1).Info("ignoring an expires-at annotation that is not RFC 3339", "proxy", client.ObjectKeyFromObject(r), "value", v)
 		}
 	}
 	return e
@@ -510,7 +510,7 @@ func (p *Publisher) ensure(ctx context.Context, pool *crawlv1.ProxyPool, kind st
 		if err := p.Client.Create(ctx, obj); err != nil {
 			return fmt.Errorf("create %s %s: %w", kind, key, err)
 		}
-		ctrl.LoggerFrom(ctx).V(1).Info("created published "+kind, "name", key.Name)
+		ctrl.LoggerFrom(ctx).V(1).Info("created published "+kind, strings.ToLower(kind), key.Name)
 		return nil
 	case err != nil:
 		return fmt.Errorf("read %s %s: %w", kind, key, err)
@@ -531,7 +531,7 @@ func (p *Publisher) ensure(ctx context.Context, pool *crawlv1.ProxyPool, kind st
 	if err := p.Client.Update(ctx, obj); err != nil {
 		return fmt.Errorf("update %s %s: %w", kind, key, err)
 	}
-	ctrl.LoggerFrom(ctx).V(1).Info("updated published "+kind, "name", key.Name)
+	ctrl.LoggerFrom(ctx).V(1).Info("updated published "+kind, strings.ToLower(kind), key.Name)
 	return nil
 }
 
@@ -590,19 +590,19 @@ func (p *Publisher) publishEndpointSlices(ctx context.Context, pool *crawlv1.Pro
 		if err := p.Client.Create(ctx, s); err != nil {
 			return fmt.Errorf("create EndpointSlice %s*: %w", s.GenerateName, err)
 		}
-		log.V(1).Info("created published EndpointSlice", "name", s.Name, "endpoints", len(s.Endpoints))
+		log.V(1).Info("created published EndpointSlice", "endpointSlice", s.Name, "endpoints", len(s.Endpoints))
 	}
 	for _, s := range plan.update {
 		if err := p.Client.Update(ctx, s); err != nil {
 			return fmt.Errorf("update EndpointSlice %s/%s: %w", s.Namespace, s.Name, err)
 		}
-		log.V(1).Info("updated published EndpointSlice", "name", s.Name, "endpoints", len(s.Endpoints))
+		log.V(1).Info("updated published EndpointSlice", "endpointSlice", s.Name, "endpoints", len(s.Endpoints))
 	}
 	for _, s := range plan.delete {
 		if err := p.delete(ctx, s); err != nil {
 			return err
 		}
-		log.V(1).Info("deleted published EndpointSlice", "name", s.Name)
+		log.V(1).Info("deleted published EndpointSlice", "endpointSlice", s.Name)
 	}
 	return nil
 }
