@@ -92,7 +92,8 @@ FUZZ_TARGETS = \
 	./internal/webhook/v1alpha1:FuzzProxyAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
-	./pkg/squid:FuzzRender
+	./pkg/squid:FuzzRender \
+	./controllers:FuzzPublishCredentialURL
 
 .PHONY: fuzz
 fuzz: test-deps ## Run every fuzz target for FUZZTIME (default 30s) each.

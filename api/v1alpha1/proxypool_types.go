@@ -21,7 +21,29 @@ const (
 	DrainingAnnotation = "crawl.example.com/draining-since"
 	// ProxyPoolFinalizer holds a pool until its published objects are gone.
 	ProxyPoolFinalizer = "crawl.example.com/proxypool"
+	// ExpiresAtAnnotation on a replica holds the RFC 3339 time rotation
+	// replaces it (maxAge minus its jitter); the pool controller sets it and
+	// the published proxies.json repeats it as expiresAt.
+	ExpiresAtAnnotation = "crawl.example.com/expires-at"
 )
+
+// What a pool publishes for crawlers, in its namespace: a Secret and a
+// headless Service, both named <pool>-proxies (docs/pools.md).
+const (
+	// PublishedNameSuffix makes the names of the Secret and the Service.
+	PublishedNameSuffix = "-proxies"
+	// ProxiesTextKey of the Secret: one http://user:pass@address:port per
+	// line, the list scrapy-rotating-proxies and Crawlee's proxyUrls take.
+	ProxiesTextKey = "proxies.txt"
+	// ProxiesJSONKey of the Secret: an array of {name, url, host,
+	// egressAddress, createdAt, expiresAt}.
+	ProxiesJSONKey = "proxies.json"
+	// PublishedPortName names the port of the Service and EndpointSlices.
+	PublishedPortName = "proxy"
+)
+
+// PublishedName is the name of the Secret and Service a pool publishes.
+func PublishedName(pool string) string { return pool + PublishedNameSuffix }
 
 // ProxyPool condition types.
 const (
