@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -68,6 +69,7 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 		return nil, fmt.Errorf("list KVMHosts: %w", err)
 	}
 	var hosts []placement.Host
+	checked := map[string]time.Time{}
 	var notReady []string
 	for i := range hostList.Items {
 		h := &hostList.Items[i]
@@ -81,6 +83,10 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 			notReady = append(notReady, fmt.Sprintf("%s (%s)", h.Name, cmp.Or(conditions.GetReason(h, crawlv1.ReadyCondition), "not checked yet")))
 		default:
 			hosts = append(hosts, placement.Host{Name: h.Name, Capacity: capacityOf(h)})
+			checked[h.Name] = time.Time{}
+			if t := h.Status.LastCheckTime; t != nil {
+				checked[h.Name] = t.Time
+			}
 		}
 	}
 	if len(hosts) == 0 {
@@ -91,7 +97,7 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, msg}, nil
 	}
 
-	onHosts, err := r.proxiesOn(ctx, hosts, replicas)
+	onHosts, err := r.proxiesOn(ctx, checked, replicas)
 	if err != nil {
 		return nil, err
 	}
@@ -154,15 +160,12 @@ func capacityOf(h *crawlv1.KVMHost) *placement.Capacity {
 	}
 }
 
-// proxiesOn returns every Proxy on or placed on hosts: the pool's replicas
-// as passed (they include creates the cache has not seen yet) and every
-// other kvm Proxy from the cache (other pools', standalone ones), which
-// take room too.
-func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, hosts []placement.Host, replicas []crawlv1.Proxy) ([]placement.Replica, error) {
-	eligible := make(map[string]bool, len(hosts))
-	for _, h := range hosts {
-		eligible[h.Name] = true
-	}
+// proxiesOn returns every Proxy on or placed on the eligible hosts (keys
+// of checked, the time each host's figures were written): the pool's
+// replicas as passed (they include creates the cache has not seen yet) and
+// every other kvm Proxy from the cache (other pools', standalone ones),
+// which take room too.
+func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checked map[string]time.Time, replicas []crawlv1.Proxy) ([]placement.Replica, error) {
 	ours := make(map[types.NamespacedName]bool, len(replicas))
 	var out []placement.Replica
 	add := func(p *crawlv1.Proxy, pools bool) {
@@ -170,13 +173,14 @@ func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, hosts []placement.H
 			return
 		}
 		host := hostOf(p)
-		if !eligible[host] {
+		at, eligible := checked[host]
+		if !eligible {
 			return
 		}
 		out = append(out, placement.Replica{
 			Host:      host,
 			Resources: sizeOf(p),
-			Settled:   conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition),
+			Settled:   settled(p, at),
 			Spreads:   pools && spreads(p),
 		})
 	}
@@ -195,6 +199,17 @@ func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, hosts []placement.H
 		}
 	}
 	return out, nil
+}
+
+// settled says whether a Proxy's instance is in its host's figures: it was
+// running with an address before the check that wrote them ended. The host
+// status is written whenever what running domains take changes, so the
+// first check after a start settles it; until then it is reserved on top.
+// Both times are whole seconds: a start and a check within the same second
+// count as unsettled, erring towards reserving.
+func settled(p *crawlv1.Proxy, checkedAt time.Time) bool {
+	c := conditions.Get(p, crawlv1.InstanceProvisionedCondition)
+	return c != nil && c.Status == metav1.ConditionTrue && !checkedAt.IsZero() && c.LastTransitionTime.Time.Before(checkedAt)
 }
 
 // hostOf is where a kvm Proxy is: the provider ID's host, else the host

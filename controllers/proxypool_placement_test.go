@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,8 +28,9 @@ func sizedHost(name string, free int64, mutate ...func(*crawlv1.KVMHost)) *crawl
 		Status: crawlv1.KVMHostStatus{
 			Conditions: []metav1.Condition{{Type: crawlv1.ReadyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.HostReadyReason,
 				LastTransitionTime: metav1.Now()}},
-			Pool:     &crawlv1.PoolStatus{Name: "default", AvailableBytes: 500 * giB},
-			Capacity: &crawlv1.HostCapacity{CPUs: 16, MemoryBytes: 16 * giB, FreeMemoryBytes: free},
+			Pool:          &crawlv1.PoolStatus{Name: "default", AvailableBytes: 500 * giB},
+			LastCheckTime: ptr.To(metav1.Now()),
+			Capacity:      &crawlv1.HostCapacity{CPUs: 16, MemoryBytes: 16 * giB, FreeMemoryBytes: free},
 		},
 	}
 	for _, m := range mutate {
@@ -124,7 +126,7 @@ func TestPlaceReplicaReservesOtherProxiesOnTheHost(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "running", Labels: map[string]string{crawlv1.PoolNameLabel: "other"}},
 		Spec:       crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{}}},
 		Status: crawlv1.ProxyStatus{Host: "h8", Conditions: []metav1.Condition{{Type: crawlv1.InstanceProvisionedCondition,
-			Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason, LastTransitionTime: metav1.Now()}}},
+			Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason, LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))}}},
 	}
 	r := placementReconciler(t, sizedHost("h4", 4*giB), sizedHost("h8", 2*giB), standalone, running)
 	placed, blocked := placeBurst(t, r, kvmPool(nil), nil, 5)
@@ -307,5 +309,35 @@ func TestPlaceReplicaKubernetesIsLeftToTheScheduler(t *testing.T) {
 	before := p.DeepCopy()
 	if blocked, err := placementReconciler(t).placeReplica(context.Background(), pool, nil, p); err != nil || blocked != nil || p.Spec.Placement != before.Spec.Placement {
 		t.Fatalf("placeReplica = %+v, %v, placement %+v", blocked, err, p.Spec.Placement)
+	}
+}
+
+// A running Proxy is in its host's figures only if it was running before
+// the check that wrote them; one that started since is reserved on top.
+func TestPlaceReplicaSettledByTheHostCheck(t *testing.T) {
+	checkedAt := time.Now().Add(-time.Minute).Truncate(time.Second)
+	for _, tc := range []struct {
+		name        string
+		provisioned time.Time
+		want        string
+	}{
+		{"running before the check: in the figures", checkedAt.Add(-10 * time.Second), "map[h:2]"},
+		{"running since the check: reserved", checkedAt.Add(10 * time.Second), "map[h:1]"},
+		{"same second: reserved", checkedAt, "map[h:1]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host := sizedHost("h", 2*giB, func(h *crawlv1.KVMHost) { h.Status.LastCheckTime = ptr.To(metav1.NewTime(checkedAt)) })
+			other := &crawlv1.Proxy{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "running"},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "h"},
+					Resources: crawlv1.ProxyResources{CPUs: 1, Memory: ptr.To(resource.MustParse("1Gi"))}},
+				Status: crawlv1.ProxyStatus{Host: "h", Conditions: []metav1.Condition{{Type: crawlv1.InstanceProvisionedCondition,
+					Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason, LastTransitionTime: metav1.NewTime(tc.provisioned)}}},
+			}
+			placed, _ := placeBurst(t, placementReconciler(t, host, other), kvmPool(nil), nil, 5)
+			if fmt.Sprint(placed) != tc.want {
+				t.Fatalf("placed %v, want %s", placed, tc.want)
+			}
+		})
 	}
 }

@@ -5,8 +5,8 @@
 //
 // Capacity. A host's reported figures (KVMHost status.capacity and pool) come
 // from its last health check; replicas placed since are not in them. So every
-// replica on a host that is not settled (its instance not yet seen running)
-// is subtracted from what the host reports, and a burst of creates placed in
+// replica on a host that is not settled (its instance not running when the
+// host's figures were taken) is subtracted from what the host reports, and a burst of creates placed in
 // one pass, with no check in between, spreads instead of piling onto the
 // host that looked emptiest. Settled replicas are in the host's figures and
 // are not subtracted again; to cover a check that has not yet seen one, the
@@ -89,8 +89,8 @@ type Host struct {
 type Replica struct {
 	Host string
 	Resources
-	// Settled: its instance has been seen running, so the host's figures
-	// may include it.
+	// Settled: its instance was running when the host's figures were
+	// taken, so they include it.
 	Settled bool
 	// Spreads: one of this pool's replicas that counts for the spread (not
 	// being deleted or drained).
