@@ -69,7 +69,7 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 		return nil, fmt.Errorf("list KVMHosts: %w", err)
 	}
 	var hosts []placement.Host
-	checked := map[string]time.Time{}
+	checks := map[string]hostChecks{}
 	var notReady []string
 	for i := range hostList.Items {
 		h := &hostList.Items[i]
@@ -83,10 +83,7 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 			notReady = append(notReady, fmt.Sprintf("%s (%s)", h.Name, cmp.Or(conditions.GetReason(h, crawlv1.ReadyCondition), "not checked yet")))
 		default:
 			hosts = append(hosts, placement.Host{Name: h.Name, Capacity: capacityOf(h)})
-			checked[h.Name] = time.Time{}
-			if t := h.Status.LastCheckTime; t != nil {
-				checked[h.Name] = t.Time
-			}
+			checks[h.Name] = r.checksOf(h)
 		}
 	}
 	if len(hosts) == 0 {
@@ -97,7 +94,7 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, msg}, nil
 	}
 
-	onHosts, err := r.proxiesOn(ctx, checked, replicas)
+	onHosts, err := r.proxiesOn(ctx, checks, replicas)
 	if err != nil {
 		return nil, err
 	}
@@ -160,12 +157,13 @@ func capacityOf(h *crawlv1.KVMHost) *placement.Capacity {
 	}
 }
 
-// proxiesOn returns every Proxy on or placed on the eligible hosts (keys
-// of checked, the time each host's figures were written): the pool's
+// proxiesOn returns every Proxy on or placed on the eligible hosts (the
+// keys of checks): the pool's
 // replicas as passed (they include creates the cache has not seen yet) and
 // every other kvm Proxy from the cache (other pools', standalone ones),
 // which take room too.
-func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checked map[string]time.Time, replicas []crawlv1.Proxy) ([]placement.Replica, error) {
+func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checks map[string]hostChecks, replicas []crawlv1.Proxy) ([]placement.Replica, error) {
+	now := r.now()
 	ours := make(map[types.NamespacedName]bool, len(replicas))
 	var out []placement.Replica
 	add := func(p *crawlv1.Proxy, pools bool) {
@@ -173,14 +171,14 @@ func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checked map[string]
 			return
 		}
 		host := hostOf(p)
-		at, eligible := checked[host]
+		hc, eligible := checks[host]
 		if !eligible {
 			return
 		}
 		out = append(out, placement.Replica{
 			Host:      host,
 			Resources: sizeOf(p),
-			Settled:   settled(p, at),
+			Settled:   hc.settled(p, now),
 			Spreads:   pools && spreads(p),
 		})
 	}
@@ -201,15 +199,46 @@ func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checked map[string]
 	return out, nil
 }
 
-// settled says whether a Proxy's instance is in its host's figures: it was
-// running with an address before the check that wrote them ended. The host
-// status is written whenever what running domains take changes, so the
-// first check after a start settles it; until then it is reserved on top.
-// Both times are whole seconds: a start and a check within the same second
-// count as unsettled, erring towards reserving.
-func settled(p *crawlv1.Proxy, checkedAt time.Time) bool {
+// hostChecks is when a host's figures were last written and how often it
+// is checked.
+type hostChecks struct {
+	writtenAt time.Time
+	interval  time.Duration
+}
+
+func (r *ProxyPoolReconciler) checksOf(h *crawlv1.KVMHost) hostChecks {
+	hc := hostChecks{interval: cmp.Or(r.HostCheckInterval, crawlv1.DefaultCheckInterval)}
+	if h.Spec.CheckInterval != nil && h.Spec.CheckInterval.Duration > 0 {
+		hc.interval = h.Spec.CheckInterval.Duration
+	}
+	if t := h.Status.LastCheckTime; t != nil {
+		hc.writtenAt = t.Time
+	}
+	return hc
+}
+
+// settled says whether a Proxy's instance is in its host's figures. It is
+// once it runs with an address (InstanceProvisioned) and either the figures
+// were written after that, or a check has run since without writing them:
+// the status is written whenever what running domains take changes, so an
+// unchanged status after the domain started includes it. Two intervals
+// and a second (condition times are whole seconds) make sure such a check
+// has run. Until then the Proxy is reserved on top of the figures, which
+// errs towards leaving room unused, never towards overfilling.
+func (hc hostChecks) settled(p *crawlv1.Proxy, now time.Time) bool {
 	c := conditions.Get(p, crawlv1.InstanceProvisionedCondition)
-	return c != nil && c.Status == metav1.ConditionTrue && !checkedAt.IsZero() && c.LastTransitionTime.Time.Before(checkedAt)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return false
+	}
+	since := c.LastTransitionTime.Time
+	return (!hc.writtenAt.IsZero() && since.Before(hc.writtenAt)) || now.Sub(since) > 2*hc.interval+time.Second
+}
+
+func (r *ProxyPoolReconciler) now() time.Time {
+	if r.Clock != nil {
+		return r.Clock.Now()
+	}
+	return time.Now()
 }
 
 // hostOf is where a kvm Proxy is: the provider ID's host, else the host

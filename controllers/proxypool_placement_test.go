@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -312,21 +313,30 @@ func TestPlaceReplicaKubernetesIsLeftToTheScheduler(t *testing.T) {
 	}
 }
 
-// A running Proxy is in its host's figures only if it was running before
-// the check that wrote them; one that started since is reserved on top.
+// A running Proxy is in its host's figures only once a check has seen it:
+// the figures were written after it had its address, or a check has run
+// since (an unchanged status then includes it); until then it is reserved.
 func TestPlaceReplicaSettledByTheHostCheck(t *testing.T) {
-	checkedAt := time.Now().Add(-time.Minute).Truncate(time.Second)
+	now := time.Now().Truncate(time.Second)
 	for _, tc := range []struct {
-		name        string
-		provisioned time.Time
-		want        string
+		name                 string
+		written, provisioned time.Time
+		interval             time.Duration // the host's spec.checkInterval; 0: the default, 30s
+		want                 string
 	}{
-		{"running before the check: in the figures", checkedAt.Add(-10 * time.Second), "map[h:2]"},
-		{"running since the check: reserved", checkedAt.Add(10 * time.Second), "map[h:1]"},
-		{"same second: reserved", checkedAt, "map[h:1]"},
+		{"running before the figures were written: in them", now.Add(-time.Minute), now.Add(-70 * time.Second), 0, "map[h:2]"},
+		{"running since they were written, no check since: reserved", now.Add(-time.Minute), now.Add(-50 * time.Second), 0, "map[h:1]"},
+		{"same second: reserved", now.Add(-time.Minute), now.Add(-time.Minute), 0, "map[h:1]"},
+		{"checks have run since without writing: in them", now.Add(-10 * time.Minute), now.Add(-5 * time.Minute), 0, "map[h:2]"},
+		{"a longer check interval: not yet", now.Add(-10 * time.Minute), now.Add(-5 * time.Minute), 3 * time.Minute, "map[h:1]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			host := sizedHost("h", 2*giB, func(h *crawlv1.KVMHost) { h.Status.LastCheckTime = ptr.To(metav1.NewTime(checkedAt)) })
+			host := sizedHost("h", 2*giB, func(h *crawlv1.KVMHost) {
+				h.Status.LastCheckTime = ptr.To(metav1.NewTime(tc.written))
+				if tc.interval > 0 {
+					h.Spec.CheckInterval = &metav1.Duration{Duration: tc.interval}
+				}
+			})
 			other := &crawlv1.Proxy{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "running"},
 				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "h"},
@@ -334,7 +344,9 @@ func TestPlaceReplicaSettledByTheHostCheck(t *testing.T) {
 				Status: crawlv1.ProxyStatus{Host: "h", Conditions: []metav1.Condition{{Type: crawlv1.InstanceProvisionedCondition,
 					Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason, LastTransitionTime: metav1.NewTime(tc.provisioned)}}},
 			}
-			placed, _ := placeBurst(t, placementReconciler(t, host, other), kvmPool(nil), nil, 5)
+			r := placementReconciler(t, host, other)
+			r.Clock = clocktesting.NewFakePassiveClock(now)
+			placed, _ := placeBurst(t, r, kvmPool(nil), nil, 5)
 			if fmt.Sprint(placed) != tc.want {
 				t.Fatalf("placed %v, want %s", placed, tc.want)
 			}
