@@ -169,6 +169,7 @@ func baseMachine(p *crawlv1.Proxy, tag string) *provider.Machine {
 		Project:           p.Spec.Placement.Project,
 		Zone:              p.Spec.Placement.Zone,
 		MachineType:       p.Spec.Placement.MachineType,
+		SpreadGroup:       p.Labels[crawlv1.PoolNameLabel],
 	}
 	if m.Port == 0 {
 		m.Port = crawlv1.DefaultProxyPort

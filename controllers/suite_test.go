@@ -112,9 +112,10 @@ func newFleet() *fleet {
 	return &fleet{hosts: map[string]*testHost{}, signer: signer, clientKey: pem}
 }
 
-// add starts a host and returns it; createKVMHost registers it in the API.
-func (f *fleet) add(name string) *testHost {
-	h := &testHost{name: name, fake: kvmtest.NewHost()}
+// add starts a host (opts size it) and returns it; createKVMHost registers
+// it in the API.
+func (f *fleet) add(name string, opts ...fake.Option) *testHost {
+	h := &testHost{name: name, fake: kvmtest.NewHost(opts...)}
 	// The SSH server forwards the libvirt socket to a pipe: the pool's
 	// libvirt client for this host is the fake (see newLibvirt).
 	h.ssh = sshtest.NewServer(suiteT, sshtest.Config{
@@ -181,6 +182,8 @@ type harness struct {
 	proxy    *ProxyReconciler
 	gc       *OrphanCollector
 	registry *provider.Registry
+	// client reads through the manager's cache, as reconcilers do.
+	client client.Client
 	// metricsAddr serves the manager's Prometheus metrics.
 	metricsAddr string
 }
@@ -241,7 +244,7 @@ func startManagerLogging(log logr.Logger, tune ...func(*ProxyOptions)) *harness 
 		},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	h := &harness{cancel: cancel, done: make(chan struct{}), provider: w.KVM, proxy: w.Proxy, gc: w.Sweep, registry: w.Registry, metricsAddr: metricsAddr}
+	h := &harness{cancel: cancel, done: make(chan struct{}), provider: w.KVM, proxy: w.Proxy, gc: w.Sweep, registry: w.Registry, client: m.GetClient(), metricsAddr: metricsAddr}
 	go func() {
 		defer GinkgoRecover()
 		defer close(h.done)

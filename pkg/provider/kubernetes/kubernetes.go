@@ -119,6 +119,9 @@ const (
 	AnnotationProxyName = "crawl.example.com/proxy-name"
 	// LabelAppName lets NetworkPolicies select proxy pods.
 	LabelAppName = "app.kubernetes.io/name"
+	// LabelSpreadGroup holds Machine.SpreadGroup (cut to a label value) on
+	// pods, which spread with the others of their group over nodes.
+	LabelSpreadGroup = "crawl.example.com/spread-group"
 	// AnnotationIncarnation counts the pods of one Proxy: 0 (or absent) for
 	// the first, n for its n-th replacement.
 	AnnotationIncarnation = "crawl.example.com/incarnation"
@@ -295,6 +298,15 @@ func labelValue(s string) string {
 	return strings.TrimRightFunc(s, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
 	})
+}
+
+// spreadGroupValue is group as a label value: as is when it is one, else
+// cut and suffixed with its hash so long names stay apart.
+func spreadGroupValue(group string) string {
+	if len(validation.IsValidLabelValue(group)) == 0 {
+		return group
+	}
+	return provider.DNSLabel(group, provider.UIDSuffix(group), validation.LabelValueMaxLength)
 }
 
 // SquidCommand is the squid container's command line, with the entrypoint
@@ -825,6 +837,18 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 	if incarnation > 0 {
 		meta.Annotations[AnnotationIncarnation] = strconv.Itoa(incarnation)
 	}
+	var spread []corev1.TopologySpreadConstraint
+	if m.SpreadGroup != "" {
+		// A preference, not a rule: with DoNotSchedule, nodes that count
+		// as domains but take no pod (tainted control planes) would leave
+		// replicas Pending.
+		group := spreadGroupValue(m.SpreadGroup)
+		meta.Labels[LabelSpreadGroup] = group
+		spread = []corev1.TopologySpreadConstraint{{
+			MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.ScheduleAnyway,
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelSpreadGroup: group}},
+		}}
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: meta,
 		Spec: corev1.PodSpec{
@@ -833,6 +857,7 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 			AutomountServiceAccountToken:  &no,
 			EnableServiceLinks:            &no,
 			TerminationGracePeriodSeconds: &grace,
+			TopologySpreadConstraints:     spread,
 			// The restricted Pod Security level, and a read-only root.
 			SecurityContext: &corev1.PodSecurityContext{
 				RunAsNonRoot:   &yes,

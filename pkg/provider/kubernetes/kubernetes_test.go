@@ -11,9 +11,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -264,6 +266,57 @@ func podMeetsRestricted(t *testing.T, pod *corev1.Pod) {
 				t.Errorf("%s: port %d needs a privilege squid does not have", c.Name, p.ContainerPort)
 			}
 		}
+	}
+}
+
+// A pool's pods prefer distinct nodes, counted among their own group only;
+// a Proxy of no pool gets no constraint.
+func TestPodsOfAGroupSpreadOverNodes(t *testing.T) {
+	long := strings.Repeat("pool-", 20) + "a"
+	for _, tc := range []struct {
+		name, group, label string
+	}{
+		{"no pool", "", ""},
+		{"a pool", "crawl-a", "crawl-a"},
+		{"a pool name longer than a label value", long, provider.DNSLabel(long, provider.UIDSuffix(long), 63)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newFake(t)
+			m := machine()
+			m.SpreadGroup = tc.group
+			if _, err := newProvider(c).Create(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+			var pod corev1.Pod
+			if err := c.Get(context.Background(), podKey(m), &pod); err != nil {
+				t.Fatal(err)
+			}
+			got, ok := pod.Labels[LabelSpreadGroup]
+			if tc.group == "" {
+				if ok || len(pod.Spec.TopologySpreadConstraints) != 0 {
+					t.Fatalf("label %q, constraints %+v; want none", got, pod.Spec.TopologySpreadConstraints)
+				}
+				return
+			}
+			if got != tc.label || len(got) > 63 {
+				t.Fatalf("label %q, want %q", got, tc.label)
+			}
+			want := []corev1.TopologySpreadConstraint{{
+				MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelSpreadGroup: tc.label}},
+			}}
+			if !equality.Semantic.DeepEqual(pod.Spec.TopologySpreadConstraints, want) {
+				t.Fatalf("constraints %+v\nwant %+v", pod.Spec.TopologySpreadConstraints, want)
+			}
+			sel, err := metav1.LabelSelectorAsSelector(want[0].LabelSelector)
+			if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
+				t.Fatalf("the constraint's selector does not select the pod itself: %v", err)
+			}
+			var cm corev1.ConfigMap
+			if err := c.Get(context.Background(), configKey(m), &cm); err != nil || cm.Labels[LabelSpreadGroup] != "" {
+				t.Fatalf("ConfigMap labels %v, %v: only pods spread", cm.Labels, err)
+			}
+		})
 	}
 }
 
