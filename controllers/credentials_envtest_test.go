@@ -109,9 +109,12 @@ var _ = Describe("credentials", func() {
 			Expect(strings.Contains(logged, leak)).To(BeFalse(), "the logs carry the password")
 		}
 
+		// Events are sent asynchronously by the recorder.
 		events := &corev1.EventList{}
-		Expect(k8sClient.List(ctx, events, client.InNamespace(ns))).To(Succeed())
-		Expect(events.Items).NotTo(BeEmpty())
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.List(ctx, events, client.InNamespace(ns))).To(Succeed())
+			g.Expect(events.Items).NotTo(BeEmpty())
+		}).WithTimeout(10 * time.Second).Should(Succeed())
 		for _, ev := range events.Items {
 			for _, leak := range leaks {
 				Expect(strings.Contains(ev.Message, leak)).To(BeFalse(), "event %s %s carries the password", ev.Reason, ev.Message)
