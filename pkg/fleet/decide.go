@@ -114,12 +114,12 @@ type view struct {
 	Replica
 	live, draining, available bool
 	startupFailed, unhealthy  bool
-	// remediateAt: when an unhealthy replica may be replaced (backoff
-	// included); for a live not-Ready one, when it would turn unhealthy.
-	remediateAt time.Time
-	expiresAt   time.Time
-	cause       cause
-	orderKey    int
+	// unhealthyAt: when a live not-Ready replica counts as unhealthy;
+	// remediateAt: when it may be replaced (its slot's backoff included).
+	unhealthyAt, remediateAt time.Time
+	expiresAt                time.Time
+	cause                    cause
+	orderKey                 int
 }
 
 // Decide returns the plan for a pool with policy p in state s. It keeps the
@@ -180,8 +180,12 @@ func Decide(p Policy, s State) Plan {
 		if !v.live {
 			continue
 		}
-		if !v.Ready && !p.Paused && sum.RemediationAllowed {
-			next.at(v.remediateAt)
+		if !v.Ready {
+			// The status changes then, paused or not.
+			next.at(v.unhealthyAt)
+			if !p.Paused && sum.RemediationAllowed {
+				next.at(v.remediateAt)
+			}
 		}
 		if p.Paused {
 			continue
@@ -317,8 +321,14 @@ func Decide(p Policy, s State) Plan {
 	want := p.Replicas - len(keepers)
 	sum.Want = max(0, want)
 	creates := max(0, min(want, room, rateLeft))
-	if want > 0 && rateLeft < min(want, room) && !oldestRecent.IsZero() {
-		sum.CreateLimitedUntil = oldestRecent.Add(CreateWindow)
+	if want > 0 && rateLeft < min(want, room) {
+		// The cap holds the rest until the oldest create in the window,
+		// counting those made now, leaves it.
+		oldest := now
+		if !oldestRecent.IsZero() {
+			oldest = oldestRecent
+		}
+		sum.CreateLimitedUntil = oldest.Add(CreateWindow)
 		next.at(sum.CreateLimitedUntil)
 	}
 	lineages := uncoveredLineages(p, vs, s.Lineages)
@@ -461,13 +471,14 @@ func classify(p Policy, now time.Time, r Replica) *view {
 	// been not Ready since ReadyChanged.
 	startupEnd := r.Created.Add(p.StartupTimeout)
 	if r.ReadyChanged.Before(startupEnd) {
+		v.unhealthyAt = startupEnd
 		v.remediateAt = startupEnd.Add(p.StartupBackoffFor(r.StartupFailures))
 		v.startupFailed = !now.Before(startupEnd)
-		v.unhealthy = v.startupFailed
 	} else {
-		v.remediateAt = r.ReadyChanged.Add(p.UnhealthyTimeout)
-		v.unhealthy = !now.Before(v.remediateAt)
+		v.unhealthyAt = r.ReadyChanged.Add(p.UnhealthyTimeout)
+		v.remediateAt = v.unhealthyAt
 	}
+	v.unhealthy = !now.Before(v.unhealthyAt)
 	return v
 }
 

@@ -77,6 +77,11 @@ func TestDecide(t *testing.T) {
 			want:   want{creates: 1, limitedUntil: 10 * time.Second, next: 10 * time.Second, checkNext: true},
 		},
 		{
+			name:   "the first creates at the cap hold the rest a minute",
+			policy: policy(5, func(p *Policy) { p.MaxCreatesPerMinute = 2 }),
+			want:   want{creates: 2, limitedUntil: time.Minute, next: time.Minute, checkNext: true},
+		},
+		{
 			name:   "scale down drains marked first, then not Ready, then the oldest",
 			policy: policy(2),
 			state: State{Replicas: []Replica{
@@ -171,6 +176,13 @@ func TestDecide(t *testing.T) {
 			policy: policy(2),
 			state:  State{PlacementBlocked: true, Replicas: []Replica{outdated(ready("a", 2*time.Hour)), outdated(ready("b", time.Hour))}},
 			want:   want{creates: 1, available: 2},
+		},
+		{
+			name:   "paused: the status still learns when a replica turns unhealthy",
+			policy: policy(3, func(p *Policy) { p.Paused = true }),
+			state: State{Replicas: []Replica{ready("a", time.Hour), ready("b", time.Hour),
+				with(ready("c", time.Hour), func(r *Replica) { r.Ready = false; r.ReadyChanged = t0.Add(-time.Minute) })}},
+			want: want{available: 2, next: 4 * time.Minute, checkNext: true},
 		},
 		{
 			name:   "OnDelete leaves outdated replicas",
