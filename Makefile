@@ -89,6 +89,7 @@ FUZZ_TARGETS = \
 	./pkg/provider/kvm/domxml:FuzzMetadataFromDomainXML \
 	./pkg/provider/kvm/seed:FuzzBuildUserData \
 	./internal/webhook/v1alpha1:FuzzProxyAdmission \
+	./internal/webhook/v1alpha1:FuzzProxyPoolAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
 	./pkg/squid:FuzzRender
