@@ -520,7 +520,9 @@ type benchManager struct {
 	stopped atomic.Bool
 }
 
-func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, hv *benchKVM, t benchTiming) *benchManager {
+// startBenchManager starts a manager wired by Setup over hv; tune, if
+// given, changes its Deps (the pool benchmark's options).
+func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, hv *benchKVM, t benchTiming, tune ...func(*Deps)) *benchManager {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	m, err := ctrl.NewManager(restCfg, ManagerOptions(ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"},
@@ -530,7 +532,7 @@ func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 		b.Fatal(err)
 	}
 	hostSource := &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()}
-	w, err := Setup(ctx, m, Deps{
+	deps := Deps{
 		Registry:  provider.NewRegistry(),
 		Prober:    benchProber{count: &hv.probes},
 		Tag:       "bench",
@@ -545,7 +547,11 @@ func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 			// Health checks on a provider of their own, counted apart.
 			HostProber: kvm.New(kvm.Options{Hosts: hostSource, Pool: hv.conns, Observer: hv.hostRPCs}),
 		},
-	})
+	}
+	for _, f := range tune {
+		f(&deps)
+	}
+	w, err := Setup(ctx, m, deps)
 	benchMust(b, err)
 	prov := w.KVM
 
@@ -707,6 +713,12 @@ func vmHWM(b *testing.B) float64 {
 // Gather that returned nothing is fatal.
 func proxyReconciles(b *testing.B) float64 {
 	b.Helper()
+	return reconcilesOf(b, "proxy")
+}
+
+// reconcilesOf sums controller_runtime_reconcile_total of one controller.
+func reconcilesOf(b *testing.B, controller string) float64 {
+	b.Helper()
 	mfs, err := metrics.Registry.Gather()
 	if err != nil && len(mfs) == 0 {
 		b.Fatal(err)
@@ -718,7 +730,7 @@ func proxyReconciles(b *testing.B) float64 {
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && l.GetValue() == "proxy" {
+				if l.GetName() == "controller" && l.GetValue() == controller {
 					total += m.GetCounter().GetValue()
 				}
 			}
