@@ -270,15 +270,15 @@ type benchFleet struct {
 	imgSrv           *kvmtest.ImageServer
 }
 
-// newBenchFleet creates shape.hosts in-memory hosts with their KVMHosts, a
-// KVMImage served locally and a namespace for the Proxies.
-func newBenchFleet(b *testing.B, cl client.Client, shape fleetShape, iter int) *benchFleet {
+// newBenchFleet creates shape.hosts in-memory hosts (with opts) and their
+// KVMHosts, a KVMImage served locally and a namespace for the Proxies.
+func newBenchFleet(b *testing.B, cl client.Client, shape fleetShape, iter int, opts ...fake.Option) *benchFleet {
 	ctx := context.Background()
 	suffix := fmt.Sprintf("%d-%d", iter, time.Now().UnixNano()%1_000_000)
 	hv := &benchKVM{shape: shape, fakes: map[string]*fake.Fake{}, conns: kvmtest.NewConns(), proxyRPCs: &resyncObserver{}, hostRPCs: &virt.RPCCounter{}}
 	for i := range shape.hosts {
 		name := fmt.Sprintf("bench-hv%02d-%s", i, suffix)
-		f := kvmtest.NewHost()
+		f := kvmtest.NewHost(opts...)
 		hv.names = append(hv.names, name)
 		hv.fakes[name] = f
 		hv.conns.Add(name, f)

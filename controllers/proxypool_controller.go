@@ -409,12 +409,17 @@ func (r *ProxyPoolReconciler) delete(ctx context.Context, mem *poolMemory, p *cr
 
 // create makes the planned replicas, each placed first. It reports whether
 // placement refused one (the rest wait for the next attempt).
+//
+// Placement runs one replica after another (each sees those placed before
+// it); the creates then go in batches of 1, 2, 4, ... up to maxCreateBatch
+// at once, stopping at the first error, as a ReplicaSet does: a pool of a
+// thousand does not wait for a thousand round trips in a row, and a
+// template the API refuses costs one create, not a thousand.
 func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, replicas []crawlv1.Proxy,
 	hash string, creates []poolfleet.Create, now time.Time) (blocked bool, _ error) {
 	log := logf.FromContext(ctx)
 	all := slices.Clone(replicas)
-	var made []string
-	defer func() { r.event(pool, "Created", "created", made) }()
+	var placed []*crawlv1.Proxy
 	for _, c := range creates {
 		p, err := r.newReplica(pool, hash, c, all)
 		if err != nil {
@@ -428,22 +433,48 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 			conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionTrue,
 				Reason: why.Reason, Message: why.Message})
 			log.Info("placement refused a replica", "reason", why.Reason, "message", why.Message)
-			return true, nil
+			blocked = true
+			break
 		}
-		if err := r.Client.Create(ctx, p); err != nil {
-			return false, fmt.Errorf("create replica %s: %w", p.Name, err)
-		}
-		mem.created(p, c.Replaces, now)
+		placed = append(placed, p)
 		all = append(all, *p)
-		made = append(made, p.Name)
-		log.Info("created replica", "proxy", p.Name, "templateHash", hash)
 	}
-	if len(creates) > 0 {
+	if len(placed) > 0 && !blocked {
 		conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionFalse,
 			Reason: crawlv1.PoolPlacedReason, Message: "every replica asked for was placed"})
 	}
-	return false, nil
+
+	errs := make([]error, len(placed))
+	done := 0
+	for batch := 1; done < len(placed); batch = min(2*batch, maxCreateBatch) {
+		n := min(batch, len(placed)-done)
+		var wg sync.WaitGroup
+		for i := done; i < done+n; i++ {
+			wg.Go(func() { errs[i] = r.Client.Create(ctx, placed[i]) })
+		}
+		wg.Wait()
+		done += n
+		if slices.ContainsFunc(errs[:done], func(e error) bool { return e != nil }) {
+			break
+		}
+	}
+	var made []string
+	var failed []error
+	for i, p := range placed[:done] {
+		if errs[i] != nil {
+			failed = append(failed, fmt.Errorf("create replica %s: %w", p.Name, errs[i]))
+			continue
+		}
+		mem.created(p, p.Annotations[crawlv1.ReplacesAnnotation], now)
+		made = append(made, p.Name)
+		log.Info("created replica", "proxy", p.Name, "templateHash", hash)
+	}
+	r.event(pool, "Created", "created", made)
+	return blocked, errors.Join(failed...)
 }
+
+// maxCreateBatch bounds the creates in flight at once.
+const maxCreateBatch = 32
 
 // nameAlphabet is the API server's generateName alphabet: no vowels (no
 // words), no look-alikes.
@@ -590,6 +621,10 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolPausedReason, fmt.Sprintf("%d unhealthy replicas; paused", s.Unhealthy))
 	default:
 		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolHealthyReason, "no unhealthy replica")
+	}
+	if !s.RemediationAllowed && !conditions.IsFalse(pool, crawlv1.PoolRemediationAllowedCondition) {
+		r.Recorder.Eventf(pool, "Warning", crawlv1.PoolTooManyUnhealthyReason,
+			"%d replicas unhealthy, more than maxUnhealthy (%d): replacing none", s.Unhealthy, s.MaxUnhealthy)
 	}
 	if s.RemediationAllowed {
 		set(crawlv1.PoolRemediationAllowedCondition, true, crawlv1.PoolRemediationAllowedReason,

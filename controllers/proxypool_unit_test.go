@@ -2,14 +2,18 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -29,8 +33,12 @@ type laggingClient struct {
 	client.Client
 	frozen []crawlv1.Proxy
 	lag    bool
-	seq    int
 	clock  *clocktesting.FakeClock
+
+	mu  sync.Mutex // the pool creates concurrently
+	seq int
+	// failCreate, if set, fails the n-th create (1-based).
+	failCreate func(n int) error
 }
 
 func (c *laggingClient) freeze(t *testing.T) {
@@ -45,8 +53,16 @@ func (c *laggingClient) freeze(t *testing.T) {
 // Create stamps a UID and creation time as the API server does (the fake
 // client leaves both empty, and the pool keys what it wrote by UID).
 func (c *laggingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	c.mu.Lock()
 	c.seq++
-	obj.SetUID(types.UID(fmt.Sprintf("uid-%d", c.seq)))
+	n := c.seq
+	c.mu.Unlock()
+	if c.failCreate != nil {
+		if err := c.failCreate(n); err != nil {
+			return err
+		}
+	}
+	obj.SetUID(types.UID(fmt.Sprintf("uid-%d", n)))
 	if ts := obj.GetCreationTimestamp(); ts.IsZero() && c.clock != nil {
 		obj.SetCreationTimestamp(metav1.NewTime(c.clock.Now()))
 	}
@@ -388,5 +404,30 @@ func TestPoolPublishesOnChangeAndAtTheRepublishInterval(t *testing.T) {
 	u.reconcile()
 	if len(u.pubs) != 4 {
 		t.Errorf("an unchanged list was not republished after %s", u.r.RepublishInterval)
+	}
+}
+
+func TestPoolCreatesInGrowingBatchesAndStopsAtTheFirstError(t *testing.T) {
+	u := newPoolUnit(t, 10)
+	u.c.failCreate = func(n int) error {
+		if n == 4 {
+			return apierrors.NewForbidden(schema.GroupResource{Group: "crawl.example.com", Resource: "proxies"}, "", errors.New("quota"))
+		}
+		return nil
+	}
+	_, err := u.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: u.pool})
+	if err == nil || !strings.Contains(err.Error(), "quota") {
+		t.Fatalf("reconcile error %v, want the failed create's", err)
+	}
+	// Batches of 1, 2 and 4: the fourth create fails, the batch finishes,
+	// the remaining three are not tried.
+	if u.c.seq != 7 || len(u.replicas()) != 6 {
+		t.Fatalf("%d creates tried, %d made; want 7 and 6", u.c.seq, len(u.replicas()))
+	}
+	// The six made count: the next reconcile makes only the four missing.
+	u.c.failCreate = nil
+	u.reconcile()
+	if n := len(u.replicas()); n != 10 {
+		t.Fatalf("%d replicas after the retry, want 10", n)
 	}
 }
