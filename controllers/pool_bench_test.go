@@ -61,7 +61,8 @@ func poolBenchShapeFromEnv(b *testing.B) poolBenchShape {
 //     replica is Ready; a guest booter gives each new domain an address
 //     within 10ms. An independent watch of the namespace's Proxies notes
 //     when each replica first shows Ready: apply→Ready per replica
-//     (p50, p99) and all Ready; reconciles of the proxy and proxypool
+//     (p50, p99), all Ready, and all created (the last replica's first
+//     event); reconciles of the proxy and proxypool
 //     controllers and libvirt RPCs per replica; memory as in
 //     BenchmarkProxyFleet (peak heap, VmHWM, live heap after GC; the
 //     in-memory hosts keep no volume content, see runPoolIteration);
@@ -91,6 +92,7 @@ func BenchmarkProxyPool(b *testing.B) {
 
 type poolBenchResult struct {
 	applyToReady, readyP50, readyP99, readyMax time.Duration
+	applyToCreated                             time.Duration
 	proxyReconciles, poolReconciles, rpcs      float64 // per replica
 	peakHeap, vmHWM, liveHeap                  float64
 	scaleDown, rotation                        time.Duration
@@ -102,6 +104,7 @@ type poolBenchResult struct {
 
 func (s *poolBenchResult) add(r poolBenchResult) {
 	s.applyToReady += r.applyToReady
+	s.applyToCreated += r.applyToCreated
 	s.readyP50 += r.readyP50
 	s.readyP99 += r.readyP99
 	s.readyMax += r.readyMax
@@ -124,6 +127,7 @@ func (s *poolBenchResult) add(r poolBenchResult) {
 
 func (s *poolBenchResult) report(b *testing.B, n float64) {
 	b.ReportMetric(s.applyToReady.Seconds()/n, "apply-to-all-ready-s")
+	b.ReportMetric(s.applyToCreated.Seconds()/n, "apply-to-all-created-s")
 	b.ReportMetric(float64(s.readyP50.Milliseconds())/n, "replica-ready-p50-ms")
 	b.ReportMetric(float64(s.readyP99.Milliseconds())/n, "replica-ready-p99-ms")
 	b.ReportMetric(float64(s.readyMax.Milliseconds())/n, "replica-ready-max-ms")
@@ -204,6 +208,7 @@ func runPoolIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, 
 	w.waitReady(b, shape.replicas, 10*time.Minute)
 	res.applyToReady = time.Since(start)
 	b.StopTimer()
+	res.applyToCreated = w.lastSeen().Sub(start)
 
 	lat := w.readyLatencies(start)
 	res.readyP50, res.readyP99, res.readyMax = lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1]
@@ -298,6 +303,7 @@ type poolBenchWatch struct {
 
 	mu      sync.Mutex
 	objs    map[string]*crawlv1.Proxy
+	seenAt  map[string]time.Time
 	readyAt map[string]time.Time
 	armed   bool
 	minAv   int
@@ -309,7 +315,7 @@ func startPoolBenchWatch(b *testing.B, restCfg *rest.Config, sch *kruntime.Schem
 	wc, err := client.NewWithWatch(restCfg, client.Options{Scheme: sch})
 	benchMust(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &poolBenchWatch{pool: pool, cancel: cancel, done: make(chan struct{}), objs: map[string]*crawlv1.Proxy{}, readyAt: map[string]time.Time{}}
+	w := &poolBenchWatch{pool: pool, cancel: cancel, done: make(chan struct{}), objs: map[string]*crawlv1.Proxy{}, seenAt: map[string]time.Time{}, readyAt: map[string]time.Time{}}
 	list := &crawlv1.ProxyList{}
 	benchMust(b, wc.List(ctx, list, client.InNamespace(ns)))
 	rv := list.ResourceVersion
@@ -351,6 +357,9 @@ func (w *poolBenchWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 		delete(w.objs, p.Name)
 	} else {
 		w.objs[p.Name] = p
+	}
+	if _, seen := w.seenAt[p.Name]; !seen {
+		w.seenAt[p.Name] = time.Now()
 	}
 	if _, seen := w.readyAt[p.Name]; !seen && conditions.IsTrue(p, crawlv1.ReadyCondition) {
 		w.readyAt[p.Name] = time.Now()
@@ -437,6 +446,19 @@ func (w *poolBenchWatch) waitCount(b *testing.B, n int, within time.Duration) {
 		w.mu.Unlock()
 		return count == n && w.readyCount() == n
 	})
+}
+
+// lastSeen is when the watch first saw the replica it saw last.
+func (w *poolBenchWatch) lastSeen() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var last time.Time
+	for _, t := range w.seenAt {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return last
 }
 
 // readyLatencies are each replica's time from start to its first Ready,
