@@ -188,7 +188,8 @@ func publishedFields(p *crawlv1.Proxy) string {
 }
 
 func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
-	log := logf.FromContext(ctx).WithValues("pool", req.NamespacedName)
+	// "proxypool", not "pool": that key is a libvirt storage pool.
+	log := logf.FromContext(ctx).WithValues("proxypool", req.NamespacedName)
 	ctx = logf.IntoContext(ctx, log)
 
 	pool := &crawlv1.ProxyPool{}
@@ -332,7 +333,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 // the webhook); a change of the spec triggers the next reconcile.
 func (r *ProxyPoolReconciler) invalidSpec(pool *crawlv1.ProxyPool, err error) error {
 	conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolAvailableCondition, Status: metav1.ConditionUnknown,
-		Reason: "InvalidSpec", Message: err.Error()})
+		Reason: crawlv1.PoolInvalidSpecReason, Message: err.Error()})
 	return nil
 }
 
@@ -392,7 +393,7 @@ func (r *ProxyPoolReconciler) annotate(ctx context.Context, mem *poolMemory, p *
 		return fmt.Errorf("annotate %s with %s: %w", p.Name, key, client.IgnoreNotFound(err))
 	}
 	mem.annotated(p.UID, key, value)
-	logf.FromContext(ctx).V(1).Info("annotated replica", "proxy", p.Name, "annotation", key)
+	logf.FromContext(ctx).V(1).Info("annotated replica", "proxy", client.ObjectKeyFromObject(p), "annotation", key)
 	return nil
 }
 
@@ -403,7 +404,7 @@ func (r *ProxyPoolReconciler) delete(ctx context.Context, mem *poolMemory, p *cr
 		return fmt.Errorf("delete %s: %w", p.Name, err)
 	}
 	mem.deleting(p.UID)
-	logf.FromContext(ctx).Info("deleted replica", "proxy", p.Name)
+	logf.FromContext(ctx).Info("deleted replica", "proxy", client.ObjectKeyFromObject(p))
 	return nil
 }
 
@@ -467,7 +468,7 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 		}
 		mem.created(p, p.Annotations[crawlv1.ReplacesAnnotation], now)
 		made = append(made, p.Name)
-		log.Info("created replica", "proxy", p.Name, "templateHash", hash)
+		log.Info("created replica", "proxy", client.ObjectKeyFromObject(p), "templateHash", hash)
 	}
 	r.event(pool, "Created", "created", made)
 	return blocked, errors.Join(failed...)

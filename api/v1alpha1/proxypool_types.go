@@ -50,6 +50,9 @@ const (
 	// Available.
 	PoolMinimumAvailableReason   = "MinimumReplicasAvailable"
 	PoolMinimumUnavailableReason = "MinimumReplicasUnavailable"
+	// PoolInvalidSpecReason (Available Unknown): a spec the webhook would
+	// refuse, stored without it; nothing is done until it changes.
+	PoolInvalidSpecReason = "InvalidSpec"
 	// RollingOut.
 	PoolRollingOutReason = "RollingOut"
 	PoolUpToDateReason   = "UpToDate"
