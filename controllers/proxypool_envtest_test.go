@@ -127,13 +127,15 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		updatePool(pool, func(p *crawlv1.ProxyPool) { p.Spec.Paused = true })
 		Eventually(func() bool { return conditions.IsTrue(getPool(pool), crawlv1.PoolPausedCondition) }).Should(BeTrue())
 		ready := readyPoolReplicas(pool)
-		oldest := slices.MinFunc(ready, func(a, b crawlv1.Proxy) int {
+		// The pool's Oldest: by creation time (whole seconds), then name.
+		byAge := func(a, b crawlv1.Proxy) int {
 			if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
 				return c
 			}
 			return strings.Compare(a.Name, b.Name)
-		}).Name
-		marked := slices.MaxFunc(ready, func(a, b crawlv1.Proxy) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) }).Name
+		}
+		oldest := slices.MinFunc(ready, byAge).Name
+		marked := slices.MaxFunc(ready, byAge).Name
 		Expect(marked).NotTo(Equal(oldest))
 		annotateProxy(ns, marked, crawlv1.DeleteProxyAnnotation, "banned")
 		w.expectBudgetKept()
