@@ -2,6 +2,8 @@ package v1alpha1
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 )
@@ -156,5 +159,19 @@ func TestValidateProxyPoolUpdateIsRatcheted(t *testing.T) {
 	deleting.Spec.Rollout.MaxSurge = ptr.To(intstr.FromInt32(-2))
 	if _, err := w.ValidateUpdate(ctx, old, deleting); err != nil {
 		t.Errorf("a pool being deleted refused: %v", err)
+	}
+}
+
+func TestTheShippedSamplePoolIsAdmitted(t *testing.T) {
+	y, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "samples", "crawl_v1alpha1_proxypool.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &crawlv1.ProxyPool{}
+	if err := yaml.UnmarshalStrict(y, p); err != nil {
+		t.Fatalf("sample: %v", err)
+	}
+	if _, err := (&ProxyPoolWebhook{}).ValidateCreate(context.Background(), p); err != nil {
+		t.Errorf("the shipped sample is refused: %v", err)
 	}
 }
