@@ -90,6 +90,7 @@ FUZZ_TARGETS = \
 	./pkg/provider/kvm/seed:FuzzBuildUserData \
 	./pkg/provider/kvm/seed:FuzzComposeVendorData \
 	./internal/webhook/v1alpha1:FuzzProxyAdmission \
+	./internal/webhook/v1alpha1:FuzzProxyPoolAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
 	./pkg/squid:FuzzRender \

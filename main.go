@@ -1,6 +1,6 @@
-// Command manager runs the proxy operator: the Proxy, KVMHost and KVMImage
-// controllers, their admission webhooks, the orphan sweep and the provider
-// registry.
+// Command manager runs the proxy operator: the Proxy, ProxyPool, KVMHost and
+// KVMImage controllers, their admission webhooks, the orphan sweep and the
+// provider registry.
 package main
 
 import (
@@ -247,6 +247,8 @@ func run(o options) error {
 			"KVMHost":  (&webhookv1.KVMHostWebhook{ManagerNamespace: o.managerNamespace}).SetupWithManager,
 			"KVMImage": (&webhookv1.KVMImageWebhook{}).SetupWithManager,
 			"Proxy":    (&webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs}).SetupWithManager,
+			// A pool's template is validated as its replicas will be.
+			"ProxyPool": (&webhookv1.ProxyPoolWebhook{Proxy: webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs}}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return fmt.Errorf("create %s webhook: %w", name, err)

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	poolfleet "crawl.example.com/proxy-operator/pkg/fleet"
 )
 
 // EndpointSliceManagedBy is the endpointslice.kubernetes.io/managed-by
@@ -250,7 +251,7 @@ func (p *Publisher) resolve(ctx context.Context, pool *crawlv1.ProxyPool, replic
 		if entry != nil && r.UID != "" {
 			fresh[r.UID] = *entry
 		}
-		entries = append(entries, publishedProxy(ctx, r, u))
+		entries = append(entries, publishedProxy(pool, r, u))
 		if ep, why := endpointOf(r); why != "" {
 			// Still in the Secret: only in-cluster discovery misses it.
 			log.V(1).Info("replica left out of the EndpointSlices", "proxy", client.ObjectKeyFromObject(r), "reason", why)
@@ -376,14 +377,13 @@ func hasPassword(u *url.Userinfo) bool {
 	return ok && p != ""
 }
 
-func publishedProxy(ctx context.Context, r *crawlv1.Proxy, u string) PublishedProxy {
+func publishedProxy(pool *crawlv1.ProxyPool, r *crawlv1.Proxy, u string) PublishedProxy {
 	e := PublishedProxy{Name: r.Name, URL: u, Host: r.Status.Host, EgressAddress: r.Status.EgressAddress,
 		CreatedAt: r.CreationTimestamp.UTC().Format(time.RFC3339)}
-	if v, ok := r.Annotations[crawlv1.ExpiresAtAnnotation]; ok {
-		if t, err := time.Parse(time.RFC3339, v); err == nil {
+	// The pool's own rule (pkg/fleet), so the list says what rotation does.
+	if policy, err := poolfleet.PolicyFor(&pool.Spec); err == nil {
+		if t, ok := poolfleet.ExpiresAt(r.CreationTimestamp.Time, string(r.UID), policy.MaxAge, policy.Jitter); ok {
 			e.ExpiresAt = t.UTC().Format(time.RFC3339)
-		} else {
-			ctrl.LoggerFrom(ctx).V(1).Info("ignoring an expires-at annotation that is not RFC 3339", "proxy", client.ObjectKeyFromObject(r), "value", v)
 		}
 	}
 	return e

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	poolfleet "crawl.example.com/proxy-operator/pkg/fleet"
 )
 
 // Passwords with every character URL escaping cares about; none of them,
@@ -128,8 +129,7 @@ type replicaSpec struct {
 	// password: a Basic replica with a credential Secret; empty: auth None.
 	password string
 	// noSecret: status names a credential Secret that does not exist.
-	noSecret  bool
-	expiresAt string
+	noSecret bool
 }
 
 // createReplica stores a Proxy of pool with its status and, for Basic, its
@@ -148,9 +148,6 @@ func createReplica(pool *crawlv1.ProxyPool, r replicaSpec) crawlv1.Proxy {
 		ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: r.name, Labels: map[string]string{"pool": pool.Name, crawlv1.PoolNameLabel: pool.Name}},
 		Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderGCP, Port: r.port, Access: access,
 			Placement: crawlv1.ProxyPlacement{Zone: "europe-west1-b"}},
-	}
-	if r.expiresAt != "" {
-		p.Annotations = map[string]string{crawlv1.ExpiresAtAnnotation: r.expiresAt}
 	}
 	Expect(k8sClient.Create(ctx, p)).To(Succeed())
 	before := p.DeepCopy()
@@ -293,8 +290,11 @@ var _ = Describe("ProxyPool publishing", func() {
 		created := time.Now().UTC().Truncate(time.Second)
 		alpha := createReplica(pool, replicaSpec{name: "alpha", address: "192.0.2.11", host: "hv1", egress: "198.51.100.11", password: alphaPassword})
 		bravo := createReplica(pool, replicaSpec{name: "bravo", address: "192.0.2.12", host: "hv2"})
-		charlie := createReplica(pool, replicaSpec{name: "charlie", address: "192.0.2.13", host: "hv1", password: charliePassword, expiresAt: "2030-01-02T03:04:05+01:00"})
+		charlie := createReplica(pool, replicaSpec{name: "charlie", address: "192.0.2.13", host: "hv1", password: charliePassword})
 
+		// Rotation replaces each replica between 5h and 6h after it was
+		// created (its jitter); proxies.json says when.
+		pool.Spec.Rotation = crawlv1.ProxyPoolRotation{MaxAge: &metav1.Duration{Duration: 6 * time.Hour}, Jitter: &metav1.Duration{Duration: time.Hour}}
 		Expect(publisher.Publish(ctx, pool, []crawlv1.Proxy{alpha, bravo, charlie})).To(Succeed())
 
 		By("the Secret: proxies.txt in the scrapy-rotating-proxies / Crawlee form")
@@ -309,10 +309,16 @@ var _ = Describe("ProxyPool publishing", func() {
 		By("the Secret: proxies.json")
 		entries := publishedJSON(pool)
 		Expect(namesOf(entries)).To(Equal([]string{"alpha", "bravo", "charlie"}))
+		alphaExpiry, _ := poolfleet.ExpiresAt(alpha.CreationTimestamp.Time, string(alpha.UID), 6*time.Hour, time.Hour)
 		Expect(entries[0]).To(Equal(PublishedProxy{Name: "alpha", URL: alphaURL, Host: "hv1", EgressAddress: "198.51.100.11",
-			CreatedAt: alpha.CreationTimestamp.UTC().Format(time.RFC3339)}))
+			CreatedAt: alpha.CreationTimestamp.UTC().Format(time.RFC3339), ExpiresAt: alphaExpiry.UTC().Format(time.RFC3339)}))
 		Expect(entries[1].URL).To(Equal("http://192.0.2.12:3128"))
-		Expect(entries[2].ExpiresAt).To(Equal("2030-01-02T02:04:05Z"))
+		for i, r := range []crawlv1.Proxy{alpha, bravo, charlie} {
+			exp, err := time.Parse(time.RFC3339, entries[i].ExpiresAt)
+			Expect(err).NotTo(HaveOccurred(), "expiresAt of %s", r.Name)
+			Expect(exp).To(BeTemporally(">", r.CreationTimestamp.Add(5*time.Hour)), "expiresAt of %s", r.Name)
+			Expect(exp).To(BeTemporally("<=", r.CreationTimestamp.Add(6*time.Hour)), "expiresAt of %s", r.Name)
+		}
 		Expect(time.Parse(time.RFC3339, entries[2].CreatedAt)).To(BeTemporally(">=", created))
 
 		sec := publishedSecret(pool)

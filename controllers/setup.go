@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -86,6 +89,7 @@ type Deps struct {
 	InstallID string
 
 	Proxy ProxyOptions
+	Pool  PoolOptions
 	Sweep SweepOptions
 	// KVM enables the kvm provider, the KVMHost and KVMImage controllers
 	// and the Proxy-by-host index; nil leaves them out.
@@ -107,6 +111,17 @@ type ProxyOptions struct {
 	// ranges as the proxies see them, admitted by every managed squid with
 	// Basic auth (still with the credential) so the probe gets through.
 	ProbeSourceCIDRs []string
+}
+
+// PoolOptions are the ProxyPool controller's workers and what tests
+// inject.
+type PoolOptions struct {
+	Workers int
+	// Clock and Rand: real time and a random seed when nil.
+	Clock clock.PassiveClock
+	Rand  *rand.Rand
+	// OnPublished sees every list the pool controller publishes.
+	OnPublished func(pool types.NamespacedName, replicas []crawlv1.Proxy)
 }
 
 // SweepOptions configure the orphan sweep.
@@ -158,6 +173,7 @@ type KVMDeps struct {
 // mark Proxies dirty or sweep by hand).
 type Wiring struct {
 	Proxy    *ProxyReconciler
+	Pool     *ProxyPoolReconciler
 	Sweep    *OrphanCollector
 	Registry *provider.Registry
 	// KVM is the kvm provider; nil when not enabled.
@@ -216,7 +232,8 @@ func (d *Deps) Validate() error {
 
 // Setup wires the operator into mgr: the kvm provider and its connection
 // pool, the lifecycle-event bridge, the Proxy, KVMHost and KVMImage
-// controllers, the Proxy-by-host index and the orphan sweep. main.go and
+// controllers, the ProxyPool controller, the Proxy-by-host and by-pool
+// indexes and the orphan sweep. main.go and
 // every test harness call it, so tests run what production runs.
 func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	if err := d.Validate(); err != nil {
@@ -255,6 +272,25 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	}
 	if err := w.Proxy.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: proxyWorkers}); err != nil {
 		return nil, fmt.Errorf("create Proxy controller: %w", err)
+	}
+
+	w.Pool = &ProxyPoolReconciler{
+		Client:   mgr.GetClient(),
+		Scheme:   mgr.GetScheme(),
+		Recorder: mgr.GetEventRecorderFor("proxypool-controller"),
+		// Credential Secrets are read one by one through the API reader: a
+		// cached client would list and watch every Secret of the cluster.
+		Publisher:         &Publisher{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()},
+		HostCheckInterval: orDefaultDuration(kvmCheckInterval(d.KVM), crawlv1.DefaultCheckInterval),
+		Clock:             d.Pool.Clock,
+		Rand:              d.Pool.Rand,
+		OnPublished:       d.Pool.OnPublished,
+	}
+	if err := IndexPoolOwner(ctx, mgr); err != nil {
+		return nil, err
+	}
+	if err := w.Pool.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: orDefaultInt(d.Pool.Workers, 4)}); err != nil {
+		return nil, fmt.Errorf("create ProxyPool controller: %w", err)
 	}
 
 	w.Sweep = &OrphanCollector{

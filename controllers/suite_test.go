@@ -48,13 +48,15 @@ const (
 )
 
 var (
-	suiteT     *testing.T
-	testEnv    *envtest.Environment
-	cfg        *rest.Config
-	k8sClient  client.Client
-	scheme     = envtestutil.Scheme()
-	hosts      *fleet
-	prober     = &fakeProber{down: map[string]bool{}}
+	suiteT    *testing.T
+	testEnv   *envtest.Environment
+	cfg       *rest.Config
+	k8sClient client.Client
+	scheme    = envtestutil.Scheme()
+	hosts     *fleet
+	prober    = &fakeProber{down: map[string]bool{}}
+	// published records every list the pool controller publishes.
+	published  = &publishRecorder{}
 	rpcMetrics *virt.PrometheusObserver
 	mgr        *harness
 )
@@ -225,6 +227,7 @@ func startManagerLogging(log logr.Logger, tune ...func(*ProxyOptions)) *harness 
 		Tag:       testTag,
 		InstallID: testInstallID,
 		Proxy:     proxyOpts,
+		Pool:      PoolOptions{Workers: 4, OnPublished: published.record},
 		// The sweep never ticks during the suite; specs call Sweep directly.
 		Sweep: SweepOptions{Interval: time.Hour},
 		KVM: &KVMDeps{

@@ -584,6 +584,11 @@ func (in *ProxyPoolRemediation) DeepCopyInto(out *ProxyPoolRemediation) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.StartupBackoff != nil {
+		in, out := &in.StartupBackoff, &out.StartupBackoff
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.MaxUnhealthy != nil {
 		in, out := &in.MaxUnhealthy, &out.MaxUnhealthy
 		*out = new(intstr.IntOrString)

@@ -206,8 +206,9 @@ func TestDefaultWiring(t *testing.T) {
 			t.Errorf("%s inject-ca-from %q, want %q", kind, got, wantCA)
 		}
 		hooks, _, _ := unstructured.NestedSlice(whc.Object, "webhooks")
-		if len(hooks) != 3 {
-			t.Errorf("%s has %d webhooks, want 3", kind, len(hooks))
+		// ProxyPool is validated, not defaulted.
+		if want := map[string]int{"MutatingWebhookConfiguration": 3, "ValidatingWebhookConfiguration": 4}[kind]; len(hooks) != want {
+			t.Errorf("%s has %d webhooks, want %d", kind, len(hooks), want)
 		}
 		for _, h := range hooks {
 			ref, _, _ := unstructured.NestedStringMap(h.(map[string]any), "clientConfig", "service")

@@ -117,3 +117,18 @@ func FuzzKVMImageAdmission(f *testing.F) {
 		`{"metadata":{"name":"i"},"spec":{"url":"file:///etc/passwd","format":"raw","firmware":"bios"}}`,
 	}, func() *crawlv1.KVMImage { return &crawlv1.KVMImage{} }, &KVMImageWebhook{})
 }
+
+// noDefaults admits like a webhook that validates only: the API server
+// calls no defaulting webhook for ProxyPools.
+type noDefaults struct{ *ProxyPoolWebhook }
+
+func (noDefaults) Default(context.Context, *crawlv1.ProxyPool) error { return nil }
+
+func FuzzProxyPoolAdmission(f *testing.F) {
+	fuzzAdmission(f, []string{
+		sampleJSON(f, "crawl_v1alpha1_proxypool.yaml"),
+		`{"metadata":{"name":"p"},"spec":{"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}},"spec":{"provider":"kubernetes"}},"rollout":{"maxSurge":0,"maxUnavailable":"0%"}}}`,
+		`{"metadata":{"name":"p"},"spec":{"selector":{"matchExpressions":[{"key":"a","operator":"In","values":["b"]}]},"template":{"metadata":{"labels":{"a":"c"}},"spec":{"provider":"gcp"}},"placement":{"zones":["z","z",""]}}}`,
+		`{"metadata":{"name":"p"},"spec":{"selector":{"matchLabels":{"a":"b"}},"template":{"spec":{"provider":"kvm","placement":{"image":"https://h/i"}}},"rotation":{"jitter":"1h","maxAge":"30m"},"remediation":{"maxUnhealthy":"140%","startupTimeout":"-1s"}}}`,
+	}, func() *crawlv1.ProxyPool { return &crawlv1.ProxyPool{} }, noDefaults{&ProxyPoolWebhook{}})
+}

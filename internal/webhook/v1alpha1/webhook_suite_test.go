@@ -68,6 +68,7 @@ var _ = BeforeSuite(func() {
 	Expect((&KVMHostWebhook{ManagerNamespace: managerNS}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&KVMImageWebhook{}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&ProxyWebhook{}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&ProxyPoolWebhook{}).SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		Expect(mgr.Start(ctx)).To(Succeed())
