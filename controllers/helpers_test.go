@@ -116,8 +116,9 @@ func readyProxy(h *testHost, ns, name, image, ip string) *crawlv1.Proxy {
 func setSkipCleanup(ns, name string) {
 	Eventually(func() error {
 		p := getProxy(ns, name)
+		orig := p.DeepCopy()
 		p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
-		return k8sClient.Update(ctx, p)
+		return k8sClient.Patch(ctx, p, client.MergeFrom(orig))
 	}).Should(Succeed())
 }
 

@@ -336,8 +336,9 @@ func getPool(pool *crawlv1.ProxyPool) *crawlv1.ProxyPool {
 func updatePool(pool *crawlv1.ProxyPool, change func(*crawlv1.ProxyPool)) {
 	Eventually(func() error {
 		p := getPool(pool)
+		orig := p.DeepCopy()
 		change(p)
-		return k8sClient.Update(ctx, p)
+		return k8sClient.Patch(ctx, p, client.MergeFrom(orig))
 	}).Should(Succeed())
 }
 
@@ -358,11 +359,12 @@ func setScale(pool *crawlv1.ProxyPool, n int32) {
 func annotateProxy(ns, name, key, value string) {
 	Eventually(func() error {
 		p := getProxy(ns, name)
+		orig := p.DeepCopy()
 		if p.Annotations == nil {
 			p.Annotations = map[string]string{}
 		}
 		p.Annotations[key] = value
-		return k8sClient.Update(ctx, p)
+		return k8sClient.Patch(ctx, p, client.MergeFrom(orig))
 	}).Should(Succeed())
 }
 
