@@ -25,7 +25,8 @@ func goodPool() *crawlv1.ProxyPool {
 			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "crawl-a"}},
 			Template: crawlv1.ProxyTemplate{
 				Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"pool": "crawl-a", "team": "x"}},
-				Spec:     crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"rack": "r1"}}, Image: "debian-12"}},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"rack": "r1"}}, Image: "debian-12"},
+					Access: &crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"10.20.0.0/16"}}},
 			},
 			Rotation:    crawlv1.ProxyPoolRotation{MaxAge: dur(6 * time.Hour), Jitter: dur(time.Hour), MinInterval: dur(5 * time.Minute)},
 			Remediation: crawlv1.ProxyPoolRemediation{MaxUnhealthy: ptr.To(intstr.FromString("40%"))},
@@ -65,6 +66,9 @@ func TestValidateProxyPool(t *testing.T) {
 		{name: "the template is judged after the Proxy webhook's defaults", change: func(p *crawlv1.ProxyPool) {
 			p.Spec.Template.Spec.Port = 0
 		}},
+		{name: "a template whose replicas would have no allow-list", change: func(p *crawlv1.ProxyPool) {
+			p.Spec.Template.Spec.Access = nil
+		}, want: []string{"spec.template.spec.access.allowedSourceCIDRs: Required"}},
 		{name: "an image URL is refused as for a Proxy", change: func(p *crawlv1.ProxyPool) {
 			p.Spec.Template.Spec.Placement.Image = "https://img.example/d.qcow2"
 			p.Spec.Template.Spec.Placement.ImageChecksum = goodSum
