@@ -70,9 +70,8 @@ func (r *ProxyReconciler) recordPlacement(ctx context.Context, p *crawlv1.Proxy,
 		p.Status.Host = "" // the deferred, unconditional patch must not write it
 		return provider.Transientf("record placement on host %s: %w", host, err)
 	}
-	// The deferred patch diffs against the object as read; a new
-	// resourceVersion in that diff would make its two writes conflict.
-	p.ResourceVersion = orig.ResourceVersion
+	// p now holds the version this write produced, on which the deferred
+	// patch builds.
 	return nil
 }
 

@@ -22,10 +22,10 @@ import (
 // KVMImage's hosts are replaced whole: right only for status that this
 // controller alone writes, which holds for every kind here, and only when
 // the reconcile started from the latest status. A cached read can be one
-// write behind; so the status write carries the resourceVersion it builds
-// on (the one read, or the one the metadata write produced) and a stale
-// reconcile gets a conflict and runs again instead of putting back the
-// older status.
+// write behind; so the writes carry the resourceVersion the reconcile last
+// saw (obj's: the one read, or the one its own earlier write in this
+// reconcile returned, such as recordPlacement's) and a stale reconcile gets
+// a conflict and runs again instead of putting back the older status.
 type objectPatcher struct {
 	c      client.Client
 	before client.Object
@@ -44,10 +44,11 @@ func (s *objectPatcher) Patch(ctx context.Context, obj client.Object) error {
 	}
 	// NotFound while deleting: the last finalizer went and the object with it.
 	gone := func(err error) bool { return apierrors.IsNotFound(err) && !obj.GetDeletionTimestamp().IsZero() }
-	from := s.before
+	from := s.before.DeepCopyObject().(client.Object)
+	from.SetResourceVersion(obj.GetResourceVersion())
 	if metaChanged {
 		m := obj.DeepCopyObject().(client.Object)
-		if err := s.c.Patch(ctx, m, client.MergeFromWithOptions(s.before, client.MergeFromWithOptimisticLock{})); err != nil {
+		if err := s.c.Patch(ctx, m, client.MergeFromWithOptions(from, client.MergeFromWithOptimisticLock{})); err != nil {
 			if gone(err) {
 				return nil
 			}
@@ -82,5 +83,12 @@ func changes(before, after client.Object) (meta, status bool, err error) {
 	status = !equality.Semantic.DeepEqual(b["status"], a["status"])
 	delete(b, "status")
 	delete(a, "status")
+	// The version is the lock, not a change: the reconcile's own earlier
+	// writes move it.
+	for _, o := range []map[string]any{a, b} {
+		if m, ok := o["metadata"].(map[string]any); ok {
+			delete(m, "resourceVersion")
+		}
+	}
 	return !equality.Semantic.DeepEqual(b, a), status, nil
 }

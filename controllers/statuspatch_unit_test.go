@@ -90,3 +90,52 @@ func TestStatusPatchAfterItsOwnMetadataPatch(t *testing.T) {
 		t.Fatalf("got finalizers %v, readyHosts %d; want both written", got.Finalizers, got.Status.ReadyHosts)
 	}
 }
+
+// A reconcile may write before its deferred patch (recordPlacement writes
+// the chosen host at once). Its own write moved the resourceVersion; the
+// deferred patch builds on that version, so it succeeds, while another
+// writer in between still gets a conflict.
+func TestStatusPatchAfterItsOwnEarlierWrite(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		otherWriter  bool
+		wantConflict bool
+	}{
+		{name: "only its own write"},
+		{name: "another writer after it", otherWriter: true, wantConflict: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			img := &crawlv1.KVMImage{ObjectMeta: metav1.ObjectMeta{Name: "debian"}}
+			c := clientfake.NewClientBuilder().WithScheme(envtestutil.Scheme()).
+				WithObjects(img).WithStatusSubresource(img).Build()
+			cur := &crawlv1.KVMImage{}
+			if err := c.Get(ctx, client.ObjectKey{Name: "debian"}, cur); err != nil {
+				t.Fatal(err)
+			}
+			patcher := newObjectPatcher(c, cur)
+			// The reconcile's own guarded write; cur takes the new version.
+			orig := cur.DeepCopy()
+			cur.Status.ReadyHosts = 1
+			if err := c.Status().Patch(ctx, cur, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+				t.Fatal(err)
+			}
+			if tc.otherWriter {
+				other := &crawlv1.KVMImage{}
+				if err := c.Get(ctx, client.ObjectKey{Name: "debian"}, other); err != nil {
+					t.Fatal(err)
+				}
+				other.Status.TotalHosts = 7
+				if err := c.Status().Update(ctx, other); err != nil {
+					t.Fatal(err)
+				}
+			}
+			controllerutil.AddFinalizer(cur, KVMImageFinalizer)
+			cur.Status.ReadyHosts = 2
+			err := patcher.Patch(ctx, cur)
+			if tc.wantConflict != apierrors.IsConflict(err) || !tc.wantConflict && err != nil {
+				t.Fatalf("deferred Patch: err = %v, want conflict %v", err, tc.wantConflict)
+			}
+		})
+	}
+}
