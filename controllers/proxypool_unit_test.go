@@ -37,7 +37,7 @@ type laggingClient struct {
 
 	mu  sync.Mutex // the pool creates concurrently
 	seq int
-	// failCreate, if set, fails the n-th create (1-based).
+	// failCreate, if set, fails the n-th replica create (1-based).
 	failCreate func(n int) error
 }
 
@@ -51,8 +51,12 @@ func (c *laggingClient) freeze(t *testing.T) {
 }
 
 // Create stamps a UID and creation time as the API server does (the fake
-// client leaves both empty, and the pool keys what it wrote by UID).
+// client leaves both empty, and the pool keys what it wrote by UID). seq
+// and failCreate count replica creates only, not the published objects.
 func (c *laggingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if _, ok := obj.(*crawlv1.Proxy); !ok {
+		return c.Client.Create(ctx, obj, opts...)
+	}
 	c.mu.Lock()
 	c.seq++
 	n := c.seq
@@ -104,8 +108,10 @@ func newPoolUnit(t *testing.T, replicas int32, tune ...func(*crawlv1.ProxyPool))
 	for _, f := range tune {
 		f(pool)
 	}
-	base := fake.NewClientBuilder().WithScheme(sch).WithObjects(pool).
-		WithStatusSubresource(&crawlv1.ProxyPool{}, &crawlv1.Proxy{}).
+	// The template's host, Ready and roomy: replicas are placed only on
+	// Ready hosts with room.
+	base := fake.NewClientBuilder().WithScheme(sch).WithObjects(pool, sizedHost("hv1", 64*giB)).
+		WithStatusSubresource(&crawlv1.ProxyPool{}, &crawlv1.Proxy{}, &crawlv1.KVMHost{}).
 		WithIndex(&crawlv1.Proxy{}, PoolOwnerIndex, poolOwnerOf).Build()
 	u := &poolUnit{t: t, c: &laggingClient{Client: base}, clock: clocktesting.NewFakeClock(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)),
 		pool: client.ObjectKeyFromObject(pool)}
@@ -162,7 +168,7 @@ func (u *poolUnit) replicas() []crawlv1.Proxy {
 // (what the Proxy controller would write), with a creation time before it.
 func (u *poolUnit) readyAll(ago time.Duration) {
 	u.t.Helper()
-	for _, p := range u.replicas() {
+	for i, p := range u.replicas() {
 		if conditions.IsTrue(&p, crawlv1.ReadyCondition) {
 			continue
 		}
@@ -172,6 +178,9 @@ func (u *poolUnit) readyAll(ago time.Duration) {
 		}
 		p.Status.Conditions = []metav1.Condition{{Type: crawlv1.ReadyCondition, Status: metav1.ConditionTrue, Reason: "Ready",
 			LastTransitionTime: metav1.NewTime(u.clock.Now().Add(-ago))}}
+		// A Ready Proxy has an endpoint; the pool publishes nothing else.
+		p.Status.Address = fmt.Sprintf("192.0.2.%d", 10+i)
+		p.Status.Endpoint = "http://" + p.Status.Address + ":3128"
 		if err := u.c.Client.Status().Update(context.Background(), &p); err != nil {
 			u.t.Fatal(err)
 		}
