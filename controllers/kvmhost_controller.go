@@ -8,7 +8,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -107,7 +106,7 @@ func (r *KVMHostReconciler) timing(h *crawlv1.KVMHost) (interval, timeout time.D
 	return interval, crawlv1.EffectiveCheckTimeout(interval, timeout)
 }
 
-func (r *KVMHostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+func (r *KVMHostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	log := logf.FromContext(ctx).WithValues("host", req.Name)
 	ctx = logf.IntoContext(ctx, log)
 
@@ -128,9 +127,7 @@ func (r *KVMHostReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	defer func() {
 		r.emitTransition(before, h)
 		// Also writes a released finalizer.
-		if err := helper.Patch(ctx, h); err != nil {
-			reterr = kerrors.NewAggregate([]error{reterr, err})
-		}
+		helper.finish(ctx, h, &res, &reterr)
 	}()
 
 	if !h.DeletionTimestamp.IsZero() {

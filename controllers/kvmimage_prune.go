@@ -157,7 +157,10 @@ func (r *KVMImageReconciler) reconcileDelete(ctx context.Context, img *crawlv1.K
 	}
 	helper := newObjectPatcher(r.Client, img)
 	controllerutil.RemoveFinalizer(img, KVMImageFinalizer)
-	return ctrl.Result{}, client.IgnoreNotFound(helper.Patch(ctx, img))
+	var res ctrl.Result
+	var werr error
+	helper.finish(ctx, img, &res, &werr)
+	return res, client.IgnoreNotFound(werr)
 }
 
 // recordChecksum puts the current checksum first in status.checksums and

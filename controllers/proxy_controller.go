@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
@@ -185,7 +184,7 @@ func (r *ProxyReconciler) MarkDirty(key types.NamespacedName) {
 	delete(r.synced, key)
 }
 
-func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	log := logf.FromContext(ctx).WithValues("proxy", req.NamespacedName)
 	ctx = logf.IntoContext(ctx, log)
 
@@ -208,9 +207,7 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ct
 		}
 		p.Status.ObservedGeneration = p.Generation
 		// Also writes a released finalizer.
-		if err := helper.Patch(ctx, p); err != nil {
-			reterr = kerrors.NewAggregate([]error{reterr, err})
-		}
+		helper.finish(ctx, p, &res, &reterr)
 	}()
 
 	if !p.DeletionTimestamp.IsZero() {

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -191,7 +190,7 @@ func publishedFields(p *crawlv1.Proxy) string {
 		strconv.Itoa(int(p.Spec.Port))}, "\x00")
 }
 
-func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	// "proxypool", not "pool": that key is a libvirt storage pool.
 	log := logf.FromContext(ctx).WithValues("proxypool", req.NamespacedName)
 	ctx = logf.IntoContext(ctx, log)
@@ -206,9 +205,7 @@ func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	patcher := newObjectPatcher(r.Client, pool)
 	defer func() {
 		pool.Status.ObservedGeneration = pool.Generation
-		if err := patcher.Patch(ctx, pool); err != nil {
-			reterr = kerrors.NewAggregate([]error{reterr, err})
-		}
+		patcher.finish(ctx, pool, &res, &reterr)
 	}()
 	if !pool.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, pool)

@@ -2,11 +2,15 @@ package controllers
 
 import (
 	"context"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // objectPatcher writes what a reconcile changed on one object: metadata
@@ -68,6 +72,27 @@ func (s *objectPatcher) Patch(ctx context.Context, obj client.Object) error {
 		}
 	}
 	return nil
+}
+
+// conflictRetry is how soon a reconcile whose write met a conflict runs
+// again: long enough for the cache to see the newer object, far shorter
+// than the error backoff, which grows with every conflict and would hold
+// a busy object back for minutes.
+const conflictRetry = 200 * time.Millisecond
+
+// finish writes obj with Patch and folds the outcome into the reconcile's
+// result. A conflict means the reconcile read a stale cache: its decisions
+// are made again on a fresh read shortly, not counted as a failure.
+func (s *objectPatcher) finish(ctx context.Context, obj client.Object, res *ctrl.Result, reterr *error) {
+	err := s.Patch(ctx, obj)
+	switch {
+	case err == nil:
+	case apierrors.IsConflict(err) && *reterr == nil:
+		logf.FromContext(ctx).V(1).Info("not written: the object changed since it was read; reconciling again")
+		*res = ctrl.Result{RequeueAfter: conflictRetry}
+	default:
+		*reterr = kerrors.NewAggregate([]error{*reterr, err})
+	}
 }
 
 // changes reports whether anything outside status, and status, differ.

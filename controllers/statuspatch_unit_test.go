@@ -2,10 +2,14 @@ package controllers
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	clientfake "sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -137,5 +141,42 @@ func TestStatusPatchAfterItsOwnEarlierWrite(t *testing.T) {
 				t.Fatalf("deferred Patch: err = %v, want conflict %v", err, tc.wantConflict)
 			}
 		})
+	}
+}
+
+// A conflict at the end of a reconcile is a stale read, not a failure: the
+// reconcile runs again shortly instead of entering the error backoff,
+// which grows with each conflict and held busy objects back for minutes.
+func TestFinishTurnsAConflictIntoAPromptRetry(t *testing.T) {
+	ctx := context.Background()
+	img := &crawlv1.KVMImage{ObjectMeta: metav1.ObjectMeta{Name: "debian"}}
+	c := clientfake.NewClientBuilder().WithScheme(envtestutil.Scheme()).
+		WithObjects(img).WithStatusSubresource(img).Build()
+	stale := &crawlv1.KVMImage{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "debian"}, stale); err != nil {
+		t.Fatal(err)
+	}
+	fresh := stale.DeepCopy()
+	fresh.Status.ReadyHosts = 1
+	if err := c.Status().Update(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+
+	patcher := newObjectPatcher(c, stale)
+	stale.Status.ReadyHosts = 2
+	res := ctrl.Result{RequeueAfter: time.Hour}
+	var err error
+	patcher.finish(ctx, stale, &res, &err)
+	if err != nil || res.RequeueAfter != conflictRetry {
+		t.Fatalf("after a conflict: result %+v, err %v; want a retry in %s and no error", res, err, conflictRetry)
+	}
+
+	// The reconcile's own error stays, with the conflict beside it.
+	patcher = newObjectPatcher(c, stale)
+	stale.Status.ReadyHosts = 3
+	res, err = ctrl.Result{}, errors.New("provider down")
+	patcher.finish(ctx, stale, &res, &err)
+	if err == nil || !strings.Contains(err.Error(), "provider down") {
+		t.Fatalf("err %v, want the reconcile's own error kept", err)
 	}
 }
