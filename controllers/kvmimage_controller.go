@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -119,7 +119,7 @@ func (r *KVMImageReconciler) allImages(ctx context.Context, _ client.Object) []r
 	return reqs
 }
 
-func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	log := logf.FromContext(ctx).WithValues("image", req.Name)
 	ctx = logf.IntoContext(ctx, log)
 	img := &crawlv1.KVMImage{}
@@ -136,9 +136,8 @@ func (r *KVMImageReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_
 	helper := newObjectPatcher(r.Client, img)
 	defer func() {
 		img.Status.ObservedGeneration = img.Generation
-		if err := helper.Patch(ctx, img); err != nil {
-			reterr = kerrors.NewAggregate([]error{reterr, client.IgnoreNotFound(err)})
-		}
+		helper.finish(ctx, img, &res, &reterr)
+		reterr = client.IgnoreNotFound(reterr)
 	}()
 	return r.reconcileCache(ctx, img)
 }
@@ -149,9 +148,13 @@ func (r *KVMImageReconciler) reconcileNormal(ctx context.Context, img *crawlv1.K
 		return ctrl.Result{}, err
 	}
 	var targets []string
+	existing := map[string]bool{}
 	for _, h := range hosts.Items {
-		if h.DeletionTimestamp.IsZero() && conditions.IsTrue(&h, crawlv1.ReadyCondition) {
-			targets = append(targets, h.Name)
+		if h.DeletionTimestamp.IsZero() {
+			existing[h.Name] = true
+			if conditions.IsTrue(&h, crawlv1.ReadyCondition) {
+				targets = append(targets, h.Name)
+			}
 		}
 	}
 	slices.Sort(targets)
@@ -174,6 +177,16 @@ func (r *KVMImageReconciler) reconcileNormal(ctx context.Context, img *crawlv1.K
 			requeue = again
 		}
 	}
+	// A host that is only not Ready for now (a missed health check) keeps
+	// its entry as it was: the volume is still there, and dropping the entry
+	// would lose its verdict and the bytes it uses until the host returns.
+	// Only a KVMHost that is gone takes its entry with it.
+	for _, prev := range img.Status.Hosts {
+		if existing[prev.Host] && !slices.Contains(targets, prev.Host) {
+			entries = append(entries, prev)
+		}
+	}
+	slices.SortFunc(entries, func(a, b crawlv1.KVMImageHostStatus) int { return strings.Compare(a.Host, b.Host) })
 	img.Status.Hosts = entries
 	img.Status.ReadyHosts, img.Status.TotalHosts = int32(ready), int32(len(targets))
 

@@ -170,3 +170,32 @@ func TestKVMImageFinishedJobWakesTheReconcile(t *testing.T) {
 		t.Fatal("a finished download did not wake the reconcile")
 	}
 }
+
+// A host that misses a health check is not Ready for a moment; the image's
+// entry for it (verified, its volume and bytes) must survive that, and go
+// only with the KVMHost itself.
+func TestKVMImageKeepsTheEntryOfAHostNotReadyForNow(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	verified := crawlv1.KVMImageHostStatus{Host: "hv1", Phase: crawlv1.ImageHostVerified, Verified: true, Checksum: sumA,
+		Volume: "image-sha256_aaaa.raw", Bytes: 4096, AllocatedBytes: 4096}
+	img := &crawlv1.KVMImage{ObjectMeta: metav1.ObjectMeta{Name: "img", Generation: 1},
+		Spec:   crawlv1.KVMImageSpec{URL: "http://127.0.0.1:1/img.raw", Checksum: sumA, Format: crawlv1.ImageFormatRaw},
+		Status: crawlv1.KVMImageStatus{ObservedGeneration: 1, Hosts: []crawlv1.KVMImageHostStatus{verified, {Host: "gone", Phase: crawlv1.ImageHostVerified}}}}
+	notReady := readyKVMHost("hv1")
+	notReady.Status.Conditions[0].Status, notReady.Status.Conditions[0].Reason = metav1.ConditionFalse, crawlv1.HostTimeoutReason
+	r, _ := imageReconciler(t, ctx, img, notReady)
+	if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKey{Name: "img"}}); err != nil {
+		t.Fatal(err)
+	}
+	got := &crawlv1.KVMImage{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: "img"}, got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Hosts) != 1 || got.Status.Hosts[0] != verified {
+		t.Fatalf("hosts %+v, want only hv1's verified entry, unchanged (the KVMHost of %q is gone)", got.Status.Hosts, "gone")
+	}
+	if r.jobCount() != 0 {
+		t.Errorf("%d jobs started for a host that is not Ready", r.jobCount())
+	}
+}
