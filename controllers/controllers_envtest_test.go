@@ -159,13 +159,17 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		dead := uniqueName("hv-dead")
 		h := hosts.add(dead)
 		createSecret(h)
-		createKVMHost(dead, blackhole(), nil)
+		// A timeout shorter than the manager's SSH dial timeout (2 s), so
+		// the check's deadline, not the dial's, ends the wait.
+		createKVMHost(dead, blackhole(), nil, func(s *crawlv1.KVMHostSpec) {
+			s.CheckTimeout = &metav1.Duration{Duration: 700 * time.Millisecond}
+		})
 		live := readyHost(uniqueName("hv"))
 
 		start := time.Now()
 		kh := waitHostReason(dead, crawlv1.HostTimeoutReason, 10*time.Second)
 		Expect(time.Since(start)).To(BeNumerically("<", 5*time.Second))
-		Expect(conditions.GetMessage(kh, crawlv1.ReadyCondition)).To(ContainSubstring("700ms"))
+		Expect(conditions.GetMessage(kh, crawlv1.ReadyCondition)).To(ContainSubstring("no answer within 700ms"))
 
 		ns := newNamespace()
 		readyProxy(live, ns, "meanwhile", image, "192.0.2.16")
@@ -326,7 +330,9 @@ var _ = Describe("KVM fleet", Ordered, func() {
 
 		connected := time.Now()
 		h.fake.SetAgentConnected(dom, true)
-		p := waitProxyPhase(ns, "agent", crawlv1.ProxyReady, 5*time.Second)
+		// Well inside the minute the next poll is away, with room for a
+		// loaded machine.
+		p := waitProxyPhase(ns, "agent", crawlv1.ProxyReady, 20*time.Second)
 		Expect(p.Status.Address).To(Equal("192.0.2.19"))
 		GinkgoWriter.Printf("agent connected -> Ready in %v\n", time.Since(connected))
 	})

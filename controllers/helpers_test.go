@@ -29,8 +29,13 @@ func createSecret(h *testHost) {
 	Expect(k8sClient.Create(ctx, sec)).To(Succeed())
 }
 
+// testCheckTimeout bounds each test host's health check: long enough that
+// a loaded CI machine does not turn a live fake host into Timeout (700 ms
+// did). A spec about the Timeout verdict sets its own, shorter one.
+const testCheckTimeout = 3 * time.Second
+
 // createKVMHost registers a KVMHost at addr (h's SSH server unless given).
-func createKVMHost(name, addr string, labels map[string]string) *crawlv1.KVMHost {
+func createKVMHost(name, addr string, labels map[string]string, tune ...func(*crawlv1.KVMHostSpec)) *crawlv1.KVMHost {
 	kh := &crawlv1.KVMHost{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 		Spec: crawlv1.KVMHostSpec{
@@ -40,8 +45,11 @@ func createKVMHost(name, addr string, labels map[string]string) *crawlv1.KVMHost
 			StoragePool:     kvmtest.PoolName,
 			Network:         kvmtest.NetworkName,
 			CheckInterval:   &metav1.Duration{Duration: time.Second},
-			CheckTimeout:    &metav1.Duration{Duration: 700 * time.Millisecond},
+			CheckTimeout:    &metav1.Duration{Duration: testCheckTimeout},
 		},
+	}
+	for _, f := range tune {
+		f(&kh.Spec)
 	}
 	Expect(k8sClient.Create(ctx, kh)).To(Succeed())
 	return kh

@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -47,14 +48,9 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 		// Checked less often and with more time than the suite's other
 		// hosts: a host missing a check under load would leave the spread
 		// for a moment, and the burst below assumes the three stay in it.
-		Eventually(func() error {
-			kh := &crawlv1.KVMHost{}
-			if err := k8sClient.Get(ctx, client.ObjectKey{Name: name}, kh); err != nil {
-				return err
-			}
-			kh.Spec.CheckInterval, kh.Spec.CheckTimeout = &metav1.Duration{Duration: 3 * time.Second}, &metav1.Duration{Duration: 3 * time.Second}
-			return k8sClient.Update(ctx, kh)
-		}).Should(Succeed())
+		kh := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		Expect(k8sClient.Patch(ctx, kh, client.RawPatch(types.MergePatchType,
+			[]byte(`{"spec":{"checkInterval":"3s","checkTimeout":"3s"}}`)))).To(Succeed())
 		created = append(created, name)
 		Eventually(func(g Gomega) {
 			kh := waitHostReason(name, crawlv1.HostReadyReason, 20*time.Second)

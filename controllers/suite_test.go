@@ -64,6 +64,9 @@ var (
 func TestControllers(t *testing.T) {
 	suiteT = t
 	RegisterFailHandler(Fail)
+	// Gomega's 1 s default is a race with a loaded CI machine; a spec that
+	// means "at once" says its own bound.
+	SetDefaultEventuallyTimeout(10 * time.Second)
 	RunSpecs(t, "Controllers Suite")
 }
 
