@@ -10,6 +10,7 @@ import (
 	"hash"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -404,6 +405,21 @@ func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool
 	}
 	if st.ready() {
 		return cached(lv, pool, s, st)
+	}
+	if st.vol != nil {
+		// Unverified: an upload in progress or an interrupted one. Another
+		// install may be uploading it right now; so that two installs do not
+		// delete each other's uploads in turn, only the first claimant
+		// (lowest holder name) replaces it and the others wait for it.
+		holders, err := claimsOf(lv, pool, s.volume)
+		if err != nil {
+			return Result{}, err
+		}
+		slices.Sort(holders)
+		if len(holders) > 0 && holders[0] < holderName(c.Holder) {
+			return Result{}, provider.Transientf("image %s: volume %s in pool %s is not verified yet; install %s, which holds it too, replaces or completes it",
+				s.label(), s.volume, pool.Name, holders[0])
+		}
 	}
 
 	// Clear the names. The marker goes first so no moment shows a marker

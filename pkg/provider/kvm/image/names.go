@@ -113,6 +113,13 @@ func holderName(id string) string {
 	return id
 }
 
+// ClaimName returns the name of the volume by which the install installID
+// (empty for one without an id) holds img's volume in a storage pool.
+func ClaimName(img provider.Image, installID string) (string, error) {
+	n, err := namesOf(img)
+	return claimName(n.volume, installID), err
+}
+
 func namesOf(img provider.Image) (names, error) {
 	digest, err := ParseChecksum(img.Checksum)
 	if err != nil {

@@ -2,6 +2,7 @@ package image
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/digitalocean/go-libvirt"
@@ -293,5 +294,44 @@ func TestPruneDeletesNothingItCannotProveUnused(t *testing.T) {
 	}
 	if got := e.volumes(); !slices.Equal(got, before) {
 		t.Errorf("pool = %v, want %v", got, before)
+	}
+}
+
+// An unverified volume another install holds may be its upload in
+// progress: only the first claimant (lowest holder name) replaces it, so
+// two installs caching one image at once never delete each other's
+// uploads in turn, and an interrupted upload is still replaced by someone.
+func TestEnsureReplacesAnUnverifiedSharedVolumeOnlyAsFirstClaimant(t *testing.T) {
+	b := genBytes(31, 64<<10)
+	for _, tc := range []struct {
+		holder, uploader string
+		wantWait         bool
+	}{
+		{holder: "install-b", uploader: "install-a", wantWait: true},
+		{holder: "install-a", uploader: "install-b"},
+		{holder: "", uploader: "install-a"}, // "_" sorts first
+	} {
+		t.Run(tc.holder+" finds "+tc.uploader+"'s upload", func(t *testing.T) {
+			e := newEnv(t)
+			e.cache.Holder = tc.holder
+			img := provider.Image{Name: "debian", URL: e.srv.bytes("/debian", b), Checksum: checksumOf(b), Format: FormatRaw}
+			vol, _ := e.names(img)
+			createWith(e, claimName(vol, tc.uploader), nil)
+			createWith(e, vol, b[:100]) // half uploaded
+			_, err := e.ensure(img)
+			if tc.wantWait {
+				if provider.Class(err) != provider.ClassTransient || !strings.Contains(err.Error(), tc.uploader) {
+					t.Fatalf("Ensure = %v; want a transient error naming %s", err, tc.uploader)
+				}
+				if _, size, ok := e.host.volumeSHA256(poolName, vol); !ok || size != 100 {
+					t.Fatalf("the other install's upload was replaced")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.assertCached(img, b)
+		})
 	}
 }
