@@ -99,7 +99,8 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 		}
 		if len(ci.others) > 0 {
 			// Theirs now. Should they be letting go at this very moment
-			// too, whoever looks last finds no claim and deletes.
+			// too, whoever looks last finds no claim and deletes (if a disk
+			// still uses it then, it is left unclaimed: kept for good).
 			if err := c.release(log, lv, pool, *ci.claim, &res); err != nil {
 				errs = append(errs, err)
 				continue
@@ -148,9 +149,9 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 
 // dropLast deletes an image this install was the last to hold: markers
 // first, so nobody starts using it, then, when no install has claimed it
-// meanwhile, the volume. A claim that appeared is left the image without
-// its marker: its install re-marks it if an overlay already uses it, and
-// re-uploads it otherwise (Ensure).
+// meanwhile, the volume. An install that did claim it is left the volume
+// without its marker: it marks it again if one of its overlays already
+// uses it, and uploads it again otherwise (Ensure).
 func (c *Cache) dropLast(log logr.Logger, lv virt.Client, pool libvirt.StoragePool, name string, vol *libvirt.StorageVol, markers []libvirt.StorageVol, res *PruneResult) error {
 	for _, m := range markers {
 		if err := deleteVolume(lv, m); err != nil {
