@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/image"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 )
@@ -49,16 +50,17 @@ var _ = Describe("image cache", func() {
 		vol, err := image.VolumeName(srv.Image)
 		Expect(err).NotTo(HaveOccurred())
 		marker, _ := image.MarkerName(srv.Image)
+		claim, _ := image.ClaimName(srv.Image, testInstallID)
 		ours := func() []string {
 			var out []string
 			for _, v := range imageVolumes(h) {
-				if v == vol || v == marker || strings.Contains(v, "shared") {
+				if v == vol || v == marker || v == claim || strings.Contains(v, "shared") {
 					out = append(out, v)
 				}
 			}
 			return out
 		}
-		Expect(ours()).To(ConsistOf(vol, marker))
+		Expect(ours()).To(ConsistOf(vol, marker, claim))
 		for _, n := range names {
 			ki := &crawlv1.KVMImage{}
 			Expect(k8sClient.Get(ctx, client.ObjectKey{Name: n}, ki)).To(Succeed())
@@ -75,7 +77,7 @@ var _ = Describe("image cache", func() {
 		// The Proxy's overlay backs onto the volume: it stays, and the last
 		// KVMImage to go is held by its finalizer until the volume is free.
 		Consistently(func(g Gomega) {
-			g.Expect(ours()).To(ConsistOf(vol, marker))
+			g.Expect(ours()).To(ConsistOf(vol, marker, claim))
 			left := 0
 			for _, n := range names {
 				if k8sClient.Get(ctx, client.ObjectKey{Name: n}, &crawlv1.KVMImage{}) == nil {
@@ -95,6 +97,57 @@ var _ = Describe("image cache", func() {
 				g.Expect(err).To(HaveOccurred(), "KVMImage %s still exists", n)
 			}
 		}).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
+	})
+
+	// Fault 12: a second install (its own cluster and manager, the same
+	// KVMImage name) caches the same image on the same host. Deleting this
+	// install's KVMImage releases only this install's claim, at once: the
+	// volume is the other install's too, and goes only when it lets go.
+	It("never prunes a cached volume another install on the host still holds", func() {
+		h := readyHost(uniqueName("hv"))
+		srv := kvmtest.NewImageServer("two-installs", 96<<10+11)
+		DeferCleanup(srv.Close)
+		conns, hostSource := kvmtest.NewConns(), kvmtest.NewHosts(h.name)
+		conns.Add(h.name, h.fake)
+		const otherInstall = "other-install"
+		other := kvm.New(kvm.Options{InstallID: otherInstall, Hosts: hostSource, Pool: conns})
+
+		// The other install's KVMImage: the same name and spec.
+		name := uniqueName("debian")
+		img := ImageOf(&crawlv1.KVMImage{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: crawlv1.KVMImageSpec{
+			URL: srv.Image.URL, Checksum: srv.Image.Checksum, Format: crawlv1.ImageFormatRaw, Firmware: crawlv1.FirmwareUEFI}})
+		_, err := other.EnsureImage(ctx, h.name, img, nil)
+		Expect(err).NotTo(HaveOccurred())
+		ki := createImage(name, srv)
+		Expect(ImageOf(ki)).To(Equal(img))
+		waitImageVerified(name, h.name, srv.Image.Checksum)
+		// Hosts of other specs may be Ready too: count uploads to h only.
+		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: name}, ki)).To(Succeed())
+		Expect(ki.Status.HostStatus(h.name).Bytes).To(BeZero(), "uploaded to %s again: the installs share one cached volume", h.name)
+
+		vol, _ := image.VolumeName(img)
+		marker, _ := image.MarkerName(img)
+		ours, _ := image.ClaimName(img, testInstallID)
+		theirs, _ := image.ClaimName(img, otherInstall)
+		Expect(imageVolumes(h)).To(ContainElements(vol, marker))
+
+		Expect(k8sClient.Delete(ctx, ki)).To(Succeed())
+		Eventually(func() error {
+			return k8sClient.Get(ctx, client.ObjectKey{Name: name}, &crawlv1.KVMImage{})
+		}).WithTimeout(20*time.Second).Should(MatchError(ContainSubstring("not found")), "the deletion waited for the other install")
+		Expect(imageVolumes(h)).To(ContainElements(vol, marker), "this install's prune deleted what the other install holds")
+		Expect(imageVolumes(h)).To(ContainElement(theirs))
+		Expect(imageVolumes(h)).NotTo(ContainElement(ours))
+		// The other install still boots from it without downloading again.
+		got, err := other.EnsureImage(ctx, h.name, img, nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got.Volume).To(Equal(vol))
+		Expect(got.Bytes).To(BeZero(), "downloaded again")
+
+		// Its last holder lets go: now it goes.
+		_, err = other.PruneImages(ctx, h.name, func(string) bool { return false })
+		Expect(err).NotTo(HaveOccurred())
+		Expect(imageVolumes(h)).NotTo(ContainElements(vol, marker, theirs))
 	})
 
 	It("keeps spec.retain checksums and prunes a superseded one once no VM disk uses it", func() {
