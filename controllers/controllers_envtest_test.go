@@ -159,7 +159,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		dead := uniqueName("hv-dead")
 		h := hosts.add(dead)
 		createSecret(h)
-		// A timeout shorter than the manager's SSH dial timeout (2 s), so
+		// A timeout shorter than the suite's SSH handshake timeout (5 s), so
 		// the check's deadline, not the dial's, ends the wait.
 		createKVMHost(dead, blackhole(), nil, func(s *crawlv1.KVMHostSpec) {
 			s.CheckTimeout = &metav1.Duration{Duration: 700 * time.Millisecond}

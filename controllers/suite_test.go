@@ -236,7 +236,9 @@ func startManagerLogging(log logr.Logger, tune ...func(*ProxyOptions)) *harness 
 		KVM: &KVMDeps{
 			Hosts: &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader(), SecretNamespace: secretNamespace},
 			PoolOptions: conn.Options{
-				HandshakeTimeout:  2 * time.Second,
+				// Above the blackholed-host spec's 700 ms check timeout, and
+				// room for a loaded CI machine.
+				HandshakeTimeout:  5 * time.Second,
 				KeepaliveInterval: 200 * time.Millisecond,
 				NewLibvirt:        hosts.newLibvirt,
 				Logger:            log,
