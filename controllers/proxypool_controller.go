@@ -71,7 +71,7 @@ type ProxyPoolReconciler struct {
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/finalizers,verbs=update
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch;create;update;patch;delete
 
@@ -202,9 +202,18 @@ func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	if pool.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(pool, crawlv1.ProxyPoolFinalizer) {
+		// Persisted before anything is published or created, then go on.
+		orig := pool.DeepCopy()
+		controllerutil.AddFinalizer(pool, crawlv1.ProxyPoolFinalizer)
+		if err := r.Client.Patch(ctx, pool, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 	patcher := newObjectPatcher(r.Client, pool)
 	defer func() {
 		pool.Status.ObservedGeneration = pool.Generation
+		// Also writes a released finalizer.
 		patcher.finish(ctx, pool, &res, &reterr)
 	}()
 	if !pool.DeletionTimestamp.IsZero() {
@@ -213,11 +222,49 @@ func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	return r.reconcileNormal(ctx, pool)
 }
 
-// reconcileDelete: the replicas and published objects carry owner
-// references to the pool, so the garbage collector removes them; only this
-// manager's memory of the pool goes.
-func (r *ProxyPoolReconciler) reconcileDelete(_ context.Context, pool *crawlv1.ProxyPool) (ctrl.Result, error) {
+// reconcileDelete takes the pool down in the order a crawler needs: the
+// published list goes first (no crawler picks a proxy that is about to
+// go), then every replica is deleted (each Proxy's own finalizer removes
+// its instance), and the pool is released once none is left. Owner
+// references would let the garbage collector do the last two, but not in
+// this order, and not at all where no collector runs.
+func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1.ProxyPool) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(pool, crawlv1.ProxyPoolFinalizer) {
+		r.forget(client.ObjectKeyFromObject(pool))
+		return ctrl.Result{}, nil
+	}
+	if err := r.Publisher.Unpublish(ctx, pool); err != nil {
+		return ctrl.Result{}, fmt.Errorf("unpublish: %w", err)
+	}
+	list := &crawlv1.ProxyList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(pool.Namespace), client.MatchingFields{PoolOwnerIndex: pool.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	left := 0
+	var deleted []string
+	for i := range list.Items {
+		p := &list.Items[i]
+		if !metav1.IsControlledBy(p, pool) {
+			continue
+		}
+		left++
+		if !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if err := r.Client.Delete(ctx, p, client.Preconditions{UID: &p.UID}); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, fmt.Errorf("delete replica %s: %w", p.Name, err)
+		}
+		deleted = append(deleted, p.Name)
+	}
+	r.event(pool, "Deleted", "deleted", deleted)
+	if left > 0 {
+		conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolAvailableCondition, Status: metav1.ConditionFalse,
+			Reason: crawlv1.PoolDeletingReason, Message: fmt.Sprintf("deleting: %d replicas left", left)})
+		// Replica deletions are watched; the poll is a safety net.
+		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+	}
 	r.forget(client.ObjectKeyFromObject(pool))
+	controllerutil.RemoveFinalizer(pool, crawlv1.ProxyPoolFinalizer)
 	return ctrl.Result{}, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -438,5 +439,83 @@ func TestPoolCreatesInGrowingBatchesAndStopsAtTheFirstError(t *testing.T) {
 	u.reconcile()
 	if n := len(u.replicas()); n != 10 {
 		t.Fatalf("%d replicas after the retry, want 10", n)
+	}
+}
+
+// Deleting a pool takes it down in the order a crawler needs, with or
+// without a garbage collector: the published list first, then the
+// replicas (each Proxy's finalizer removes its instance), and the pool
+// once none is left.
+func TestPoolDeletionUnpublishesThenDeletesItsReplicas(t *testing.T) {
+	u := newPoolUnit(t, 2)
+	u.reconcile()
+	if !slices.Contains(u.getPool().Finalizers, crawlv1.ProxyPoolFinalizer) {
+		t.Fatalf("finalizers %v, want %s before anything is created", u.getPool().Finalizers, crawlv1.ProxyPoolFinalizer)
+	}
+	u.readyAll(time.Minute)
+	u.reconcile()
+	// A replica of another pool of the same name prefix must survive.
+	stranger := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p-stranger"},
+		Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM}}
+	if err := u.c.Client.Create(context.Background(), stranger); err != nil {
+		t.Fatal(err)
+	}
+	published := &corev1.Secret{}
+	secretKey := client.ObjectKey{Namespace: "ns", Name: crawlv1.PublishedName("p")}
+	if err := u.c.Client.Get(context.Background(), secretKey, published); err != nil {
+		t.Fatalf("published Secret: %v", err)
+	}
+
+	// The replicas hold a finalizer, as the Proxy controller's do: they
+	// stay, deleting, while their instances go.
+	for _, p := range u.replicas() {
+		if p.Name == stranger.Name {
+			continue
+		}
+		p.Finalizers = []string{crawlv1.ProxyFinalizer}
+		if err := u.c.Client.Update(context.Background(), &p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := u.c.Client.Delete(context.Background(), u.getPool()); err != nil {
+		t.Fatal(err)
+	}
+	u.reconcile()
+	if err := u.c.Client.Get(context.Background(), secretKey, published); !apierrors.IsNotFound(err) {
+		t.Fatalf("published Secret after the pool's deletion began: %v, want it gone", err)
+	}
+	deleting := 0
+	for _, p := range u.replicas() {
+		switch {
+		case p.Name == stranger.Name:
+			if !p.DeletionTimestamp.IsZero() {
+				t.Errorf("a Proxy the pool does not own was deleted")
+			}
+		case p.DeletionTimestamp.IsZero():
+			t.Errorf("replica %s not deleted", p.Name)
+		default:
+			deleting++
+		}
+	}
+	if deleting != 2 {
+		t.Fatalf("%d replicas deleting, want 2", deleting)
+	}
+	if c := conditions.Get(u.getPool(), crawlv1.PoolAvailableCondition); c == nil || c.Reason != crawlv1.PoolDeletingReason {
+		t.Errorf("Available %+v, want reason %s while replicas remain", c, crawlv1.PoolDeletingReason)
+	}
+
+	// Their instances gone, the Proxy controller releases them; then the pool goes.
+	for _, p := range u.replicas() {
+		if p.Name == stranger.Name {
+			continue
+		}
+		p.Finalizers = nil
+		if err := u.c.Client.Update(context.Background(), &p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u.reconcile()
+	if err := u.c.Client.Get(context.Background(), u.pool, &crawlv1.ProxyPool{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("pool after its replicas went: %v, want it released and gone", err)
 	}
 }

@@ -98,6 +98,9 @@ const (
 	// Paused.
 	PoolPausedReason    = "Paused"
 	PoolNotPausedReason = "NotPaused"
+	// PoolDeletingReason (Available False): the pool is being deleted,
+	// its replicas with it.
+	PoolDeletingReason = "Deleting"
 )
 
 // ProxyTemplate is what each replica is made from.
