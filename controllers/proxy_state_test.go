@@ -503,3 +503,70 @@ func TestFirstProbeBacksOff(t *testing.T) {
 		})
 	}
 }
+
+// downProber: the proxy does not answer (a squid still booting).
+type downProber struct{ requiresAuth }
+
+func (downProber) Probe(context.Context, proxyprobe.Target) proxyprobe.Result {
+	return proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
+}
+
+// Health is a verdict on one instance at one address. A Ready proxy whose
+// instance is rebuilt, or whose address changes, has not been probed there
+// yet: it must not stay Ready on the old instance's record while the
+// failure threshold counts (fault 2 on the real hypervisor: Ready 4 s
+// before the rebuilt guest served anything).
+func TestHealthDoesNotCarryOverToANewInstanceOrAddress(t *testing.T) {
+	const newAddress = "10.0.0.9"
+	cases := []struct {
+		name  string
+		prov  *scriptedProvider
+		steps int
+	}{
+		{name: "instance rebuilt", steps: 2, prov: &scriptedProvider{create: running(newAddress), get: func() func(*provider.Machine) (*provider.Instance, error) {
+			n := 0
+			return func(m *provider.Machine) (*provider.Instance, error) {
+				if n++; n == 1 {
+					return nil, provider.NotFoundf("domain gone")
+				}
+				return running(newAddress)(m)
+			}
+		}()}},
+		{name: "same instance, new address", steps: 1, prov: &scriptedProvider{get: running(newAddress)}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &crawlv1.Proxy{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-1", Finalizers: []string{crawlv1.ProxyFinalizer}},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Port: 3128,
+					Placement: crawlv1.ProxyPlacement{Image: "registry.example/squid:6"}},
+			}
+			p.Status.ProviderID, p.Status.Address, p.Status.Endpoint = stateProviderID, stateAddress, stateEndpoint
+			p.Status.Probe = &crawlv1.ProxyProbeStatus{}
+			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
+			conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
+			conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
+			r := testReconciler(t, downProber{}, clocktesting.NewFakePassiveClock(time.Unix(1000, 0)), p)
+			tc.prov.name = string(crawlv1.ProviderKubernetes)
+			r.Registry.Add(tc.prov)
+			key := client.ObjectKeyFromObject(p)
+			for i := range tc.steps {
+				r.MarkDirty(key)
+				if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: key}); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+			}
+			got := &crawlv1.Proxy{}
+			if err := r.Client.Get(context.Background(), key, got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Status.Address != newAddress {
+				t.Fatalf("address %q, want %q", got.Status.Address, newAddress)
+			}
+			if conditions.IsTrue(got, crawlv1.ReadyCondition) || conditions.IsTrue(got, crawlv1.ProxyHealthyCondition) {
+				t.Fatalf("Ready %+v, ProxyHealthy %+v: want both False until a probe succeeds at %s",
+					conditions.Get(got, crawlv1.ReadyCondition), conditions.Get(got, crawlv1.ProxyHealthyCondition), newAddress)
+			}
+		})
+	}
+}

@@ -56,6 +56,9 @@ const (
 	// the instance not running; it is being started.
 	ProxyInstanceNotRunningReason = "InstanceNotRunning"
 	ProxyNotProbedReason          = "PortOpenProxyNotProbed"
+	// ProxyNotYetProbedReason (ProxyHealthy): the instance was rebuilt or
+	// its address changed; health is judged anew there.
+	ProxyNotYetProbedReason = "NotYetProbed"
 	ProxyProbeSucceededReason     = "ProbeSucceeded"
 	ProxyProbeFailedReason        = "ProbeFailed"
 	ProxyPortClosedReason         = "PortClosed"
