@@ -165,7 +165,7 @@ func run(manager, dir string, once bool) (reterr error) {
 
 	var took time.Duration
 	if err := e2eutil.Poll(ctx, time.Minute, 2*time.Second, func(ctx context.Context) (err error) {
-		took, err = e2eutil.Want204(ctx, p.Status.Endpoint, cfg.ProbeURL)
+		took, err = e2eutil.Want204(ctx, e2eutil.ViaEndpoint(p.Status.Endpoint), cfg.ProbeURL)
 		return err
 	}); err != nil {
 		return err

@@ -33,21 +33,32 @@ const statusSlack = 5 * time.Second
 // probeInterval is the manager's --proxy-probe-interval (e2eutil.ManagerArgs).
 const probeInterval = e2eutil.ProxyProbeInterval
 
-var _ = Describe("a Proxy on a real KVM host", Ordered, func() {
+var _ = Describe("a Proxy on a real KVM host", Ordered, Label("e2e"), func() {
 	var (
 		hostCreated  time.Time
 		imageCreated time.Time
 		imageVolume  string
 		ready        *crawlv1.Proxy
 		capture      *e2eutil.SerialCapture
+		// sshCats are the real OpenSSH client's copies of the image to the
+		// pool, around the operator's upload of it.
+		sshCats []time.Duration
 	)
 	proxyKey := func() client.ObjectKey { return client.ObjectKeyFromObject(objs.Proxy) }
 	domain := func() string { return domxml.DomainName(objs.Proxy.Namespace, objs.Proxy.Name) }
 
 	BeforeAll(func(ctx SpecContext) {
-		for _, o := range []client.Object{objs.Namespace, objs.Secret, objs.Host} {
+		for _, o := range []client.Object{objs.Namespace, objs.Secret} {
 			Expect(k8s.Create(ctx, o)).To(Succeed())
 		}
+		if cfg.ImagePath != "" {
+			// The baseline before the operator's upload (and once after):
+			// the same bytes, the same sshd, the real OpenSSH client.
+			d, err := sshCatImage(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			sshCats = append(sshCats, d)
+		}
+		Expect(k8s.Create(ctx, objs.Host)).To(Succeed())
 		hostCreated = time.Now()
 		Expect(k8s.Create(ctx, objs.Image)).To(Succeed())
 		imageCreated = time.Now()
@@ -112,9 +123,44 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, func() {
 			detail += fmt.Sprintf(", %d download(s), %d bytes served", imgSrv.Requests(), imgSrv.BytesServed())
 		}
 		record("kvmimage_verified", time.Since(imageCreated), detail)
+
+		if len(sshCats) == 0 {
+			return
+		}
+		// The operator's upload against `ssh host 'cat > POOL/x' < image`.
+		d, err := sshCatImage(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		sshCats = append(sshCats, d)
+		m, err := op.Metrics(ctx)
+		if err != nil {
+			GinkgoWriter.Printf("no manager metrics, so no upload ratio: %v\n", err)
+			return
+		}
+		upSecs := e2eutil.CounterSum(m, "proxy_operator_image_upload_duration_seconds_sum", `result="ok"`)
+		upBytes := e2eutil.CounterSum(m, "proxy_operator_image_upload_bytes_total")
+		if upBytes != float64(st.Bytes) || upSecs <= 0 {
+			GinkgoWriter.Printf("no upload ratio: the manager uploaded %.0f bytes in %.1f s for a %d-byte image (a retry?)\n", upBytes, upSecs, st.Bytes)
+			return
+		}
+		var sum time.Duration
+		for _, d := range sshCats {
+			sum += d
+		}
+		sshMean := sum / time.Duration(len(sshCats))
+		mbps := func(secs float64) float64 { return float64(st.Bytes) / secs / 1e6 }
+		upload := time.Duration(upSecs * float64(time.Second))
+		record("image_upload_vs_openssh", upload, fmt.Sprintf("(operator: download+sha256+StorageVolUpload of %d bytes %.1f MB/s; ssh 'cat > %s/…' %s = %.1f MB/s mean; ratio operator/ssh %.2f)",
+			st.Bytes, mbps(upSecs), cfg.Pool, secondsList(sshCats), mbps(sshMean.Seconds()), sshMean.Seconds()/upSecs))
 	}, NodeTimeout(15*time.Minute))
 
 	It("boots the Proxy's VM and makes it Ready with its providerID and the guest agent's address", func(ctx SpecContext) {
+		// The independent observer: the test's own view of the guest
+		// (libvirt), of the proxy (requests through it) and of the status.
+		obs := e2eutil.Observe(context.Background(), e2eutil.ObserverConfig{
+			Client: k8s, Proxy: proxyKey(), Target: cfg.ProbeURL,
+			LibvirtSocket: libvirtSocket(), Domain: domain(),
+		})
+		DeferCleanup(obs.Stop)
 		Expect(k8s.Create(ctx, objs.Proxy)).To(Succeed())
 		created := time.Now()
 		if cfg.Local() {
@@ -179,6 +225,14 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, func() {
 		record("proxy_time_to_ready", total, fmt.Sprintf("(domain defined +%s, address %s from %s +%s, Ready +%s; %s guest, %d vCPU, %s)",
 			e2eutil.Seconds(defined), ready.Status.Address, ready.Status.AddressSource, e2eutil.Seconds(addressed), e2eutil.Seconds(total),
 			cfg.DomainType, ready.Spec.Resources.CPUs, ready.Spec.Resources.Memory))
+
+		// The observer's figures: it served through the proxy before (or
+		// about when) the manager's own probe made the Proxy Ready.
+		Eventually(func() error {
+			_, err := obs.Timeline().Need(e2eutil.SigServing, "ok", created)
+			return err
+		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed(), "the test's own requests through the proxy")
+		recordBoot("proxy", obs, created)
 	}, NodeTimeout(20*time.Minute))
 
 	It("reports ProxyHealthy ProbeSucceeded: the manager's own request went through squid", func() {
@@ -197,7 +251,7 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, func() {
 		Expect(ready).NotTo(BeNil())
 		var took time.Duration
 		Eventually(func(ctx context.Context) (err error) {
-			took, err = e2eutil.Want204(ctx, ready.Status.Endpoint, cfg.ProbeURL)
+			took, err = e2eutil.Want204(ctx, e2eutil.ProxyVia(ready), cfg.ProbeURL)
 			return err
 		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 		record("request_through_proxy", took, fmt.Sprintf("(GET %s via %s → 204)", cfg.ProbeURL, ready.Status.Endpoint))
@@ -217,7 +271,7 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, func() {
 				case <-time.After(pace):
 				}
 			}
-			d, err := e2eutil.Want204(ctx, ready.Status.Endpoint, cfg.ProbeURL)
+			d, err := e2eutil.Want204(ctx, e2eutil.ProxyVia(ready), cfg.ProbeURL)
 			Expect(err).NotTo(HaveOccurred(), "request %d of %d", i+1, n)
 			lat = append(lat, d)
 			p := &crawlv1.Proxy{}
@@ -323,6 +377,64 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, func() {
 		Expect(op.Alive(ctx)).To(Succeed(), "the manager healed the host without a restart")
 	}, NodeTimeout(5*time.Minute))
 })
+
+// recordBoot records one boot as the observer saw it, from the moment
+// `from` (the Proxy's creation, or the fault that rebooted its guest), and
+// writes the observer's timeline to the artifacts: name prefixes the
+// timing lines and names the file.
+func recordBoot(name string, obs *e2eutil.Observer, from time.Time) e2eutil.BootTimes {
+	tl := obs.Timeline()
+	if f, err := os.Create(filepath.Join(artifacts, "timeline-"+name+".txt")); err == nil {
+		fmt.Fprintf(f, "# observer of %s, from %s; %d requests through the proxy\n", name, tl.Start.Format(time.RFC3339Nano), obs.Requests())
+		tl.Write(f)
+		_ = f.Close()
+	}
+	b := tl.Boot(from)
+	GinkgoWriter.Printf("%s boot (observer): %s\n", name, b)
+	rec := func(what string, d time.Duration, detail string) {
+		if d != 0 {
+			record(name+"_"+what, d, detail)
+		}
+	}
+	rec("to_lease", b.Lease, "(the test read the DHCP lease from libvirt)")
+	rec("to_status_address", b.Address, "(the manager published status.address)")
+	rec("to_first_served", b.FirstServed, "(the test's first 204 through the proxy)")
+	rec("to_ready", b.Ready, "(Ready=True, seen by the test)")
+	rec("ready_lag", b.Lag(), "(Ready − first served)")
+	rec("boot_to_agent", b.BootToAgent(), "(domain started → guest agent answers guest-ping)")
+	if b.Ready != 0 && b.FirstServed != 0 {
+		GinkgoWriter.Printf("%s: created→Ready / created→first served = %.2f\n", name, b.Ready.Seconds()/b.FirstServed.Seconds())
+	}
+	return b
+}
+
+// libvirtSocket is the test hypervisor's libvirt socket as a local path,
+// for the observer's own connection; "" for a remote host.
+func libvirtSocket() string {
+	if !cfg.Local() {
+		return ""
+	}
+	return hv.LocalPath(cfg.SocketPath)
+}
+
+// sshCatImage times `ssh host 'cat > POOL/x' < image` and removes x.
+func sshCatImage(ctx context.Context) (time.Duration, error) {
+	dir, err := e2eutil.PoolPath(ctx, hv, cfg.Pool)
+	if err != nil {
+		return 0, err
+	}
+	remote := dir + "/e2e-sshcat-" + runID + ".tmp"
+	defer func() { _, _ = hv.Run(context.WithoutCancel(ctx), "rm", "-f", remote) }()
+	return e2eutil.SSHCat(ctx, cfg, cfg.ImagePath, remote)
+}
+
+func secondsList(ds []time.Duration) string {
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = e2eutil.Seconds(d)
+	}
+	return strings.Join(s, ", ")
+}
 
 // proxyReconciles reads the manager's count of Proxy reconciles.
 func proxyReconciles(ctx context.Context) (float64, error) {

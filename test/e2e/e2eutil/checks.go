@@ -143,16 +143,37 @@ func Gone(ctx context.Context, c client.Client, obj client.Object) error {
 		client.ObjectKeyFromObject(obj), obj.GetDeletionTimestamp(), obj.GetFinalizers())
 }
 
-// ProxyRequest sends GET target through the proxy at endpoint (http://ADDR:PORT)
-// and returns the status code and the latency.
-func ProxyRequest(ctx context.Context, endpoint, target string) (int, time.Duration, error) {
-	pu, err := url.Parse(endpoint)
+// Via is how a request reaches a proxy: its endpoint (http://ADDR:PORT, as
+// in Proxy.status.endpoint) and, for a squid that demands them, the
+// credentials sent as Proxy-Authorization (Basic). Every request the e2e
+// sends through a proxy goes through Via.Get.
+type Via struct {
+	Endpoint    string
+	Credentials *url.Userinfo
+	// Timeout bounds one request (default 10 s).
+	Timeout time.Duration
+}
+
+// ViaEndpoint is a Via without credentials.
+func ViaEndpoint(endpoint string) Via { return Via{Endpoint: endpoint} }
+
+// Get sends GET target through the proxy on a fresh connection and returns
+// the status code and the latency.
+func (v Via) Get(ctx context.Context, target string) (int, time.Duration, error) {
+	pu, err := url.Parse(v.Endpoint)
 	if err != nil {
 		return 0, 0, err
 	}
+	if v.Credentials != nil {
+		pu.User = v.Credentials
+	}
 	tr := &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	timeout := v.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
@@ -169,14 +190,14 @@ func ProxyRequest(ctx context.Context, endpoint, target string) (int, time.Durat
 	return resp.StatusCode, took, nil
 }
 
-// Want204 is ProxyRequest that fails unless the answer is 204.
-func Want204(ctx context.Context, endpoint, target string) (time.Duration, error) {
-	code, took, err := ProxyRequest(ctx, endpoint, target)
+// Want204 is Via.Get that fails unless the answer is 204.
+func Want204(ctx context.Context, via Via, target string) (time.Duration, error) {
+	code, took, err := via.Get(ctx, target)
 	if err != nil {
-		return took, fmt.Errorf("GET %s through %s: %w", target, endpoint, err)
+		return took, fmt.Errorf("GET %s through %s: %w", target, via.Endpoint, err)
 	}
 	if code != http.StatusNoContent {
-		return took, fmt.Errorf("GET %s through %s: status %d, want 204", target, endpoint, code)
+		return took, fmt.Errorf("GET %s through %s: status %d, want 204", target, via.Endpoint, code)
 	}
 	return took, nil
 }

@@ -72,6 +72,8 @@ func (h *LocalHost) LocalPath(p string) string {
 		{"/var/lib/libvirt/", "libvirt/lib/"},
 		{"/etc/libvirt/", "libvirt/etc/"},
 		{"/var/log/", "varlog/"},
+		{"/var/run/libvirt/", "libvirt/run/"},
+		{"/run/libvirt/", "libvirt/run/"},
 	} {
 		if rest, ok := strings.CutPrefix(p, m.host); ok {
 			return filepath.Join(h.StateDir, m.local, rest)
@@ -85,6 +87,30 @@ func (h *LocalHost) LocalPath(p string) string {
 
 // LogDir is STATE_DIR/logs, which `hypervisor.sh down` keeps.
 func (h *LocalHost) LogDir() string { return filepath.Join(h.StateDir, "logs") }
+
+// Libvirtd wedges (stop: SIGSTOP), thaws (cont), kills (kill: SIGKILL, its
+// guests keep running) or starts the host's libvirtd (start waits until it
+// answers).
+func (h *LocalHost) Libvirtd(ctx context.Context, action string) error {
+	_, err := run(ctx, h.Script, "libvirtd", h.StateDir, action)
+	return err
+}
+
+// RotateHostKey gives the host's sshd a new host key and restarts it
+// (sessions end); it returns the new public key ("ssh-ed25519 AAAA...").
+func (h *LocalHost) RotateHostKey(ctx context.Context) (string, error) {
+	out, err := run(ctx, h.Script, "rotate-host-key", h.StateDir)
+	return strings.TrimSpace(out), err
+}
+
+// TmpfsPool makes (or resizes) directory pool name on a tmpfs of mib MiB
+// that exists only in the host's mount namespace; it returns its path.
+func (h *LocalHost) TmpfsPool(ctx context.Context, name string, mib int) (string, error) {
+	if _, err := run(ctx, h.Script, "tmpfs-pool", h.StateDir, name, fmt.Sprint(mib)); err != nil {
+		return "", err
+	}
+	return filepath.Join(h.StateDir, "run", "pools", name), nil
+}
 
 // SSHHost is a remote hypervisor reached with the ssh client. SSH outages
 // run Config.SSHDStopCmd / SSHDStartCmd on this machine.

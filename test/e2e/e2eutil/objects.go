@@ -3,6 +3,8 @@ package e2eutil
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"net"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -105,15 +107,24 @@ func NewObjects(c Config, prefix, secretNamespace, imageURL, imageChecksum strin
 			},
 		},
 	}
-	o.Proxy = &crawlv1.Proxy{
-		ObjectMeta: metav1.ObjectMeta{Name: "squid-1", Namespace: ns},
+	o.Proxy = o.NewProxy("squid-1", 2, "1Gi")
+	return o
+}
+
+// NewProxy is a Proxy in the run's namespace on the run's KVMHost and
+// KVMImage, with the e2e's cloud-config: every Proxy the suites create is
+// built here, so a change of what a Proxy needs (e.g. access settings) is
+// made once. cpus and memory size the guest (the main e2e measured its
+// timings with 2 vCPU and 1Gi under TCG; fault specs use 1 vCPU).
+func (o *Objects) NewProxy(name string, cpus int32, memory string) *crawlv1.Proxy {
+	return &crawlv1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: o.Namespace.Name},
 		Spec: crawlv1.ProxySpec{
 			Provider:  crawlv1.ProviderKVM,
 			Placement: crawlv1.ProxyPlacement{Host: o.Host.Name, Image: o.Image.Name},
-			// What the guest image was measured with under TCG.
 			Resources: crawlv1.ProxyResources{
-				CPUs:   2,
-				Memory: ptr.To(resource.MustParse("1Gi")),
+				CPUs:   cpus,
+				Memory: ptr.To(resource.MustParse(memory)),
 				Disk:   ptr.To(resource.MustParse("4Gi")),
 			},
 			CloudInit:         crawlv1.ProxyCloudInit{UserData: ProxyUserData},
@@ -121,5 +132,18 @@ func NewObjects(c Config, prefix, secretNamespace, imageURL, imageChecksum strin
 			Port:              ProxyPort,
 		},
 	}
-	return o
+}
+
+// ProxyVia is how the test reaches Proxy p through its published endpoint.
+// Today without credentials: the e2e's squid admits the test network by
+// source address (ProxyUserData). A Proxy with managed access adds its
+// credential here, the one place requests through a proxy get theirs.
+func ProxyVia(p *crawlv1.Proxy) Via {
+	return ProxyViaAddress(p, p.Status.Address)
+}
+
+// ProxyViaAddress is ProxyVia for an address the test found on its own
+// (the observer reads the DHCP lease, independently of the manager).
+func ProxyViaAddress(p *crawlv1.Proxy, address string) Via {
+	return Via{Endpoint: "http://" + net.JoinHostPort(address, strconv.Itoa(int(p.Spec.Port)))}
 }
