@@ -3,6 +3,8 @@ package e2eutil
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -379,4 +381,53 @@ func Tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "")
+}
+
+// GuestExec runs argv in dom's guest through its guest agent (guest-exec,
+// then guest-exec-status every second until it exits or ctx ends) and
+// returns its exit code and standard output.
+func GuestExec(ctx context.Context, h Host, dom string, argv ...string) (int, string, error) {
+	req, err := json.Marshal(map[string]any{"execute": "guest-exec", "arguments": map[string]any{
+		"path": argv[0], "arg": argv[1:], "capture-output": true}})
+	if err != nil {
+		return 0, "", err
+	}
+	out, err := Virsh(ctx, h, "qemu-agent-command", dom, string(req))
+	if err != nil {
+		return 0, "", err
+	}
+	var started struct {
+		Return struct {
+			PID int `json:"pid"`
+		} `json:"return"`
+	}
+	if err := json.Unmarshal([]byte(out), &started); err != nil {
+		return 0, "", fmt.Errorf("guest-exec answer %q: %w", out, err)
+	}
+	status := fmt.Sprintf(`{"execute":"guest-exec-status","arguments":{"pid":%d}}`, started.Return.PID)
+	for {
+		out, err := Virsh(ctx, h, "qemu-agent-command", dom, status)
+		if err != nil {
+			return 0, "", err
+		}
+		var st struct {
+			Return struct {
+				Exited   bool   `json:"exited"`
+				ExitCode int    `json:"exitcode"`
+				OutData  string `json:"out-data"`
+			} `json:"return"`
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			return 0, "", fmt.Errorf("guest-exec-status answer %q: %w", out, err)
+		}
+		if st.Return.Exited {
+			b, _ := base64.StdEncoding.DecodeString(st.Return.OutData)
+			return st.Return.ExitCode, string(b), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, "", fmt.Errorf("%s in %s: %w", strings.Join(argv, " "), dom, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
 }

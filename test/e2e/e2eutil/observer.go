@@ -61,7 +61,10 @@ type ObserverConfig struct {
 	Domain string
 	// Interval between two looks of each loop (default 250 ms).
 	Interval time.Duration
-	// RequestTimeout bounds one request through the proxy (default 1.5 s).
+	// RequestTimeout bounds one request through the proxy (default 5 s:
+	// a TCG guest's squid on a loaded machine answers in seconds). A
+	// request starts every Interval whatever the ones in flight do (at
+	// most maxInFlight at once), and each is recorded at its start.
 	RequestTimeout time.Duration
 }
 
@@ -86,13 +89,19 @@ type Observer struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex
-	series   map[string][]Change
-	proxy    *crawlv1.Proxy // last read
-	lease    string
-	requests int
-	conn     net.Conn // the libvirt connection, closed by Stop
+	mu     sync.Mutex
+	series map[string][]Change
+	// served holds every request's outcome by its start; Timeline orders
+	// them into the SigServing series (requests overlap and end out of
+	// order).
+	served []Change
+	proxy  *crawlv1.Proxy // last read
+	lease  string
+	conn   net.Conn // the libvirt connection, closed by Stop
 }
+
+// maxInFlight bounds the observer's concurrent requests through the proxy.
+const maxInFlight = 8
 
 // Observe starts watching; Stop ends it.
 func Observe(ctx context.Context, cfg ObserverConfig) *Observer {
@@ -100,7 +109,7 @@ func Observe(ctx context.Context, cfg ObserverConfig) *Observer {
 		cfg.Interval = 250 * time.Millisecond
 	}
 	if cfg.RequestTimeout <= 0 {
-		cfg.RequestTimeout = 1500 * time.Millisecond
+		cfg.RequestTimeout = 5 * time.Second
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	o := &Observer{cfg: cfg, start: time.Now(), cancel: cancel, series: map[string][]Change{}}
@@ -129,11 +138,18 @@ func (o *Observer) Stop() {
 // Started is when Observe was called.
 func (o *Observer) Started() time.Time { return o.start }
 
-// Requests is how many requests through the proxy the observer sent.
+// Requests is how many requests through the proxy the observer sent and
+// saw end.
 func (o *Observer) Requests() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.requests
+	n := 0
+	for _, c := range o.served {
+		if c.Value != "no-address" {
+			n++
+		}
+	}
+	return n
 }
 
 func (o *Observer) record(sig, value, detail string, at time.Time) {
@@ -153,6 +169,17 @@ func (o *Observer) Timeline() Timeline {
 	t := Timeline{Start: o.start, Series: map[string][]Change{}}
 	for k, v := range o.series {
 		t.Series[k] = slices.Clone(v)
+	}
+	served := slices.Clone(o.served)
+	slices.SortStableFunc(served, func(a, b Change) int { return a.At.Compare(b.At) })
+	var series []Change
+	for _, c := range served {
+		if len(series) == 0 || series[len(series)-1].Value != c.Value {
+			series = append(series, c)
+		}
+	}
+	if len(series) > 0 {
+		t.Series[SigServing] = series
 	}
 	return t
 }
@@ -196,6 +223,9 @@ func (o *Observer) statusLoop(ctx context.Context) {
 
 func (o *Observer) requestLoop(ctx context.Context) {
 	defer o.wg.Done()
+	var inflight sync.WaitGroup
+	defer inflight.Wait()
+	slots := make(chan struct{}, maxInFlight)
 	for {
 		o.mu.Lock()
 		p, addr := o.proxy, o.lease
@@ -205,30 +235,39 @@ func (o *Observer) requestLoop(ctx context.Context) {
 		o.mu.Unlock()
 		now := time.Now()
 		if p == nil || addr == "" {
-			o.record(SigServing, "no-address", "", now)
+			o.serve(Change{At: now, Value: "no-address"})
 		} else {
-			via := ProxyViaAddress(p, addr)
-			via.Timeout = o.cfg.RequestTimeout
-			code, _, err := via.Get(ctx, o.cfg.Target)
-			if ctx.Err() != nil {
-				return
-			}
-			o.mu.Lock()
-			o.requests++
-			o.mu.Unlock()
-			switch {
-			case err != nil:
-				o.record(SigServing, "fail", fmt.Sprintf("%s: %v", addr, err), now)
-			case code != http.StatusNoContent:
-				o.record(SigServing, "fail", fmt.Sprintf("%s: status %d", addr, code), now)
-			default:
-				o.record(SigServing, "ok", addr, now)
+			select {
+			case slots <- struct{}{}:
+				inflight.Add(1)
+				go func() {
+					defer func() { <-slots; inflight.Done() }()
+					via := ProxyViaAddress(p, addr)
+					via.Timeout = o.cfg.RequestTimeout
+					code, _, err := via.Get(ctx, o.cfg.Target)
+					switch {
+					case ctx.Err() != nil:
+					case err != nil:
+						o.serve(Change{At: now, Value: "fail", Detail: fmt.Sprintf("%s: %v", addr, err)})
+					case code != http.StatusNoContent:
+						o.serve(Change{At: now, Value: "fail", Detail: fmt.Sprintf("%s: status %d", addr, code)})
+					default:
+						o.serve(Change{At: now, Value: "ok", Detail: addr})
+					}
+				}()
+			default: // maxInFlight requests hang: this tick is skipped
 			}
 		}
 		if !o.sleep(ctx) {
 			return
 		}
 	}
+}
+
+func (o *Observer) serve(c Change) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.served = append(o.served, c)
 }
 
 // libvirtLoop keeps a libvirt connection of its own (redialing after the

@@ -80,3 +80,29 @@ func TestTimelineBoot(t *testing.T) {
 		t.Errorf("Lag without a first served = %s, want 0 (unknown)", lag)
 	}
 }
+
+func TestServingSeriesOrdersRequestsByStart(t *testing.T) {
+	t0 := time.Unix(3000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	o := &Observer{start: t0, series: map[string][]Change{}}
+	// Requests end out of order: the one started at 1 s hung until its
+	// timeout and ended after those started at 2 s and 3 s.
+	o.serve(Change{At: at(0), Value: "ok"})
+	o.serve(Change{At: at(2), Value: "fail"})
+	o.serve(Change{At: at(3), Value: "fail"})
+	o.serve(Change{At: at(1), Value: "fail"})
+	o.serve(Change{At: at(4), Value: "ok"})
+	got := o.Timeline().Series[SigServing]
+	want := []Change{{At: at(0), Value: "ok"}, {At: at(1), Value: "fail"}, {At: at(4), Value: "ok"}}
+	if len(got) != len(want) {
+		t.Fatalf("series %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if !got[i].At.Equal(want[i].At) || got[i].Value != want[i].Value {
+			t.Errorf("change %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if n := o.Requests(); n != 5 {
+		t.Errorf("Requests() = %d, want 5", n)
+	}
+}
