@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # test/e2e/run.sh — `make test-e2e` and `make test-faults`: the real
 # end-to-end suite and the fault suite on the real test hypervisor (root).
-# E2E_SUITE picks the specs by Ginkgo label: e2e (default: every spec not
-# labelled "faults") or faults (only those, with the manager's orphan sweep
-# every E2E_GC_INTERVAL, default 10s), or agent-ab (two guest images booted
-# side by side; KVM_TEST_IMAGE_B is the one to compare with).
+# E2E_SUITE picks the specs by Ginkgo label: e2e (default), faults (with
+# the manager's orphan sweep every E2E_GC_INTERVAL, default 10s, and its
+# debug log), or agent-ab (two guest images booted side by side;
+# KVM_TEST_IMAGE_B is the one to compare with).
 #
 #   1. builds the manager, the envtest binaries (once) and the guest image
 #      (once; cached by recipe hash in ~/.cache/proxy-operator/e2e-images), and compiles the
@@ -24,7 +24,7 @@
 # failure.txt, the host's libvirt/qemu logs) and $E2E_OUT/hv/logs/ (sshd,
 # forwarder, probe server, guest serial console).
 #
-# Environment: E2E_OUT (default bin/e2e), E2E_TEST_TIMEOUT (40m),
+# Environment: E2E_OUT (default bin/e2e), E2E_TEST_TIMEOUT (40m; faults 60m),
 # E2E_GINKGO_FLAGS (extra flags, e.g. -ginkgo.focus=...), and the suite's
 # E2E_* tunables (test/e2e/e2eutil/config.go).
 set -uo pipefail
@@ -35,12 +35,14 @@ e2e_require_root
 SUITE=${E2E_SUITE:-e2e}
 case "$SUITE" in
 e2e)
-	LABELS='!faults'
+	LABELS='e2e'
 	RUN_PREFIX=run
+	TIMEOUT=40m
 	;;
 faults)
 	LABELS='faults'
 	RUN_PREFIX=faults
+	TIMEOUT=60m
 	export E2E_GC_INTERVAL=${E2E_GC_INTERVAL:-10s}
 	# Debug: the manager logs every libvirt event it receives.
 	export E2E_MANAGER_LOG_LEVEL=${E2E_MANAGER_LOG_LEVEL:-debug}
@@ -49,6 +51,7 @@ agent-ab)
 	# Two guest images booted side by side (KVM_TEST_IMAGE_B: the other one).
 	LABELS='agent-ab'
 	RUN_PREFIX=agent-ab
+	TIMEOUT=90m
 	;;
 *) e2e_die "E2E_SUITE=$SUITE: want e2e, faults or agent-ab" ;;
 esac
@@ -94,7 +97,7 @@ e2e_log "running the $SUITE specs inside netns $KVM_TEST_NETNS (output also in $
 # shellcheck disable=SC2086
 ip netns exec "$KVM_TEST_NETNS" env \
 	E2E_ARTIFACTS="$RUN" E2E_MANAGER="$E2E_ROOT/bin/manager" \
-	"$E2E_ROOT/bin/e2e.test" -test.v -test.timeout="${E2E_TEST_TIMEOUT:-40m}" \
+	"$E2E_ROOT/bin/e2e.test" -test.v -test.timeout="${E2E_TEST_TIMEOUT:-$TIMEOUT}" \
 	-ginkgo.v -ginkgo.label-filter="$LABELS" ${E2E_GINKGO_FLAGS:-} 2>&1 | tee -i "$RUN/e2e.log"
 RC=${PIPESTATUS[0]}
 exit "$RC"

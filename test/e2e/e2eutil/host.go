@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -430,4 +431,44 @@ func GuestExec(ctx context.Context, h Host, dom string, argv ...string) (int, st
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// CutSSH ends every sshd in the host's network namespace at once with
+// SIGKILL (the listener and every session, the operator's link included),
+// then runs stop-sshd for the rest (the loopback forwarder). StopSSHD alone
+// takes seconds on a loaded machine: too slow for a fault that must land
+// inside one call of the operator.
+func (h *LocalHost) CutSSH(ctx context.Context) error {
+	var nsName string
+	if b, err := os.ReadFile(filepath.Join(h.StateDir, "state.env")); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "NETNS="); ok {
+				nsName = v
+			}
+		}
+	}
+	var ns unix.Stat_t
+	if nsName == "" || unix.Stat(filepath.Join("/run/netns", nsName), &ns) != nil {
+		return fmt.Errorf("the host's network namespace (%q) is not there", nsName)
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(comm)) != "sshd" {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join("/proc", p.Name(), "ns", "net"), &st) != nil || st.Dev != ns.Dev || st.Ino != ns.Ino {
+			continue
+		}
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	return h.StopSSHD(ctx)
 }
