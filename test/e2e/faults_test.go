@@ -709,9 +709,9 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		record("fault1_ready_true_while_failing", lie, "(destroy: seconds of Ready=True while requests through the proxy failed)")
 
 		ready := waitReadyAgain(ctx, mainKey(), notReady.At)
-		waitTimeline(ctx, obs, e2eutil.SigServing, notReady.At, time.Minute, func(c e2eutil.Change) bool { return c.Value == "ok" })
-		row.Recover = time.Since(destroyed)
-		row.RecoverNote = "destroy → Ready again"
+		back := waitBack(ctx, obs, notReady.At)
+		row.Recover = back.Sub(destroyed)
+		row.RecoverNote = "destroy → Ready and serving again"
 		Expect(ready.Status.ProviderID).To(Equal(before), "the same domain, started again")
 		b := recordBoot("restart-after-destroy", obs, destroyed)
 		row.note("restart: %s", b)
@@ -747,9 +747,9 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			e2eutil.Seconds(obs.Timeline().Overlap(e2eutil.SigReady, "True", e2eutil.SigServing, "fail", gone, notReady.At)))
 
 		ready := waitReadyAgain(ctx, mainKey(), notReady.At)
-		row.Recover = time.Since(gone)
-		waitTimeline(ctx, obs, e2eutil.SigServing, notReady.At, time.Minute, func(c e2eutil.Change) bool { return c.Value == "ok" })
-		row.RecoverNote = "undefine → Ready again (rebuilt)"
+		back := waitBack(ctx, obs, notReady.At)
+		row.Recover = back.Sub(gone)
+		row.RecoverNote = "undefine → rebuilt, Ready and serving again"
 		_, newUUID, _ := provider.ParseKVMProviderID(ready.Status.ProviderID)
 		Expect(newUUID).NotTo(Equal(oldUUID), "rebuilt: a new domain")
 		mainProxy = ready
@@ -1112,6 +1112,23 @@ func waitDownThenNotReady(ctx context.Context, o *e2eutil.Observer, from time.Ti
 	r.note("after the fault: domain seen down %s (polled %q at %s, stopped event %s), started again (event) %s, Ready=False %s",
 		since(down), polled.Value, since(polled.At), since(ev), since(restarted), since(notReady.At))
 	return down, ev, notReady
+}
+
+// waitBack waits until the observer has seen the Proxy Ready and serving
+// at once after from (its status read back Ready and its own request
+// answered), and returns that moment: a Ready the proxy did not live up
+// to does not count as recovered.
+func waitBack(ctx context.Context, o *e2eutil.Observer, from time.Time) time.Time {
+	var back time.Time
+	Eventually(func() error {
+		at, ok := o.Timeline().FirstBoth(e2eutil.SigReady, "True", e2eutil.SigServing, "ok", from)
+		if !ok {
+			return errors.New("the observer has not seen the Proxy Ready and serving at once yet")
+		}
+		back = at
+		return nil
+	}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(250 * time.Millisecond).Should(Succeed())
+	return back
 }
 
 // readyBeforeServing is how long, after from, the Proxy was Ready while

@@ -506,6 +506,26 @@ func (t Timeline) Overlap(a, av, b, bv string, from, to time.Time) time.Duration
 	return total
 }
 
+// FirstBoth is the first moment at or after from when sig a has value av
+// and sig b has value bv (e.g. Ready and serving: really back).
+func (t Timeline) FirstBoth(a, av, b, bv string, from time.Time) (time.Time, bool) {
+	cuts := []time.Time{from}
+	for _, sig := range []string{a, b} {
+		for _, c := range t.Series[sig] {
+			if c.At.After(from) {
+				cuts = append(cuts, c.At)
+			}
+		}
+	}
+	slices.SortFunc(cuts, func(x, y time.Time) int { return x.Compare(y) })
+	for _, at := range cuts {
+		if t.ValueAt(a, at) == av && t.ValueAt(b, at) == bv {
+			return at, true
+		}
+	}
+	return time.Time{}, false
+}
+
 // Held is how long, within [from, to], sig had value.
 func (t Timeline) Held(sig, value string, from, to time.Time) time.Duration {
 	return t.Overlap(sig, value, sig, value, from, to)

@@ -32,6 +32,18 @@ func TestTimelineOverlapAndHeld(t *testing.T) {
 			t.Errorf("%s: got %s, want %s", tc.name, tc.got, tc.want)
 		}
 	}
+	if got, ok := tl.FirstBoth(SigReady, "True", SigServing, "ok", at(2)); !ok || !got.Equal(at(30)) {
+		t.Errorf("FirstBoth(Ready, serving) after 2 s = %v %v, want 30 s (served again at 28 s, Ready at 30 s)", got.Sub(t0), ok)
+	}
+	if got, ok := tl.FirstBoth(SigReady, "False", SigServing, "ok", at(10)); !ok || !got.Equal(at(28)) {
+		t.Errorf("FirstBoth(not Ready, serving) after 10 s = %v %v, want 28 s", got.Sub(t0), ok)
+	}
+	if got, ok := tl.FirstBoth(SigReady, "True", SigServing, "ok", at(0)); !ok || !got.Equal(at(0)) {
+		t.Errorf("FirstBoth at a moment both already hold = %v %v, want 0 s", got.Sub(t0), ok)
+	}
+	if _, ok := tl.FirstBoth(SigReady, "False", SigServing, "no-address", at(0)); ok {
+		t.Error("FirstBoth found a moment that never was")
+	}
 	if v := tl.ValueAt(SigReady, at(5)); v != "False" {
 		t.Errorf("ValueAt(5s) = %q, want False", v)
 	}

@@ -15,7 +15,8 @@ import (
 // client, `ssh host 'cat > remotePath' < file`, over the same sshd and
 // address the operator dials, and returns the wall time: the baseline the
 // operator's image upload is compared with.
-func SSHCat(ctx context.Context, c Config, file, remotePath string) (time.Duration, error) {
+// sshArgs go before the destination (e.g. "-c", "aes128-gcm@openssh.com").
+func SSHCat(ctx context.Context, c Config, file, remotePath string, sshArgs ...string) (time.Duration, error) {
 	host, port, err := net.SplitHostPort(c.Address)
 	if err != nil {
 		host, port = c.Address, "22"
@@ -32,9 +33,11 @@ func SSHCat(ctx context.Context, c Config, file, remotePath string) (time.Durati
 		return 0, err
 	}
 	defer in.Close()
-	cmd := exec.CommandContext(ctx, "ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-		"-o", "UserKnownHostsFile="+kh.Name(), "-o", "ConnectTimeout=10",
-		"-i", c.KeyFile, "-p", port, c.User+"@"+host, "cat > '"+strings.ReplaceAll(remotePath, "'", `'\''`)+"'")
+	args := append([]string{"-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+		"-o", "UserKnownHostsFile=" + kh.Name(), "-o", "ConnectTimeout=10",
+		"-i", c.KeyFile, "-p", port}, sshArgs...)
+	args = append(args, c.User+"@"+host, "cat > '"+strings.ReplaceAll(remotePath, "'", `'\''`)+"'")
+	cmd := exec.CommandContext(ctx, "ssh", args...)
 	cmd.Stdin = in
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
