@@ -92,10 +92,13 @@ FUZZ_TARGETS = \
 	./pkg/provider/kvm/domxml:FuzzParseMetadata \
 	./pkg/provider/kvm/domxml:FuzzMetadataFromDomainXML \
 	./pkg/provider/kvm/seed:FuzzBuildUserData \
+	./pkg/provider/kvm/seed:FuzzComposeVendorData \
 	./internal/webhook/v1alpha1:FuzzProxyAdmission \
+	./internal/webhook/v1alpha1:FuzzProxyPoolAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
-	./pkg/squid:FuzzRender
+	./pkg/squid:FuzzRender \
+	./controllers:FuzzPublishCredentialURL
 
 .PHONY: fuzz
 fuzz: test-deps ## Run every fuzz target for FUZZTIME (default 30s) each.

@@ -1,6 +1,6 @@
-// Command manager runs the proxy operator: the Proxy, KVMHost and KVMImage
-// controllers, their admission webhooks, the orphan sweep and the provider
-// registry.
+// Command manager runs the proxy operator: the Proxy, ProxyPool, KVMHost and
+// KVMImage controllers, their admission webhooks, the orphan sweep and the
+// provider registry.
 package main
 
 import (
@@ -67,6 +67,7 @@ type options struct {
 	maxCalls      int
 
 	proxyProbeURL         string
+	probeSourceCIDRs      string
 	proxyProbeInterval    time.Duration
 	proxyProbeThreshold   int
 	provisionPollInterval time.Duration
@@ -108,7 +109,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxUploads, "max-uploads-per-host", 2, "Concurrent image uploads allowed per KVM host.")
 	fs.IntVar(&o.maxCalls, "max-calls-per-host", 0, "Provider calls (create, get, delete, list) in flight per KVM host; more fail at once as host busy. 0: a quarter of --proxy-concurrency, at least 1.")
 
-	fs.StringVar(&o.proxyProbeURL, "proxy-probe-url", "", "URL requested through each proxy (expects 204); Ready then means a request went through. Empty: a TCP connect to the port.")
+	fs.StringVar(&o.proxyProbeURL, "proxy-probe-url", "", "URL requested through each proxy, with its credential (expects a 2xx answer); Ready then means a request went through. A body that is one IP address (a what-is-my-IP service) is recorded as status.egressAddress. Empty: a TCP connect to the port.")
+	fs.StringVar(&o.probeSourceCIDRs, "probe-source-cidrs", "", "Comma-separated source ranges of the manager's probes as the proxies see them (e.g. the pod CIDR of the manager's node, or its egress NAT address); every managed squid with Basic auth admits them, still requiring the credential. Empty: Proxies must list the manager's source in spec.access.allowedSourceCIDRs themselves.")
 	fs.DurationVar(&o.proxyProbeInterval, "proxy-probe-interval", 30*time.Second, "Interval between probes of a Ready proxy.")
 	fs.IntVar(&o.proxyProbeThreshold, "proxy-probe-failure-threshold", 3, "Consecutive probe failures before a healthy proxy is marked unhealthy.")
 	fs.DurationVar(&o.provisionPollInterval, "provision-poll-interval", 5*time.Second, "Poll interval while an instance boots and has no address.")
@@ -175,6 +177,7 @@ func (o *options) deps(registry *provider.Registry) controllers.Deps {
 			ResyncInterval:        o.resyncInterval,
 			ProviderCallTimeout:   o.providerCallTimeout,
 			Workers:               o.proxyConcurrency,
+			ProbeSourceCIDRs:      splitList(o.probeSourceCIDRs),
 		},
 		Sweep: controllers.SweepOptions{Interval: o.gcInterval, VolumeGrace: o.gcVolumeGrace},
 	}
@@ -182,6 +185,17 @@ func (o *options) deps(registry *provider.Registry) controllers.Deps {
 		d.Prober = proxyprobe.HTTP{URL: o.proxyProbeURL}
 	}
 	return d
+}
+
+// splitList splits a comma-separated flag value, dropping empty entries.
+func splitList(s string) []string {
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func run(o options) error {
@@ -233,6 +247,8 @@ func run(o options) error {
 			"KVMHost":  (&webhookv1.KVMHostWebhook{ManagerNamespace: o.managerNamespace}).SetupWithManager,
 			"KVMImage": (&webhookv1.KVMImageWebhook{}).SetupWithManager,
 			"Proxy":    (&webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs}).SetupWithManager,
+			// A pool's template is validated as its replicas will be.
+			"ProxyPool": (&webhookv1.ProxyPoolWebhook{Proxy: webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs}}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return fmt.Errorf("create %s webhook: %w", name, err)
@@ -270,6 +286,7 @@ func run(o options) error {
 		ko := o.kubernetes
 		ko.APIReader = mgr.GetAPIReader()
 		ko.InstallID = installID
+		ko.ManagerNamespace = o.managerNamespace // its NetworkPolicies admit the manager's probes
 		registry.Add(kubernetes.New(mgr.GetClient(), ko))
 	}
 	if enabled[gcp.Name] {

@@ -23,6 +23,9 @@ func TestStartupRejectsUnusableDurations(t *testing.T) {
 		{[]string{"--provider-check-interval=10s", "--provider-check-timeout=20s"}, "--provider-check-timeout"},
 		// flag.Duration accepts 0: the check timeout is then derived.
 		{[]string{"--provider-check-timeout=0"}, ""},
+		{[]string{"--probe-source-cidrs=10.244.0.0/16, 192.0.2.7/32,2001:db8::/64"}, ""},
+		{[]string{"--probe-source-cidrs=10.244.0.0/16,10.1.2.3"}, `--probe-source-cidrs: "10.1.2.3" must be a CIDR`},
+		{[]string{"--probe-source-cidrs=10.244.1.1/16"}, "has host bits set"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

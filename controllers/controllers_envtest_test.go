@@ -121,8 +121,9 @@ var _ = Describe("KVM fleet", Ordered, func() {
 			if err := k8sClient.Get(ctx, client.ObjectKey{Name: h.name}, kh); err != nil {
 				return client.IgnoreNotFound(err)
 			}
+			orig := kh.DeepCopy()
 			kh.Finalizers = nil
-			return k8sClient.Update(ctx, kh)
+			return k8sClient.Patch(ctx, kh, client.MergeFrom(orig))
 		}).Should(Succeed())
 
 		deleteProxy(ns, "orphaned")
@@ -185,8 +186,9 @@ var _ = Describe("KVM fleet", Ordered, func() {
 			if err := k8sClient.Get(ctx, client.ObjectKey{Name: name}, ki); err != nil {
 				return err
 			}
+			orig := ki.DeepCopy()
 			ki.Spec.URL, ki.Spec.Checksum = second.Image.URL, second.Image.Checksum
-			return k8sClient.Update(ctx, ki)
+			return k8sClient.Patch(ctx, ki, client.MergeFrom(orig))
 		}).Should(Succeed())
 		waitImageVerified(name, h.name, second.Image.Checksum)
 		Expect(second.Downloads()).To(BeNumerically(">=", 1))

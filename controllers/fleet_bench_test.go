@@ -270,15 +270,15 @@ type benchFleet struct {
 	imgSrv           *kvmtest.ImageServer
 }
 
-// newBenchFleet creates shape.hosts in-memory hosts with their KVMHosts, a
-// KVMImage served locally and a namespace for the Proxies.
-func newBenchFleet(b *testing.B, cl client.Client, shape fleetShape, iter int) *benchFleet {
+// newBenchFleet creates shape.hosts in-memory hosts (with opts) and their
+// KVMHosts, a KVMImage served locally and a namespace for the Proxies.
+func newBenchFleet(b *testing.B, cl client.Client, shape fleetShape, iter int, opts ...fake.Option) *benchFleet {
 	ctx := context.Background()
 	suffix := fmt.Sprintf("%d-%d", iter, time.Now().UnixNano()%1_000_000)
 	hv := &benchKVM{shape: shape, fakes: map[string]*fake.Fake{}, conns: kvmtest.NewConns(), proxyRPCs: &resyncObserver{}, hostRPCs: &virt.RPCCounter{}}
 	for i := range shape.hosts {
 		name := fmt.Sprintf("bench-hv%02d-%s", i, suffix)
-		f := kvmtest.NewHost()
+		f := kvmtest.NewHost(opts...)
 		hv.names = append(hv.names, name)
 		hv.fakes[name] = f
 		hv.conns.Add(name, f)
@@ -520,7 +520,9 @@ type benchManager struct {
 	stopped atomic.Bool
 }
 
-func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, hv *benchKVM, t benchTiming) *benchManager {
+// startBenchManager starts a manager wired by Setup over hv; tune, if
+// given, changes its Deps (the pool benchmark's options).
+func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, hv *benchKVM, t benchTiming, tune ...func(*Deps)) *benchManager {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	m, err := ctrl.NewManager(restCfg, ManagerOptions(ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"},
@@ -530,7 +532,7 @@ func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 		b.Fatal(err)
 	}
 	hostSource := &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()}
-	w, err := Setup(ctx, m, Deps{
+	deps := Deps{
 		Registry:  provider.NewRegistry(),
 		Prober:    benchProber{count: &hv.probes},
 		Tag:       "bench",
@@ -545,7 +547,11 @@ func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 			// Health checks on a provider of their own, counted apart.
 			HostProber: kvm.New(kvm.Options{Hosts: hostSource, Pool: hv.conns, Observer: hv.hostRPCs}),
 		},
-	})
+	}
+	for _, f := range tune {
+		f(&deps)
+	}
+	w, err := Setup(ctx, m, deps)
 	benchMust(b, err)
 	prov := w.KVM
 
@@ -597,9 +603,12 @@ func (bm *benchManager) stop(b *testing.B) {
 }
 
 // benchProber: every proxy port answers; probes are counted.
-type benchProber struct{ count *atomic.Int64 }
+type benchProber struct {
+	requiresAuth
+	count *atomic.Int64
+}
 
-func (p benchProber) Probe(context.Context, string, int32) proxyprobe.Result {
+func (p benchProber) Probe(context.Context, proxyprobe.Target) proxyprobe.Result {
 	p.count.Add(1)
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
 }
@@ -707,6 +716,12 @@ func vmHWM(b *testing.B) float64 {
 // Gather that returned nothing is fatal.
 func proxyReconciles(b *testing.B) float64 {
 	b.Helper()
+	return reconcilesOf(b, "proxy")
+}
+
+// reconcilesOf sums controller_runtime_reconcile_total of one controller.
+func reconcilesOf(b *testing.B, controller string) float64 {
+	b.Helper()
 	mfs, err := metrics.Registry.Gather()
 	if err != nil && len(mfs) == 0 {
 		b.Fatal(err)
@@ -718,7 +733,7 @@ func proxyReconciles(b *testing.B) float64 {
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && l.GetValue() == "proxy" {
+				if l.GetName() == "controller" && l.GetValue() == controller {
 					total += m.GetCounter().GetValue()
 				}
 			}

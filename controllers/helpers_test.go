@@ -97,10 +97,12 @@ func createProxy(ns, name, host, image string) *crawlv1.Proxy {
 }
 
 // giveAddress makes the guest agent of the Proxy's domain report ip once
-// the domain exists, as a booted guest would.
+// the domain exists, as a booted guest would. The wait covers one
+// dependency poll (a Proxy waiting on a user's Secret looks again after
+// 15 s) plus the image import under CI load.
 func giveAddress(h *testHost, ns, name, ip string) {
 	dom := ns + "." + name
-	Eventually(func() bool { _, ok := h.fake.Domain(dom); return ok }).WithTimeout(20*time.Second).Should(BeTrue(), "domain %s never defined", dom)
+	Eventually(func() bool { _, ok := h.fake.Domain(dom); return ok }).WithTimeout(dependencyPoll+30*time.Second).Should(BeTrue(), "domain %s never defined", dom)
 	h.fake.SetAgentAddresses(dom, []libvirt.DomainInterface{{Name: "eth0", Addrs: []libvirt.DomainIPAddr{
 		{Type: int32(libvirt.IPAddrTypeIpv4), Addr: ip, Prefix: 24}}}})
 }
@@ -116,8 +118,9 @@ func readyProxy(h *testHost, ns, name, image, ip string) *crawlv1.Proxy {
 func setSkipCleanup(ns, name string) {
 	Eventually(func() error {
 		p := getProxy(ns, name)
+		orig := p.DeepCopy()
 		p.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"}
-		return k8sClient.Update(ctx, p)
+		return k8sClient.Patch(ctx, p, client.MergeFrom(orig))
 	}).Should(Succeed())
 }
 

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/record"
@@ -169,6 +168,16 @@ func (r *KVMHostReconciler) reconcileNormal(ctx context.Context, h *crawlv1.KVMH
 			AvailableBytes:  int64(health.Pool.Available),
 			Available:       humanBytes(health.Pool.Available),
 		}
+		c := health.Capacity
+		h.Status.Capacity = &crawlv1.HostCapacity{
+			CPUs:                 c.CPUs,
+			MemoryBytes:          int64(c.MemoryBytes),
+			FreeMemoryBytes:      int64(c.FreeMemoryBytes),
+			FreeMemory:           humanBytes(c.FreeMemoryBytes),
+			RunningDomains:       c.RunningDomains,
+			AllocatedVCPUs:       c.AllocatedVCPUs,
+			AllocatedMemoryBytes: int64(c.AllocatedMemoryBytes),
+		}
 	}
 	conditions.Set(h, cond)
 	h.Status.ObservedGeneration = h.Generation
@@ -220,7 +229,7 @@ func (r *KVMHostReconciler) emitTransition(before, after *crawlv1.KVMHost) {
 }
 
 // statusChanged compares everything but lastCheckTime, condition times and
-// exact pool bytes.
+// the exact bytes of the pool and of free memory.
 func statusChanged(a, b *crawlv1.KVMHostStatus) bool {
 	ac, bc := a.DeepCopy(), b.DeepCopy()
 	ac.LastCheckTime, bc.LastCheckTime = nil, nil
@@ -230,6 +239,11 @@ func statusChanged(a, b *crawlv1.KVMHostStatus) bool {
 		if s.Pool != nil {
 			s.Pool.CapacityBytes, s.Pool.AllocationBytes, s.Pool.AvailableBytes = 0, 0, 0
 		}
+		// Likewise free memory; what domains were given is exact, so a
+		// domain starting or stopping is written at the check that sees it.
+		if s.Capacity != nil {
+			s.Capacity.FreeMemoryBytes = 0
+		}
 		for i := range s.Conditions {
 			s.Conditions[i].LastTransitionTime = metav1.Time{}
 			s.Conditions[i].ObservedGeneration = 0
@@ -238,11 +252,12 @@ func statusChanged(a, b *crawlv1.KVMHostStatus) bool {
 	return !equality.Semantic.DeepEqual(ac, bc)
 }
 
+// humanBytes rounds to 0.1Gi, or to whole Mi below 1Gi: coarse enough that
+// a status holding it is not rewritten for every byte a host moves.
 func humanBytes(n uint64) string {
-	q := resource.NewQuantity(int64(n), resource.BinarySI)
-	const gi = 1 << 30
+	const mi, gi = 1 << 20, 1 << 30
 	if n >= gi {
 		return fmt.Sprintf("%.1fGi", float64(n)/gi)
 	}
-	return q.String()
+	return fmt.Sprintf("%dMi", n/mi)
 }

@@ -208,12 +208,14 @@ func (r *KVMImageReconciler) reconcileHost(ctx context.Context, img *crawlv1.KVM
 	// until the checksum changes.
 	// A failed entry is retried when the spec changes (e.g. a fixed URL).
 	specChanged := img.Status.ObservedGeneration != img.Generation
+	key := imageJobKey{image: img.Name, host: host, checksum: img.Spec.Checksum}
 	if prev != nil && prev.Checksum == img.Spec.Checksum &&
 		(prev.Phase == crawlv1.ImageHostVerified || prev.Phase == crawlv1.ImageHostFailed && !specChanged) {
+		// A job a reconcile from a stale read started is not needed.
+		r.dropJob(key)
 		return entry, 0
 	}
 
-	key := imageJobKey{image: img.Name, host: host, checksum: img.Spec.Checksum}
 	job := r.startJob(ctx, key, ImageOf(img))
 	done, total, finished, res, err := job.snapshot()
 	setPhase := func(p crawlv1.ImageHostPhase) {

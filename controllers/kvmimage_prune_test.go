@@ -118,8 +118,9 @@ var _ = Describe("image cache", func() {
 				if err := k8sClient.Get(ctx, client.ObjectKey{Name: name}, ki); err != nil {
 					return err
 				}
+				orig := ki.DeepCopy()
 				ki.Spec.URL, ki.Spec.Checksum, ki.Spec.Retain = srv.Image.URL, srv.Image.Checksum, retain
-				return k8sClient.Update(ctx, ki)
+				return k8sClient.Patch(ctx, ki, client.MergeFrom(orig))
 			}).Should(Succeed())
 			waitImageVerified(name, h.name, srv.Image.Checksum)
 		}

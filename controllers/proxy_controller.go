@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
@@ -28,25 +30,36 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 // ProxyReconciler turns Proxies into provider instances, whatever the
 // provider.
 type ProxyReconciler struct {
-	Client   client.Client
-	Registry *provider.Registry
-	Recorder record.EventRecorder
+	Client client.Client
+	// APIReader reads what the cache does not hold: the user's credential
+	// Secrets (the cache keeps only the operator's own).
+	APIReader client.Reader
+	Registry  *provider.Registry
+	Recorder  record.EventRecorder
 	// Prober checks the proxy (TCP connect, or HTTP through it with
 	// --proxy-probe-url).
 	Prober proxyprobe.Prober
 	// Tag is written on every instance and selects them for the sweep.
 	Tag   string
 	Clock clock.PassiveClock
+	// ProbeSourceCIDRs (--probe-source-cidrs) are where the manager's
+	// probes come from as the proxies see them; they join every managed
+	// squid's allowed sources with Basic auth (where they still need the
+	// credential). See proxyaccess.SquidConfig.
+	ProbeSourceCIDRs []string
 
 	// ProbeInterval re-probes a Ready proxy.
 	ProbeInterval time.Duration
@@ -94,6 +107,13 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Opt
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&crawlv1.Proxy{}, builder.WithPredicates(specOrAnnotationChanged)).
+		// A credential Secret deleted (or restored) is acted on at once.
+		// Updates are not: most are this controller's own writes (the url),
+		// and a reconcile for each would probe again.
+		Owns(&corev1.Secret{}, builder.WithPredicates(predicate.Funcs{
+			UpdateFunc:  func(event.UpdateEvent) bool { return false },
+			GenericFunc: func(event.GenericEvent) bool { return false },
+		})).
 		WithOptions(opts).
 		Named("proxy")
 	if r.Events != nil {
@@ -107,7 +127,7 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Opt
 func (r *ProxyReconciler) complete() error {
 	var missing []string
 	for name, ok := range map[string]bool{
-		"Client": r.Client != nil, "Recorder": r.Recorder != nil,
+		"Client": r.Client != nil, "APIReader": r.APIReader != nil, "Recorder": r.Recorder != nil,
 		"Prober": r.Prober != nil, "Registry": r.Registry != nil,
 	} {
 		if !ok {
@@ -224,8 +244,22 @@ func summarize(p *crawlv1.Proxy) {
 		// Only a programming error (no condition types) gets here.
 		conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionUnknown,
 			Reason: crawlv1.ProxyProvisioningReason, Message: err.Error()})
+	} else if openManagedProxy(p) {
+		// It serves, but anyone: a proxy that should authenticate and
+		// does not is never reported Ready.
+		sec := conditions.Get(p, crawlv1.SecureCondition)
+		conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: sec.Reason, Message: sec.Message})
 	}
 	p.Status.Phase = proxyPhase(p)
+}
+
+// openManagedProxy: a managed squid with Basic auth served a request
+// without credentials. Unmanaged proxies get Secure False for the same
+// answer but stay Ready: their safety is their user's (admission warned),
+// and the manager cannot tell a source-restricted one from an open one.
+func openManagedProxy(p *crawlv1.Proxy) bool {
+	return proxyaccess.UsesBasic(p) && conditions.IsFalse(p, crawlv1.SecureCondition) &&
+		conditions.GetReason(p, crawlv1.SecureCondition) == crawlv1.ProxyOpenProxyReason
 }
 
 // readyMerge: Ready is the first sub-condition that is not True, with its
@@ -246,7 +280,8 @@ func (m readyMerge) Merge(_ conditions.MergeOperation, conds []conditions.Condit
 // failedReasons are the InstanceProvisioned reasons that need a change (of
 // the spec, the provider or the world) before the Proxy can progress.
 var failedReasons = sets.New(crawlv1.ProxyPermanentErrorReason, crawlv1.ProxyForeignInstanceReason,
-	crawlv1.ProxyAddressTimeoutReason, crawlv1.ProxyProviderDisabledReason)
+	crawlv1.ProxyAddressTimeoutReason, crawlv1.ProxyProviderDisabledReason,
+	crawlv1.ProxyCredentialsInvalidReason, crawlv1.ProxyCredentialsConflictReason)
 
 // proxyPhase derives the phase from the conditions: Pending until an
 // instance is recorded, Provisioning until Ready, Failed when provisioning
@@ -257,6 +292,8 @@ func proxyPhase(p *crawlv1.Proxy) crawlv1.ProxyPhase {
 		return crawlv1.ProxyDeleting
 	case conditions.IsTrue(p, crawlv1.ReadyCondition):
 		return crawlv1.ProxyReady
+	case openManagedProxy(p):
+		return crawlv1.ProxyFailed
 	case conditions.IsFalse(p, crawlv1.InstanceProvisionedCondition) &&
 		failedReasons.Has(conditions.GetReason(p, crawlv1.InstanceProvisionedCondition)):
 		return crawlv1.ProxyFailed
@@ -272,6 +309,11 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 		return r.fail(p, registryReason(err), err)
 	}
 
+	if conditions.Get(p, crawlv1.SecureCondition) == nil {
+		conditions.Set(p, metav1.Condition{Type: crawlv1.SecureCondition, Status: metav1.ConditionUnknown,
+			Reason: crawlv1.ProxySecureUnknownReason, Message: "checked once the proxy serves"})
+	}
+
 	m, wait, err := r.machineFor(ctx, p)
 	if err != nil {
 		return r.fail(p, reasonFor(err), err)
@@ -283,8 +325,20 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 
 	// A Ready proxy whose instance was read recently and has had no event
 	// since only needs its proxy probed.
-	if conditions.IsTrue(p, crawlv1.ReadyCondition) && r.recentlySynced(client.ObjectKeyFromObject(p)) {
-		return r.reconcileHealth(ctx, p)
+	fast := conditions.IsTrue(p, crawlv1.ReadyCondition) && r.recentlySynced(client.ObjectKeyFromObject(p))
+	creds, wait, err := r.reconcileCredentials(ctx, p, fast)
+	if err != nil {
+		return r.fail(p, reasonFor(err), err)
+	}
+	if wait != nil {
+		r.setNotProvisioned(p, wait.reason, wait.message)
+		return ctrl.Result{RequeueAfter: wait.after}, nil
+	}
+	if fast {
+		return r.reconcileHealth(ctx, p, creds)
+	}
+	if err := r.attachSquid(p, m, creds); err != nil {
+		return r.fail(p, reasonFor(err), err)
 	}
 
 	// With an instance recorded, Get first: a running one needs no Create
@@ -303,7 +357,7 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 			// and ask again soon; a Create now would only meet the same
 			// outage.
 			logf.FromContext(ctx).Info("instance not re-read, keeping its last state", "providerID", p.Status.ProviderID, "err", err)
-			res, err := r.reconcileHealth(ctx, p)
+			res, err := r.reconcileHealth(ctx, p, creds)
 			res.RequeueAfter = min(res.RequeueAfter, r.ProvisionPollInterval)
 			return res, err
 		}
@@ -354,7 +408,14 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	}
 	conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue,
 		Reason: crawlv1.ProxyReadyReason, Message: msg})
-	return r.reconcileHealth(ctx, p)
+	if creds != nil {
+		// The address is known now: the url in the credential Secret
+		// follows it.
+		if err := r.writeCredentials(ctx, p, creds); err != nil {
+			return r.fail(p, reasonFor(err), err)
+		}
+	}
+	return r.reconcileHealth(ctx, p, creds)
 }
 
 func (r *ProxyReconciler) get(ctx context.Context, prov provider.Provider, m *provider.Machine) (*provider.Instance, error) {
@@ -404,11 +465,19 @@ func (r *ProxyReconciler) instanceDown(p *crawlv1.Proxy, state provider.State) {
 		Reason: crawlv1.ProxyInstanceNotRunningReason, Message: fmt.Sprintf("instance was found %s; starting it", state)})
 }
 
-// reconcileHealth probes the proxy and sets ProxyHealthy.
-func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
+// reconcileHealth probes the proxy (with its credential, if it has one)
+// and sets ProxyHealthy; after a successful probe it records the egress
+// address and checks that the proxy refuses a request without credentials
+// (Secure). Both ride on the probe's own schedule: at most one probe and
+// one check per probe interval.
+func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy, creds *credentials) (ctrl.Result, error) {
 	key := client.ObjectKeyFromObject(p)
 	neverProbed := p.Status.Probe == nil
-	res := r.Prober.Probe(ctx, p.Status.Address, p.Spec.Port)
+	target := proxyprobe.Target{Address: p.Status.Address, Port: p.Spec.Port}
+	if creds != nil {
+		target.Username, target.Password = creds.Username, creds.Password
+	}
+	res := r.Prober.Probe(ctx, target)
 	now := metav1.NewTime(r.Clock.Now())
 	if p.Status.Probe == nil {
 		p.Status.Probe = &crawlv1.ProxyProbeStatus{}
@@ -426,6 +495,8 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy)
 			reason, msg = crawlv1.ProxyNotProbedReason, fmt.Sprintf("port %d accepts connections (%s); the proxy itself was not probed: set --proxy-probe-url", p.Spec.Port, res.Latency.Round(time.Millisecond))
 		}
 		conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
+		r.recordEgress(p, res.EgressAddress)
+		r.checkSecure(ctx, p, target)
 		return ctrl.Result{RequeueAfter: r.ProbeInterval}, nil
 	}
 
@@ -435,12 +506,18 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy)
 	if !res.Through {
 		reason = crawlv1.ProxyPortClosedReason
 	}
+	if res.StatusCode == http.StatusProxyAuthRequired {
+		reason = crawlv1.ProxyProbeAuthFailedReason
+	}
 	if wasHealthy && ps.ConsecutiveFailures < r.ProbeFailureThreshold {
 		// One lost probe does not flap a healthy proxy.
 		logf.FromContext(ctx).V(1).Info("probe failed, below threshold", "failures", ps.ConsecutiveFailures, "err", res.Err)
 		return ctrl.Result{RequeueAfter: r.ProvisionPollInterval}, nil
 	}
 	msg := fmt.Sprintf("%d consecutive probe failures, last after %s: %v", ps.ConsecutiveFailures, res.Latency.Round(time.Millisecond), res.Err)
+	if hint := probeStatusHint(p, res.StatusCode); hint != "" {
+		msg += "; " + hint
+	}
 	if why := r.Registry.CheckError(string(p.Spec.Provider)); why != nil {
 		// e.g. no firewall rule admits the port: say so, not just "closed".
 		msg += "; provider check fails: " + why.Error()
@@ -453,6 +530,82 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy)
 		return ctrl.Result{RequeueAfter: after}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.ProvisionPollInterval}, nil
+}
+
+// probeStatusHint says what a refusal of the probe means for p.
+func probeStatusHint(p *crawlv1.Proxy, status int) string {
+	switch status {
+	case http.StatusProxyAuthRequired:
+		switch {
+		case !p.IsManaged():
+			return "the proxy asks for credentials, and the operator has none for a squid it does not manage (spec.access.managed false)"
+		case p.Spec.Access.Auth != nil && p.Spec.Access.Auth.SecretRef != nil:
+			return fmt.Sprintf("squid refused the credential of Secret %s (spec.access.auth.secretRef); a credential changed after the instance was created reaches squid only with a new instance", p.Spec.Access.Auth.SecretRef.Name)
+		default:
+			return fmt.Sprintf("squid refused the credential of Secret %s", crawlv1.CredentialsSecretName(p))
+		}
+	case http.StatusForbidden:
+		return "the proxy refused the request: the manager's source address must be admitted (spec.access.allowedSourceCIDRs, or the manager's --probe-source-cidrs), " +
+			"and the probe URL's destination must be allowed (spec.access.allowedDestinationExceptions for an internal one)"
+	}
+	return ""
+}
+
+// recordEgress keeps status.egressAddress at what the probe URL last
+// echoed (empty when it echoes nothing), with an Event on each change.
+func (r *ProxyReconciler) recordEgress(p *crawlv1.Proxy, addr string) {
+	old := p.Status.EgressAddress
+	if addr == old {
+		return
+	}
+	p.Status.EgressAddress = addr
+	if addr == "" {
+		return
+	}
+	if old == "" {
+		old = "none"
+	}
+	r.Recorder.Eventf(p, corev1.EventTypeNormal, "EgressAddressChanged", "egress address %s -> %s", old, addr)
+}
+
+// checkSecure sends one request without credentials and sets Secure from
+// the answer. A managed squid with auth None is not asked: it serves
+// whoever its source list admits, by design. A check that got no answer
+// keeps the last verdict.
+func (r *ProxyReconciler) checkSecure(ctx context.Context, p *crawlv1.Proxy, target proxyprobe.Target) {
+	set := func(status metav1.ConditionStatus, reason, msg string) {
+		if status == metav1.ConditionFalse && reason == crawlv1.ProxyOpenProxyReason && !conditions.IsFalse(p, crawlv1.SecureCondition) {
+			r.Recorder.Eventf(p, corev1.EventTypeWarning, crawlv1.ProxyOpenProxyReason, "%s", msg)
+		}
+		conditions.Set(p, metav1.Condition{Type: crawlv1.SecureCondition, Status: status, Reason: reason, Message: msg})
+	}
+	if p.IsManaged() && proxyaccess.AuthType(p.Spec.Access) == squid.AuthNone {
+		set(metav1.ConditionFalse, crawlv1.ProxySourceListOnlyReason, fmt.Sprintf(
+			"auth type None: only spec.access.allowedSourceCIDRs (%s) guards this proxy", strings.Join(p.Spec.Access.AllowedSourceCIDRs, ", ")))
+		return
+	}
+	target.Username, target.Password = "", ""
+	res := r.Prober.ProbeWithoutCredentials(ctx, target)
+	switch res.StatusCode {
+	case http.StatusProxyAuthRequired:
+		set(metav1.ConditionTrue, crawlv1.ProxyAuthRequiredReason, "a request without credentials was refused with 407")
+	case 0:
+		logf.FromContext(ctx).V(1).Info("request without credentials got no answer; Secure unchanged", "err", res.Err)
+		if r := conditions.GetReason(p, crawlv1.SecureCondition); r == "" || r == crawlv1.ProxySecureUnknownReason {
+			set(metav1.ConditionUnknown, crawlv1.ProxySecureUnknownReason, fmt.Sprintf("a request without credentials got no answer: %v", res.Err))
+		}
+	case http.StatusForbidden:
+		// squid judges the source before credentials: a 403 says the
+		// manager was refused, not whether others must authenticate.
+		set(metav1.ConditionUnknown, crawlv1.ProxySecureUnknownReason,
+			"a request without credentials was refused with 403 before any credential was asked for; admit the manager's source address to check (spec.access.allowedSourceCIDRs or --probe-source-cidrs)")
+	default:
+		msg := fmt.Sprintf("a request without credentials was answered with status %d instead of 407: the proxy serves whoever reaches it without authentication", res.StatusCode)
+		if !p.IsManaged() {
+			msg += "; its squid is the user's (spec.access.managed false or absent), whose configuration alone decides who that is"
+		}
+		set(metav1.ConditionFalse, crawlv1.ProxyOpenProxyReason, msg)
+	}
 }
 
 // firstProbeBackoff is the first requeue of a new Proxy whose port is not

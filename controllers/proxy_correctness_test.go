@@ -120,9 +120,12 @@ func (h *hostsProvider) takeCalls() []string {
 }
 
 // switchProber answers OK until down is set.
-type switchProber struct{ down atomic.Bool }
+type switchProber struct {
+	requiresAuth
+	down atomic.Bool
+}
 
-func (s *switchProber) Probe(context.Context, string, int32) proxyprobe.Result {
+func (s *switchProber) Probe(context.Context, proxyprobe.Target) proxyprobe.Result {
 	if s.down.Load() {
 		return proxyprobe.Result{Through: true, Err: errors.New("connection refused"), Latency: time.Millisecond}
 	}
@@ -278,7 +281,7 @@ func TestStalePlacementReadsEndWithOneDomain(t *testing.T) {
 			}
 			return cl.Get(ctx, key, obj, opts...)
 		}}).Build()
-	r := &ProxyReconciler{Client: c, Recorder: record.NewFakeRecorder(100), Registry: provider.NewRegistry(),
+	r := &ProxyReconciler{Client: c, APIReader: c, Recorder: record.NewFakeRecorder(100), Registry: provider.NewRegistry(),
 		Prober: okProber{}, Tag: "unit", Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0))}
 	if err := r.complete(); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,9 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 // waitFor says why a Proxy cannot be handed to its provider yet.
@@ -130,6 +132,28 @@ func (r *ProxyReconciler) machineForDelete(_ context.Context, p *crawlv1.Proxy) 
 	return m, nil
 }
 
+// attachSquid gives m the operator-managed squid configuration of p
+// (spec.access, the credential, the port and the manager's probe
+// sources), which every provider renders with squid.Render; nil when the
+// user's cloud-init owns squid. An access the renderer refuses (stored
+// past the webhook) is permanent: nothing is created with it.
+func (r *ProxyReconciler) attachSquid(p *crawlv1.Proxy, m *provider.Machine, creds *credentials) error {
+	m.Squid = nil
+	if !p.IsManaged() {
+		return nil
+	}
+	var auth squid.Auth
+	if creds != nil {
+		auth = creds.auth()
+	}
+	c := proxyaccess.SquidConfig(p.Spec.Access, m.Port, auth, r.ProbeSourceCIDRs)
+	if errs := c.ValidateFields(proxyaccess.AccessPath); len(errs) > 0 {
+		return provider.Permanentf("%v", errs.ToAggregate())
+	}
+	m.Squid = &c
+	return nil
+}
+
 func baseMachine(p *crawlv1.Proxy, tag string) *provider.Machine {
 	m := &provider.Machine{
 		Namespace:         p.Namespace,
@@ -145,6 +169,7 @@ func baseMachine(p *crawlv1.Proxy, tag string) *provider.Machine {
 		Project:           p.Spec.Placement.Project,
 		Zone:              p.Spec.Placement.Zone,
 		MachineType:       p.Spec.Placement.MachineType,
+		SpreadGroup:       p.Labels[crawlv1.PoolNameLabel],
 	}
 	if m.Port == 0 {
 		m.Port = crawlv1.DefaultProxyPort

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -102,11 +104,20 @@ func failWith(err error) func(*provider.Machine) (*provider.Instance, error) {
 	return func(*provider.Machine) (*provider.Instance, error) { return nil, err }
 }
 
-// okProber: every proxy answers.
-type okProber struct{}
+// okProber: every proxy answers, and refuses a request without
+// credentials.
+type okProber struct{ requiresAuth }
 
-func (okProber) Probe(context.Context, string, int32) proxyprobe.Result {
+func (okProber) Probe(context.Context, proxyprobe.Target) proxyprobe.Result {
 	return proxyprobe.Result{OK: true, Through: true, Latency: time.Millisecond}
+}
+
+// requiresAuth answers the check without credentials as squid with Basic
+// auth does: 407.
+type requiresAuth struct{}
+
+func (requiresAuth) ProbeWithoutCredentials(context.Context, proxyprobe.Target) proxyprobe.Result {
+	return proxyprobe.Result{OK: true, Through: true, StatusCode: http.StatusProxyAuthRequired, Latency: time.Millisecond}
 }
 
 // testReconciler is a ProxyReconciler completed as SetupWithManager does,
@@ -117,16 +128,21 @@ func testReconciler(t *testing.T, prober proxyprobe.Prober, clk *clocktesting.Fa
 	if err := crawlv1.AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
 	if prober == nil {
 		prober = okProber{}
 	}
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
+		WithStatusSubresource(&crawlv1.Proxy{}, &crawlv1.KVMHost{}, &crawlv1.KVMImage{}).Build()
 	r := &ProxyReconciler{
-		Client: fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).
-			WithStatusSubresource(&crawlv1.Proxy{}, &crawlv1.KVMHost{}, &crawlv1.KVMImage{}).Build(),
-		Recorder: record.NewFakeRecorder(100),
-		Registry: provider.NewRegistry(),
-		Prober:   prober,
-		Tag:      "unit",
+		Client:    c,
+		APIReader: c,
+		Recorder:  record.NewFakeRecorder(100),
+		Registry:  provider.NewRegistry(),
+		Prober:    prober,
+		Tag:       "unit",
 	}
 	if clk != nil {
 		r.Clock = clk
@@ -139,8 +155,8 @@ func testReconciler(t *testing.T, prober proxyprobe.Prober, clk *clocktesting.Fa
 
 func TestProxyReconcilerRejectsMissingDependencies(t *testing.T) {
 	err := (&ProxyReconciler{Registry: provider.NewRegistry()}).complete()
-	if err == nil || !strings.Contains(err.Error(), "Client, Prober, Recorder") {
-		t.Fatalf("complete() = %v, want the missing Client, Prober, Recorder named", err)
+	if err == nil || !strings.Contains(err.Error(), "APIReader, Client, Prober, Recorder") {
+		t.Fatalf("complete() = %v, want the missing APIReader, Client, Prober, Recorder named", err)
 	}
 }
 
@@ -475,7 +491,7 @@ func TestFirstProbeBacksOff(t *testing.T) {
 					r.forget(client.ObjectKeyFromObject(p))
 					p = newProxy()
 				}
-				res, err := r.reconcileHealth(context.Background(), p)
+				res, err := r.reconcileHealth(context.Background(), p, nil)
 				if err != nil {
 					t.Fatal(err)
 				}

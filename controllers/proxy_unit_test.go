@@ -17,9 +17,12 @@ import (
 )
 
 // scriptedProber returns the queued results in order.
-type scriptedProber struct{ results []proxyprobe.Result }
+type scriptedProber struct {
+	requiresAuth
+	results []proxyprobe.Result
+}
 
-func (s *scriptedProber) Probe(context.Context, string, int32) proxyprobe.Result {
+func (s *scriptedProber) Probe(context.Context, proxyprobe.Target) proxyprobe.Result {
 	r := s.results[0]
 	s.results = s.results[1:]
 	return r
@@ -47,7 +50,7 @@ func TestProbeThresholdDoesNotFlap(t *testing.T) {
 				Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1", Endpoint: "http://192.0.2.1:3128"}}
 			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
 			for i, want := range tc.wantHealthy {
-				if _, err := r.reconcileHealth(context.Background(), p); err != nil {
+				if _, err := r.reconcileHealth(context.Background(), p, nil); err != nil {
 					t.Fatal(err)
 				}
 				summarize(p)
@@ -71,7 +74,7 @@ func TestProbeThresholdDoesNotFlap(t *testing.T) {
 func TestTCPProbeSaysTheProxyWasNotProbed(t *testing.T) {
 	r := testReconciler(t, &scriptedProber{results: []proxyprobe.Result{{OK: true}}}, nil)
 	p := &crawlv1.Proxy{Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1"}}
-	if _, err := r.reconcileHealth(context.Background(), p); err != nil {
+	if _, err := r.reconcileHealth(context.Background(), p, nil); err != nil {
 		t.Fatal(err)
 	}
 	c := conditions.Get(p, crawlv1.ProxyHealthyCondition)

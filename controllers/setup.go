@@ -4,11 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -20,6 +28,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 // specOrAnnotationChanged lets through what needs a reconcile: a new
@@ -35,8 +44,24 @@ var specOrAnnotationChanged = predicate.Or(predicate.GenerationChangedPredicate{
 // (kubernetes-sigs/controller-runtime#3538, fixed after v0.24.1), so a
 // rollout or leader hand-over would wait out the grace period; the classic
 // rate-limited queue does not.
+//
+// It also restricts the cache of Secrets to the operator's own credential
+// Secrets (CredentialsCacheOptions), unless the caller configured Secrets
+// itself: the Proxy controller watches the Secrets it owns, and an
+// unrestricted watch would hold every Secret of the cluster in memory.
 func ManagerOptions(opts ctrl.Options) ctrl.Options {
 	opts.Controller = controllerConfig(opts.Controller)
+	for obj := range opts.Cache.ByObject {
+		if _, ok := obj.(*corev1.Secret); ok {
+			return opts
+		}
+	}
+	byObject := maps.Clone(opts.Cache.ByObject)
+	if byObject == nil {
+		byObject = map[client.Object]cache.ByObject{}
+	}
+	byObject[&corev1.Secret{}] = CredentialsCacheOptions()
+	opts.Cache.ByObject = byObject
 	return opts
 }
 
@@ -64,6 +89,7 @@ type Deps struct {
 	InstallID string
 
 	Proxy ProxyOptions
+	Pool  PoolOptions
 	Sweep SweepOptions
 	// KVM enables the kvm provider, the KVMHost and KVMImage controllers
 	// and the Proxy-by-host index; nil leaves them out.
@@ -81,6 +107,21 @@ type ProxyOptions struct {
 	// wedged host cannot pin a worker.
 	ProviderCallTimeout time.Duration
 	Workers             int
+	// ProbeSourceCIDRs (--probe-source-cidrs): the manager's own source
+	// ranges as the proxies see them, admitted by every managed squid with
+	// Basic auth (still with the credential) so the probe gets through.
+	ProbeSourceCIDRs []string
+}
+
+// PoolOptions are the ProxyPool controller's workers and what tests
+// inject.
+type PoolOptions struct {
+	Workers int
+	// Clock and Rand: real time and a random seed when nil.
+	Clock clock.PassiveClock
+	Rand  *rand.Rand
+	// OnPublished sees every list the pool controller publishes.
+	OnPublished func(pool types.NamespacedName, replicas []crawlv1.Proxy)
 }
 
 // SweepOptions configure the orphan sweep.
@@ -132,6 +173,7 @@ type KVMDeps struct {
 // mark Proxies dirty or sweep by hand).
 type Wiring struct {
 	Proxy    *ProxyReconciler
+	Pool     *ProxyPoolReconciler
 	Sweep    *OrphanCollector
 	Registry *provider.Registry
 	// KVM is the kvm provider; nil when not enabled.
@@ -170,6 +212,9 @@ func (d *Deps) Validate() error {
 			errs = append(errs, fmt.Errorf("%s must not be negative, got %s", f.flag, f.d))
 		}
 	}
+	if err := ValidateProbeSourceCIDRs(d.Proxy.ProbeSourceCIDRs); err != nil {
+		errs = append(errs, err)
+	}
 	if d.Proxy.ProbeFailureThreshold < 0 {
 		errs = append(errs, fmt.Errorf("--proxy-probe-failure-threshold must not be negative, got %d", d.Proxy.ProbeFailureThreshold))
 	}
@@ -187,7 +232,8 @@ func (d *Deps) Validate() error {
 
 // Setup wires the operator into mgr: the kvm provider and its connection
 // pool, the lifecycle-event bridge, the Proxy, KVMHost and KVMImage
-// controllers, the Proxy-by-host index and the orphan sweep. main.go and
+// controllers, the ProxyPool controller, the Proxy-by-host and by-pool
+// indexes and the orphan sweep. main.go and
 // every test harness call it, so tests run what production runs.
 func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	if err := d.Validate(); err != nil {
@@ -201,6 +247,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	w := &Wiring{Registry: d.Registry}
 	w.Proxy = &ProxyReconciler{
 		Client:                mgr.GetClient(),
+		APIReader:             mgr.GetAPIReader(),
+		ProbeSourceCIDRs:      d.Proxy.ProbeSourceCIDRs,
 		Registry:              d.Registry,
 		Recorder:              mgr.GetEventRecorderFor("proxy-controller"),
 		Prober:                d.Prober,
@@ -224,6 +272,25 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	}
 	if err := w.Proxy.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: proxyWorkers}); err != nil {
 		return nil, fmt.Errorf("create Proxy controller: %w", err)
+	}
+
+	w.Pool = &ProxyPoolReconciler{
+		Client:   mgr.GetClient(),
+		Scheme:   mgr.GetScheme(),
+		Recorder: mgr.GetEventRecorderFor("proxypool-controller"),
+		// Credential Secrets are read one by one through the API reader: a
+		// cached client would list and watch every Secret of the cluster.
+		Publisher:         &Publisher{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()},
+		HostCheckInterval: orDefaultDuration(kvmCheckInterval(d.KVM), crawlv1.DefaultCheckInterval),
+		Clock:             d.Pool.Clock,
+		Rand:              d.Pool.Rand,
+		OnPublished:       d.Pool.OnPublished,
+	}
+	if err := IndexPoolOwner(ctx, mgr); err != nil {
+		return nil, err
+	}
+	if err := w.Pool.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: orDefaultInt(d.Pool.Workers, 4)}); err != nil {
+		return nil, fmt.Errorf("create ProxyPool controller: %w", err)
 	}
 
 	w.Sweep = &OrphanCollector{
@@ -290,6 +357,26 @@ func setupKVM(ctx context.Context, mgr ctrl.Manager, k *KVMDeps, installID strin
 		return nil, fmt.Errorf("create KVMImage controller: %w", err)
 	}
 	return prov, nil
+}
+
+// ValidateProbeSourceCIDRs checks --probe-source-cidrs by the renderer's
+// rules for allowed sources (a CIDR without host bits, no IPv4-mapped
+// IPv6 range), since every managed squid will list them.
+func ValidateProbeSourceCIDRs(cidrs []string) error {
+	if len(cidrs) == 0 {
+		return nil
+	}
+	var msgs []string
+	errs := squid.Config{AllowedSourceCIDRs: cidrs, Auth: squid.Auth{Type: squid.AuthBasic}}.ValidateFields(nil)
+	for _, e := range errs {
+		if strings.HasPrefix(e.Field, "allowedSourceCIDRs[") {
+			msgs = append(msgs, fmt.Sprintf("%q %s", e.BadValue, e.Detail))
+		}
+	}
+	if len(msgs) > 0 {
+		return fmt.Errorf("--probe-source-cidrs: %s", strings.Join(msgs, "; "))
+	}
+	return nil
 }
 
 func kvmCheckInterval(k *KVMDeps) time.Duration {

@@ -18,10 +18,14 @@ import (
 // before the endpoint it announces (or a KVMHost's libvirt version). One
 // status request makes each written status a consistent snapshot.
 //
-// The status patch is a JSON merge patch without a resourceVersion
-// precondition (the metadata patch before it has just changed the version),
-// so lists such as conditions are replaced whole: right only for status
-// that this controller alone writes, which holds for every kind here.
+// The status patch is a JSON merge patch, so lists such as conditions and a
+// KVMImage's hosts are replaced whole: right only for status that this
+// controller alone writes, which holds for every kind here, and only when
+// the reconcile started from the latest status. A cached read can be one
+// write behind; so the status write carries the resourceVersion it builds
+// on (the one read, or the one the metadata write produced) and a stale
+// reconcile gets a conflict and runs again instead of putting back the
+// older status.
 type objectPatcher struct {
 	c      client.Client
 	before client.Object
@@ -40,6 +44,7 @@ func (s *objectPatcher) Patch(ctx context.Context, obj client.Object) error {
 	}
 	// NotFound while deleting: the last finalizer went and the object with it.
 	gone := func(err error) bool { return apierrors.IsNotFound(err) && !obj.GetDeletionTimestamp().IsZero() }
+	from := s.before
 	if metaChanged {
 		m := obj.DeepCopyObject().(client.Object)
 		if err := s.c.Patch(ctx, m, client.MergeFromWithOptions(s.before, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -51,10 +56,13 @@ func (s *objectPatcher) Patch(ctx context.Context, obj client.Object) error {
 		if !m.GetDeletionTimestamp().IsZero() && len(m.GetFinalizers()) == 0 {
 			return nil // released: deleted now, no status to write
 		}
+		// The server's answer: the status to change, at the version the
+		// metadata write produced.
+		from = m
 	}
 	if statusChanged {
 		st := obj.DeepCopyObject().(client.Object)
-		if err := s.c.Status().Patch(ctx, st, client.MergeFrom(s.before)); err != nil && !gone(err) {
+		if err := s.c.Status().Patch(ctx, st, client.MergeFromWithOptions(from, client.MergeFromWithOptimisticLock{})); err != nil && !gone(err) {
 			return err
 		}
 	}

@@ -38,16 +38,28 @@ var _ = Describe("status writes", func() {
 		h := readyHost(name)
 		readyProxy(h, ns, "p1", image, "192.0.2.31")
 
-		// Drain what was delivered up to now (the watches buffer).
+		// Check what was delivered up to now (the watches buffer). The
+		// drain is bounded: the host's checks keep writing status, so
+		// "until the watch is quiet" alone may never come, and a watch the
+		// server closed delivers zero events for ever.
 		hostReady, proxyReady := 0, 0
 		drain := func(w watch.Interface, check func(obj any)) {
+			quiet := time.NewTimer(2 * time.Second)
+			defer quiet.Stop()
+			deadline := time.After(30 * time.Second)
 			for {
 				select {
-				case ev := <-w.ResultChan():
+				case ev, open := <-w.ResultChan():
+					if !open {
+						return
+					}
 					if ev.Type == watch.Added || ev.Type == watch.Modified {
 						check(ev.Object)
 					}
-				case <-time.After(2 * time.Second):
+					quiet.Reset(2 * time.Second)
+				case <-quiet.C:
+					return
+				case <-deadline:
 					return
 				}
 			}

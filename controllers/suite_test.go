@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt/socket"
+	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"go.uber.org/zap/zapcore"
@@ -47,13 +48,15 @@ const (
 )
 
 var (
-	suiteT     *testing.T
-	testEnv    *envtest.Environment
-	cfg        *rest.Config
-	k8sClient  client.Client
-	scheme     = envtestutil.Scheme()
-	hosts      *fleet
-	prober     = &fakeProber{down: map[string]bool{}}
+	suiteT    *testing.T
+	testEnv   *envtest.Environment
+	cfg       *rest.Config
+	k8sClient client.Client
+	scheme    = envtestutil.Scheme()
+	hosts     *fleet
+	prober    = &fakeProber{down: map[string]bool{}}
+	// published records every list the pool controller publishes.
+	published  = &publishRecorder{}
 	rpcMetrics *virt.PrometheusObserver
 	mgr        *harness
 )
@@ -111,9 +114,10 @@ func newFleet() *fleet {
 	return &fleet{hosts: map[string]*testHost{}, signer: signer, clientKey: pem}
 }
 
-// add starts a host and returns it; createKVMHost registers it in the API.
-func (f *fleet) add(name string) *testHost {
-	h := &testHost{name: name, fake: kvmtest.NewHost()}
+// add starts a host (opts size it) and returns it; createKVMHost registers
+// it in the API.
+func (f *fleet) add(name string, opts ...fake.Option) *testHost {
+	h := &testHost{name: name, fake: kvmtest.NewHost(opts...)}
 	// The SSH server forwards the libvirt socket to a pipe: the pool's
 	// libvirt client for this host is the fake (see newLibvirt).
 	h.ssh = sshtest.NewServer(suiteT, sshtest.Config{
@@ -151,14 +155,15 @@ func (f *fleet) secretData(h *testHost) map[string][]byte {
 
 // fakeProber stands in for the TCP/HTTP probe of the proxy port.
 type fakeProber struct {
+	requiresAuth
 	mu   sync.Mutex
 	down map[string]bool
 }
 
-func (p *fakeProber) Probe(_ context.Context, addr string, _ int32) proxyprobe.Result {
+func (p *fakeProber) Probe(_ context.Context, t proxyprobe.Target) proxyprobe.Result {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.down[addr] {
+	if p.down[t.Address] {
 		return proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
 	}
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
@@ -179,6 +184,8 @@ type harness struct {
 	proxy    *ProxyReconciler
 	gc       *OrphanCollector
 	registry *provider.Registry
+	// client reads through the manager's cache, as reconcilers do.
+	client client.Client
 	// metricsAddr serves the manager's Prometheus metrics.
 	metricsAddr string
 }
@@ -193,10 +200,17 @@ func freeAddr() string {
 // startManager starts the suite's manager; tune, if given, changes its Proxy
 // options (e.g. a slower provision poll).
 func startManager(tune ...func(*ProxyOptions)) *harness {
+	return startManagerLogging(logr.Logger{}, tune...)
+}
+
+// startManagerLogging is startManager with log as the logger of the
+// manager, its controllers and the kvm provider and pool; the zero
+// Logger keeps the suite's.
+func startManagerLogging(log logr.Logger, tune ...func(*ProxyOptions)) *harness {
 	ctx, cancel := context.WithCancel(context.Background())
 	metricsAddr := freeAddr()
 	m, err := ctrl.NewManager(cfg, ManagerOptions(ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: metricsAddr},
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}}))
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}, Logger: log}))
 	Expect(err).NotTo(HaveOccurred())
 
 	proxyOpts := ProxyOptions{
@@ -213,6 +227,7 @@ func startManager(tune ...func(*ProxyOptions)) *harness {
 		Tag:       testTag,
 		InstallID: testInstallID,
 		Proxy:     proxyOpts,
+		Pool:      PoolOptions{Workers: 4, OnPublished: published.record},
 		// The sweep never ticks during the suite; specs call Sweep directly.
 		Sweep: SweepOptions{Interval: time.Hour},
 		KVM: &KVMDeps{
@@ -221,7 +236,9 @@ func startManager(tune ...func(*ProxyOptions)) *harness {
 				HandshakeTimeout:  2 * time.Second,
 				KeepaliveInterval: 200 * time.Millisecond,
 				NewLibvirt:        hosts.newLibvirt,
+				Logger:            log,
 			},
+			Logger:                log,
 			Observer:              rpcMetrics,
 			CheckInterval:         time.Second,
 			ImageProgressInterval: 100 * time.Millisecond,
@@ -230,7 +247,7 @@ func startManager(tune ...func(*ProxyOptions)) *harness {
 		},
 	})
 	Expect(err).NotTo(HaveOccurred())
-	h := &harness{cancel: cancel, done: make(chan struct{}), provider: w.KVM, proxy: w.Proxy, gc: w.Sweep, registry: w.Registry, metricsAddr: metricsAddr}
+	h := &harness{cancel: cancel, done: make(chan struct{}), provider: w.KVM, proxy: w.Proxy, gc: w.Sweep, registry: w.Registry, client: m.GetClient(), metricsAddr: metricsAddr}
 	go func() {
 		defer GinkgoRecover()
 		defer close(h.done)

@@ -14,8 +14,9 @@ const (
 	// with --proxy-probe-url, a request through the proxy succeeds.
 	ProxyHealthyCondition = "ProxyHealthy"
 
-	// SecureCondition (Proxy, managed squid with auth): a request without
-	// credentials is refused with 407. False names what answered instead.
+	// SecureCondition (Proxy): a request without credentials is refused
+	// with 407. False names what answered instead, or that auth type None
+	// leaves only the source list. Checked after each successful probe.
 	SecureCondition = "Secure"
 
 	// DeletionBlockedCondition (Proxy): deletion cannot converge without an
@@ -63,13 +64,25 @@ const (
 	// ProxyProbeAuthFailedReason (ProxyHealthy): squid refused the
 	// manager's credentials with 407.
 	ProxyProbeAuthFailedReason = "ProbeAuthFailed"
-	// ProxyCredentialsMissingReason: the credential Secret named by
-	// spec.access.auth.secretRef is absent or lacks a key.
+	// ProxyCredentialsMissingReason (InstanceProvisioned): the credential
+	// Secret named by spec.access.auth.secretRef is absent or lacks a key,
+	// or the operator's Secret with a generated credential was lost while
+	// the instance exists.
 	ProxyCredentialsMissingReason = "CredentialsMissing"
-	// Secure reasons.
+	// ProxyCredentialsInvalidReason (InstanceProvisioned): the credential
+	// does not meet squid's rules (username characters, password length).
+	ProxyCredentialsInvalidReason = "CredentialsInvalid"
+	// ProxyCredentialsConflictReason (InstanceProvisioned): a Secret not
+	// owned by the Proxy has the name of its credential Secret.
+	ProxyCredentialsConflictReason = "CredentialsConflict"
+	// Secure reasons. OpenProxy on a managed squid with Basic auth also
+	// makes Ready False: an open proxy is never reported serving.
 	ProxyAuthRequiredReason  = "AuthenticationRequired"
 	ProxyOpenProxyReason     = "OpenProxy"
 	ProxySecureUnknownReason = "NotChecked"
+	// ProxySourceListOnlyReason (Secure False): auth type None, so only
+	// spec.access.allowedSourceCIDRs guards the proxy.
+	ProxySourceListOnlyReason = "SourceListOnly"
 )
 
 // KVMImage Ready reasons.

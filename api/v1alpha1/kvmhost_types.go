@@ -116,6 +116,35 @@ type PoolStatus struct {
 	Available string `json:"available,omitempty"`
 }
 
+// HostCapacity is what a hypervisor has and what its running domains were
+// given, as last seen; ProxyPool placement reads it.
+type HostCapacity struct {
+	// CPUs are the host's logical CPUs.
+	// +optional
+	CPUs int32 `json:"cpus,omitempty"`
+	// MemoryBytes is the host's physical memory.
+	// +optional
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// FreeMemoryBytes is the memory a new VM can get: free memory plus
+	// buffers and page cache, which the kernel reclaims. Written when the
+	// rounded FreeMemory changes, so it lags the host by less than that.
+	// +optional
+	FreeMemoryBytes int64 `json:"freeMemoryBytes,omitempty"`
+	// FreeMemory is FreeMemoryBytes for people, e.g. "41.3Gi".
+	// +optional
+	FreeMemory string `json:"freeMemory,omitempty"`
+	// RunningDomains on the host, the operator's and any other.
+	// +optional
+	RunningDomains int32 `json:"runningDomains,omitempty"`
+	// AllocatedVCPUs are the vCPUs of the running domains.
+	// +optional
+	AllocatedVCPUs int32 `json:"allocatedVCPUs,omitempty"`
+	// AllocatedMemoryBytes is the memory of the running domains (each
+	// one's maximum, whatever its guest has touched so far).
+	// +optional
+	AllocatedMemoryBytes int64 `json:"allocatedMemoryBytes,omitempty"`
+}
+
 // KVMHostStatus is the observed health of a hypervisor.
 type KVMHostStatus struct {
 	// Conditions: Ready says whether the host answers over SSH+libvirt and
@@ -137,6 +166,11 @@ type KVMHostStatus struct {
 	// +optional
 	Pool *PoolStatus `json:"pool,omitempty"`
 
+	// Capacity is the host's CPUs and memory and what its running domains
+	// take, as last seen.
+	// +optional
+	Capacity *HostCapacity `json:"capacity,omitempty"`
+
 	// LastCheckTime is when the last health check finished.
 	// +optional
 	LastCheckTime *metav1.Time `json:"lastCheckTime,omitempty"`
@@ -154,6 +188,9 @@ type KVMHostStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Libvirt",type=string,JSONPath=`.status.libvirtVersion`
+// +kubebuilder:printcolumn:name="CPUs",type=integer,JSONPath=`.status.capacity.cpus`,priority=1
+// +kubebuilder:printcolumn:name="vCPUs",type=integer,JSONPath=`.status.capacity.allocatedVCPUs`,priority=1
+// +kubebuilder:printcolumn:name="Mem Free",type=string,JSONPath=`.status.capacity.freeMemory`
 // +kubebuilder:printcolumn:name="Pool Free",type=string,JSONPath=`.status.pool.available`
 // +kubebuilder:printcolumn:name="Last Check",type=date,JSONPath=`.status.lastCheckTime`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

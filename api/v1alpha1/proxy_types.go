@@ -141,6 +141,13 @@ const (
 	CredentialsURLKey      = "url"
 )
 
+// CredentialsSecretName is the Secret the operator writes for a managed
+// Proxy with Basic auth (status.credentialsSecretRef): username, password
+// and url. It is owned by the Proxy and goes with it.
+func CredentialsSecretName(p *Proxy) string {
+	return p.Name + "-proxy-credentials"
+}
+
 // ProxyAuth is the client authentication of a managed squid.
 type ProxyAuth struct {
 	// Type is Basic (default) or None.

@@ -19,9 +19,38 @@ const (
 	// DrainingAnnotation holds the RFC 3339 time a replica was unpublished
 	// before its deletion.
 	DrainingAnnotation = "crawl.example.com/draining-since"
+	// RotationAnnotation holds the RFC 3339 time the pool started replacing
+	// a replica for its age: rotations in flight are the replicas that
+	// carry it, so the rate limit survives a manager restart.
+	RotationAnnotation = "crawl.example.com/rotating-since"
+	// StartupFailuresAnnotation counts the replicas before this one in its
+	// slot that failed to become Ready in time (absent: none); it sets how
+	// long the pool waits before replacing this one if it fails too.
+	StartupFailuresAnnotation = "crawl.example.com/startup-failures"
+	// ReplacesAnnotation names the replica that failed to start and that
+	// this one replaces, so one failure is never counted twice.
+	ReplacesAnnotation = "crawl.example.com/replaces"
 	// ProxyPoolFinalizer holds a pool until its published objects are gone.
 	ProxyPoolFinalizer = "crawl.example.com/proxypool"
 )
+
+// What a pool publishes for crawlers, in its namespace: a Secret and a
+// headless Service, both named <pool>-proxies (docs/pools.md).
+const (
+	// PublishedNameSuffix makes the names of the Secret and the Service.
+	PublishedNameSuffix = "-proxies"
+	// ProxiesTextKey of the Secret: one http://user:pass@address:port per
+	// line, the list scrapy-rotating-proxies and Crawlee's proxyUrls take.
+	ProxiesTextKey = "proxies.txt"
+	// ProxiesJSONKey of the Secret: an array of {name, url, host,
+	// egressAddress, createdAt, expiresAt}.
+	ProxiesJSONKey = "proxies.json"
+	// PublishedPortName names the port of the Service and EndpointSlices.
+	PublishedPortName = "proxy"
+)
+
+// PublishedName is the name of the Secret and Service a pool publishes.
+func PublishedName(pool string) string { return pool + PublishedNameSuffix }
 
 // ProxyPool condition types.
 const (
@@ -36,9 +65,39 @@ const (
 
 // ProxyPool condition reasons.
 const (
-	PoolTooManyUnhealthyReason     = "TooManyUnhealthy"
+	// Available.
+	PoolMinimumAvailableReason   = "MinimumReplicasAvailable"
+	PoolMinimumUnavailableReason = "MinimumReplicasUnavailable"
+	// PoolInvalidSpecReason (Available Unknown): a spec the webhook would
+	// refuse, stored without it; nothing is done until it changes.
+	PoolInvalidSpecReason = "InvalidSpec"
+	// RollingOut.
+	PoolRollingOutReason = "RollingOut"
+	PoolUpToDateReason   = "UpToDate"
+	// PoolOnDeleteReason (RollingOut False): outdated replicas wait until
+	// someone deletes them.
+	PoolOnDeleteReason = "OnDelete"
+	// Rotating.
+	PoolRotatingReason         = "Rotating"
+	PoolRotationWaitingReason  = "Waiting"
+	PoolRotationIdleReason     = "Idle"
+	PoolRotationDisabledReason = "Disabled"
+	// Remediating.
+	PoolRemediatingReason = "Remediating"
+	// PoolRemediationBackoffReason: the unhealthy replicas wait for their
+	// slot's startup backoff.
+	PoolRemediationBackoffReason = "BackingOff"
+	PoolHealthyReason            = "Healthy"
+	// RemediationAllowed.
+	PoolRemediationAllowedReason = "WithinMaxUnhealthy"
+	PoolTooManyUnhealthyReason   = "TooManyUnhealthy"
+	// PlacementBlocked.
 	PoolInsufficientCapacityReason = "InsufficientCapacity"
 	PoolSpreadUnsatisfiableReason  = "SpreadUnsatisfiable"
+	PoolPlacedReason               = "Placed"
+	// Paused.
+	PoolPausedReason    = "Paused"
+	PoolNotPausedReason = "NotPaused"
 )
 
 // ProxyTemplate is what each replica is made from.
@@ -114,13 +173,21 @@ type ProxyPoolRotation struct {
 
 // ProxyPoolRemediation replaces replicas that do not become or stay Ready.
 type ProxyPoolRemediation struct {
-	// StartupTimeout for a new replica to become Ready; default 10m.
+	// StartupTimeout for a new replica to become Ready; default 10m. A
+	// replica whose Ready condition last changed within this time of its
+	// creation and that is not Ready at this age failed to start.
 	// +optional
 	StartupTimeout *metav1.Duration `json:"startupTimeout,omitempty"`
-	// UnhealthyTimeout a Ready replica may be not Ready before it is
-	// replaced; default 5m.
+	// UnhealthyTimeout a replica that has started may be not Ready before
+	// it is replaced; default 5m.
 	// +optional
 	UnhealthyTimeout *metav1.Duration `json:"unhealthyTimeout,omitempty"`
+	// StartupBackoff delays replacing a replica that failed to start when
+	// the replica before it in its slot failed too: this long after the
+	// second failure in a row, doubling with each further one up to 30
+	// minutes (or this value, if longer). Default 30s.
+	// +optional
+	StartupBackoff *metav1.Duration `json:"startupBackoff,omitempty"`
 	// MaxUnhealthy (count or percent): when more replicas are unhealthy,
 	// remediation stops (RemediationAllowed=False, TooManyUnhealthy): an
 	// outage must not delete the fleet. Default 40%.
@@ -173,6 +240,8 @@ type ProxyPoolSpec struct {
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
 	// Selector of the replicas; must match template.metadata.labels.
+	// Immutable.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="selector is immutable"
 	Selector metav1.LabelSelector `json:"selector"`
 	// Template of each replica.
 	Template ProxyTemplate `json:"template"`

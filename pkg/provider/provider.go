@@ -70,6 +70,10 @@ type Machine struct {
 	Project     string
 	Zone        string
 	MachineType string
+
+	// SpreadGroup names the set this instance is spread with over nodes
+	// (kubernetes): the ProxyPool's name, empty for a Proxy of no pool.
+	SpreadGroup string
 }
 
 // Image is a resolved boot image: a KVMImage, or a direct URL on the Proxy.

@@ -1,18 +1,38 @@
 // Package proxyprobe checks that a proxy endpoint works: either its port
 // accepts a TCP connection, or an HTTP request sent through it to a probe URL
-// returns the expected status.
+// gets a 2xx answer. It also asks whether the proxy serves a request
+// without credentials (ProbeWithoutCredentials): a proxy that
+// authenticates answers 407.
 package proxyprobe
 
 import (
 	"context"
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
+
+// Target is the proxy to probe.
+type Target struct {
+	Address string
+	Port    int32
+	// Username and Password, when Username is set, authenticate the probe
+	// to the proxy (Proxy-Authorization: Basic). They travel only in that
+	// header, never in a URL, and are scrubbed from every error.
+	Username, Password string
+}
+
+func (t Target) hostPort() string {
+	return net.JoinHostPort(t.Address, strconv.Itoa(int(t.Port)))
+}
 
 // Result of one probe.
 type Result struct {
@@ -22,13 +42,31 @@ type Result struct {
 	// false when only the port was checked (TCP probe).
 	Through bool
 	Latency time.Duration
-	Err     error
+	// StatusCode is the proxy's (or the origin's) answer; 0 when there was
+	// no HTTP answer (TCP probe, connection failed).
+	StatusCode int
+	// EgressAddress is the body of a 2xx answer when that body is one IP
+	// address, as what-is-my-IP services answer: the address the origin saw
+	// the request come from.
+	EgressAddress string
+	Err           error
 }
 
-// Prober checks the proxy at address:port.
+// Prober checks a proxy.
 type Prober interface {
-	Probe(ctx context.Context, address string, port int32) Result
+	// Probe checks that the proxy serves (with the target's credentials).
+	Probe(ctx context.Context, t Target) Result
+	// ProbeWithoutCredentials sends one request through the proxy without
+	// credentials and reports the answer; a proxy that authenticates its
+	// clients answers 407 before looking at the destination.
+	ProbeWithoutCredentials(ctx context.Context, t Target) Result
 }
+
+// AuthCheckURL is what TCP's ProbeWithoutCredentials requests: a name that
+// never resolves (RFC 6761 .invalid), so a proxy that would serve it
+// without credentials fetches nothing, and port 80, which a managed squid
+// allows unless allowedPorts leaves it out.
+const AuthCheckURL = "http://auth-check.proxy-operator.invalid/"
 
 // TCP checks that the proxy port accepts a connection.
 type TCP struct {
@@ -37,7 +75,7 @@ type TCP struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
-func (p TCP) Probe(ctx context.Context, address string, port int32) Result {
+func (p TCP) Probe(ctx context.Context, t Target) Result {
 	ctx, cancel := context.WithTimeout(ctx, orDefault(p.Timeout))
 	defer cancel()
 	dial := p.Dial
@@ -45,7 +83,7 @@ func (p TCP) Probe(ctx context.Context, address string, port int32) Result {
 		dial = (&net.Dialer{}).DialContext
 	}
 	start := time.Now()
-	conn, err := dial(ctx, "tcp", net.JoinHostPort(address, strconv.Itoa(int(port))))
+	conn, err := dial(ctx, "tcp", t.hostPort())
 	r := Result{Latency: time.Since(start)}
 	if err != nil {
 		r.Err = err
@@ -56,21 +94,40 @@ func (p TCP) Probe(ctx context.Context, address string, port int32) Result {
 	return r
 }
 
-// HTTP sends GET URL through the proxy and expects Status.
+// ProbeWithoutCredentials requests AuthCheckURL through the proxy.
+func (p TCP) ProbeWithoutCredentials(ctx context.Context, t Target) Result {
+	return HTTP{URL: AuthCheckURL, Timeout: p.Timeout}.ProbeWithoutCredentials(ctx, t)
+}
+
+// HTTP sends GET URL through the proxy and expects Status, or any 2xx when
+// Status is 0.
 type HTTP struct {
 	URL     string
-	Status  int // http.StatusNoContent when 0
+	Status  int
 	Timeout time.Duration
 }
 
-func (p HTTP) Probe(ctx context.Context, address string, port int32) Result {
+// maxEgressBody is the longest body read as an address (an IPv6 address
+// with surrounding whitespace fits).
+const maxEgressBody = 64
+
+func (p HTTP) Probe(ctx context.Context, t Target) Result {
+	return p.do(ctx, t, true)
+}
+
+// ProbeWithoutCredentials sends the probe request without credentials;
+// OK reports only that an HTTP answer came (read StatusCode).
+func (p HTTP) ProbeWithoutCredentials(ctx context.Context, t Target) Result {
+	t.Username, t.Password = "", ""
+	return p.do(ctx, t, false)
+}
+
+func (p HTTP) do(ctx context.Context, t Target, judge bool) Result {
 	ctx, cancel := context.WithTimeout(ctx, orDefault(p.Timeout))
 	defer cancel()
-	want := p.Status
-	if want == 0 {
-		want = http.StatusNoContent
-	}
-	proxyURL := &url.URL{Scheme: "http", Host: net.JoinHostPort(address, strconv.Itoa(int(port)))}
+	// No userinfo in the proxy URL: credentials go only into the header,
+	// so no error of the transport can carry them.
+	proxyURL := &url.URL{Scheme: "http", Host: t.hostPort()}
 	tr := &http.Transport{
 		Proxy:             http.ProxyURL(proxyURL),
 		DisableKeepAlives: true, // every probe is a fresh connection through the proxy
@@ -78,23 +135,91 @@ func (p HTTP) Probe(ctx context.Context, address string, port int32) Result {
 	defer tr.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL, nil)
 	if err != nil {
-		return Result{Through: true, Err: err}
+		return Result{Through: true, Err: t.scrub(err)}
+	}
+	if t.Username != "" {
+		auth := "Basic " + base64.StdEncoding.EncodeToString([]byte(t.Username+":"+t.Password))
+		// Plain HTTP goes to the proxy as a request with an absolute URL;
+		// an https URL is a CONNECT, which takes its headers from here.
+		req.Header.Set("Proxy-Authorization", auth)
+		tr.ProxyConnectHeader = http.Header{"Proxy-Authorization": {auth}}
+	}
+	// An https URL is a CONNECT; a refused one surfaces as an error
+	// carrying only the status text, so its code is caught here.
+	var connectStatus int
+	tr.OnProxyConnectResponse = func(_ context.Context, _ *url.URL, _ *http.Request, res *http.Response) error {
+		connectStatus = res.StatusCode
+		return nil
 	}
 	start := time.Now()
-	resp, err := (&http.Client{Transport: tr}).Do(req)
+	resp, err := (&http.Client{Transport: tr, CheckRedirect: noRedirects}).Do(req)
 	r := Result{Through: true, Latency: time.Since(start)}
 	if err != nil {
-		r.Err = err
+		if connectStatus != 0 && connectStatus != http.StatusOK {
+			r.StatusCode = connectStatus
+			if !judge {
+				r.OK = true
+				return r
+			}
+			err = fmt.Errorf("CONNECT for %s through %s: status %d, want 200", p.URL, proxyURL.Host, connectStatus)
+		}
+		r.Err = t.scrub(err)
 		return r
 	}
+	defer resp.Body.Close()
+	r.StatusCode = resp.StatusCode
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxEgressBody+1))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	_ = resp.Body.Close()
-	if resp.StatusCode != want {
-		r.Err = fmt.Errorf("GET %s through %s: status %d, want %d", p.URL, proxyURL.Host, resp.StatusCode, want)
+	if !judge {
+		r.OK = true
+		return r
+	}
+	if !p.wants(resp.StatusCode) {
+		want := "2xx"
+		if p.Status != 0 {
+			want = strconv.Itoa(p.Status)
+		}
+		r.Err = fmt.Errorf("GET %s through %s: status %d, want %s", p.URL, proxyURL.Host, resp.StatusCode, want)
 		return r
 	}
 	r.OK = true
+	if resp.StatusCode/100 == 2 && len(body) <= maxEgressBody {
+		if a, err := netip.ParseAddr(strings.TrimSpace(string(body))); err == nil && a.Zone() == "" {
+			r.EgressAddress = a.Unmap().String()
+		}
+	}
 	return r
+}
+
+func (p HTTP) wants(status int) bool {
+	if p.Status != 0 {
+		return status == p.Status
+	}
+	return status/100 == 2
+}
+
+// noRedirects: the probe judges the probe URL's own answer; following a
+// redirect would send a second request to wherever the answer points.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// scrub removes the password from err's text, in every spelling a URL or
+// header could have carried it. The probe never puts it into a URL, so
+// this is a second guard for the error messages that end up in conditions.
+func (t Target) scrub(err error) error {
+	if err == nil || t.Password == "" {
+		return err
+	}
+	msg := err.Error()
+	for _, s := range []string{t.Password, url.QueryEscape(t.Password), url.PathEscape(t.Password),
+		url.UserPassword(t.Username, t.Password).String(), base64.StdEncoding.EncodeToString([]byte(t.Username + ":" + t.Password))} {
+		if s != "" {
+			msg = strings.ReplaceAll(msg, s, "[redacted]")
+		}
+	}
+	if msg == err.Error() {
+		return err
+	}
+	return errors.New(msg)
 }
 
 func orDefault(d time.Duration) time.Duration {

@@ -112,6 +112,12 @@ type Config struct {
 	// address; 0 means DefaultMaxConnectionsPerClient.
 	MaxConnectionsPerClient int
 	Paths                   Paths
+	// BroadSourcesWithoutAuth lifts the limit on source ranges with auth
+	// None (/24, IPv6 /64). Only for a provider's built-in policy where the
+	// network itself bounds who can connect: the kubernetes provider's
+	// unmanaged proxies, which admit the cluster's private ranges and are
+	// reachable only inside the cluster. spec.access never sets it.
+	BroadSourcesWithoutAuth bool
 }
 
 var (
@@ -153,12 +159,15 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 	switch c.Auth.Type {
 	case AuthBasic:
 		errs = append(errs, c.Auth.validateBasic(authPath)...)
+		if c.BroadSourcesWithoutAuth {
+			errs = append(errs, field.Forbidden(fldPath.Child("broadSourcesWithoutAuth"), "only with auth type None"))
+		}
 	case AuthNone:
 		if c.Auth.Username != "" || c.Auth.Password != "" {
 			errs = append(errs, field.Forbidden(authPath, "username and password are only used with type Basic"))
 		}
 		for i, p := range sources {
-			if p.IsValid() && ((p.Addr().Is4() && p.Bits() < noAuthMinBitsV4) || (p.Addr().Is6() && p.Bits() < noAuthMinBitsV6)) {
+			if !c.BroadSourcesWithoutAuth && p.IsValid() && ((p.Addr().Is4() && p.Bits() < noAuthMinBitsV4) || (p.Addr().Is6() && p.Bits() < noAuthMinBitsV6)) {
 				errs = append(errs, field.Invalid(srcPath.Index(i), c.AllowedSourceCIDRs[i], fmt.Sprintf("with auth type None each range must be /%d or narrower (IPv6 /%d): the source list is the only guard", noAuthMinBitsV4, noAuthMinBitsV6)))
 			}
 		}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"crawl.example.com/proxy-operator/pkg/squid/squidtest"
 )
 
 // rfc1738Escape encodes like squid does before handing credentials to a
@@ -28,7 +30,7 @@ func rfc1738Escape(s string) string {
 // crypt(3): it must accept PasswordFile's bcrypt, under each bcrypt prefix,
 // for passwords up to bcrypt's 72 bytes, and refuse everything else.
 func TestBasicNCSAAuthAcceptsBcrypt(t *testing.T) {
-	squidBinary(t)
+	squidtest.Binary(t)
 	helper := DefaultAuthHelper
 	if _, err := os.Stat(helper); err != nil {
 		t.Fatalf("%s missing (Debian package squid): %v", helper, err)

@@ -95,6 +95,10 @@ func Render(c Config) ([]byte, error) {
 	line("htcp_access deny all")
 	line("snmp_access deny all")
 	line("pinger_enable off")
+	// netdb keeps ICMP measurements for peer selection (no pinger, no
+	// peers here) and would be written hourly under the spool directory,
+	// which is read-only in the kubernetes provider's pod.
+	line("netdb_filename none")
 	b.WriteString("\n")
 
 	// Origins learn neither the client's address nor that a proxy is there.

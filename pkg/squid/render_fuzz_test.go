@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"crawl.example.com/proxy-operator/pkg/squid/squidtest"
 )
 
 // directives Render may write; any other first word on a line means a user
@@ -11,7 +13,7 @@ import (
 var renderedDirectives = map[string]bool{
 	"http_port": true, "visible_hostname": true, "auth_param": true, "acl": true, "http_access": true,
 	"icp_port": true, "htcp_port": true, "snmp_port": true, "icp_access": true, "htcp_access": true,
-	"snmp_access": true, "pinger_enable": true, "via": true, "forwarded_for": true,
+	"snmp_access": true, "pinger_enable": true, "netdb_filename": true, "via": true, "forwarded_for": true,
 	"httpd_suppress_version_string": true, "cache": true, "cache_mem": true, "shutdown_lifetime": true,
 	"pid_filename": true, "cache_log": true, "coredump_dir": true, "access_log": true,
 }
@@ -33,7 +35,7 @@ func FuzzRender(f *testing.F) {
 	f.Add("192.0.2.7/32", "None", "", "", "80", "10.96.0.0/12,fd00:10::/64", "10.20.30.40/32,169.254.1.0/24", 64, "192.0.2.10", 1, "")
 	f.Add("10.0.0.0/8\nhttp_access allow all", "Basic", "a b", "short", "0", "x", "0.0.0.0/0", -1, "x", -1, "rel")
 	f.Add("::ffff:10.0.0.0/104", "", "crawler#", testPassword+"\n", "65536", "::/0", "::/0", 0, "fe80::1%lo", 70000, "/a b")
-	squidBinary(f)
+	squidtest.Binary(f)
 	f.Fuzz(func(t *testing.T, sources, authType, user, password, ports, extra, exceptions string, maxConns int, listen string, port int, accessLog string) {
 		c := Config{
 			ListenAddress:                listen,
@@ -75,6 +77,6 @@ func FuzzRender(f *testing.F) {
 		if lastAccess != "http_access deny all" {
 			t.Fatalf("last http_access is %q:\n%s", lastAccess, conf)
 		}
-		requireParses(t, conf)
+		squidtest.RequireParses(t, conf)
 	})
 }

@@ -86,6 +86,25 @@ func TestValidateAcceptsExplicitNoneWithNarrowSources(t *testing.T) {
 	}
 }
 
+// BroadSourcesWithoutAuth is a provider's switch for its built-in policy
+// (the cluster's private ranges, no auth): it lifts the /24 limit of auth
+// None and nothing else.
+func TestBroadSourcesWithoutAuth(t *testing.T) {
+	broad := Config{AllowedSourceCIDRs: []string{"10.0.0.0/8", "fc00::/7"}, Auth: Auth{Type: AuthNone}}
+	if err := broad.Validate(); err == nil || !strings.Contains(err.Error(), "allowedSourceCIDRs[0]") {
+		t.Errorf("auth None with 10.0.0.0/8 and without the switch: %v, want refused", err)
+	}
+	broad.BroadSourcesWithoutAuth = true
+	if err := broad.Validate(); err != nil {
+		t.Errorf("with the switch: %v", err)
+	}
+	basic := baseConfig()
+	basic.BroadSourcesWithoutAuth = true
+	if err := basic.Validate(); err == nil || !strings.Contains(err.Error(), "broadSourcesWithoutAuth") {
+		t.Errorf("the switch with Basic: %v, want refused", err)
+	}
+}
+
 // A user string must never end a squid.conf token or line: each of these
 // would add a directive or comment out the rest of a rule if rendered.
 func TestValidateRejectsConfigInjection(t *testing.T) {

@@ -206,8 +206,9 @@ func TestDefaultWiring(t *testing.T) {
 			t.Errorf("%s inject-ca-from %q, want %q", kind, got, wantCA)
 		}
 		hooks, _, _ := unstructured.NestedSlice(whc.Object, "webhooks")
-		if len(hooks) != 3 {
-			t.Errorf("%s has %d webhooks, want 3", kind, len(hooks))
+		// ProxyPool is validated, not defaulted.
+		if want := map[string]int{"MutatingWebhookConfiguration": 3, "ValidatingWebhookConfiguration": 4}[kind]; len(hooks) != want {
+			t.Errorf("%s has %d webhooks, want %d", kind, len(hooks), want)
 		}
 		for _, h := range hooks {
 			ref, _, _ := unstructured.NestedStringMap(h.(map[string]any), "clientConfig", "service")
@@ -487,23 +488,35 @@ func TestMetricsAreAuthenticatedHTTPS(t *testing.T) {
 	}
 }
 
-// TestSecretsAreReadOnlyInTheManagerNamespace: no ClusterRole of the install
-// grants Secrets; the manager reads them through a Role in its namespace.
-func TestSecretsAreReadOnlyInTheManagerNamespace(t *testing.T) {
+// TestSecretsGrantedOnlyAsProxyCredentialsNeed: the one cluster-wide grant
+// on Secrets is what Proxy credentials need in every Proxy namespace
+// (read the user's spec.access.auth.secretRef, write and watch the
+// operator's own credential Secret) and the kubernetes provider's
+// password-file Secret (which it deletes with the pod), never a wildcard;
+// the SSH Secrets keep their Role in the manager's namespace.
+func TestSecretsGrantedOnlyAsProxyCredentialsNeed(t *testing.T) {
 	objs := kustomizeBuild(t, "config/default")
-	grantsSecrets := func(o *unstructured.Unstructured) bool {
+	secretVerbs := func(o *unstructured.Unstructured) []string {
+		var verbs []string
 		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
 		for _, r := range rules {
 			res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
 			if slices.Contains(res, "secrets") || slices.Contains(res, "*") {
-				return true
+				v, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "verbs")
+				verbs = append(verbs, v...)
 			}
 		}
-		return false
+		slices.Sort(verbs)
+		return verbs
 	}
+	grantsSecrets := func(o *unstructured.Unstructured) bool { return len(secretVerbs(o)) > 0 }
 	for _, cr := range find(objs, "ClusterRole", "") {
-		if grantsSecrets(cr) {
-			t.Errorf("ClusterRole %s grants Secrets cluster-wide", cr.GetName())
+		want := []string(nil)
+		if cr.GetName() == namePrefix+"manager-role" {
+			want = []string{"create", "delete", "get", "list", "patch", "update", "watch"}
+		}
+		if got := secretVerbs(cr); !slices.Equal(got, want) {
+			t.Errorf("ClusterRole %s grants %v on Secrets, want %v", cr.GetName(), got, want)
 		}
 	}
 	role := one(t, objs, "Role", namePrefix+"manager-role")

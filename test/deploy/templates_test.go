@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -119,7 +120,8 @@ var exampleValues = map[string]string{
 	"KVMHOST_KNOWN_HOSTS_B64":     base64.StdEncoding.EncodeToString([]byte("hv1.lan ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPlaceholderPlaceholderPlaceholderPlace\n")),
 	"DEBIAN_IMAGE_SHA256":         strings.Repeat("0123456789abcdef", 4),
 	"PROXY_NAME":                  "egress-1",
-	"PROXY_CLIENT_CIDR":           "10.0.0.0/8",
+	"PROXY_ALLOWED_SOURCE_CIDRS":  "10.244.0.0/16, 192.0.2.0/24",
+	"POOL_NAME":                   "crawl-a",
 	"GCP_PROJECT":                 "crawl-project",
 	"GCP_ZONE":                    "europe-west1-b",
 }
@@ -134,7 +136,7 @@ func templateFiles(t *testing.T) []string {
 	for _, f := range files {
 		names = append(names, filepath.Base(f))
 	}
-	want := []string{"kvmhost.yaml", "kvmimage-debian.yaml", "proxy-gcp.yaml", "proxy-kubernetes.yaml", "proxy-kvm.yaml"}
+	want := []string{"kvmhost.yaml", "kvmimage-debian.yaml", "proxy-gcp.yaml", "proxy-kubernetes.yaml", "proxy-kvm.yaml", "proxypool-kvm.yaml"}
 	if !slices.Equal(names, want) {
 		t.Errorf("templates/ holds %v, want %v", names, want)
 	}
@@ -301,6 +303,14 @@ func webhookErrors(t *testing.T, o *unstructured.Unstructured) field.ErrorList {
 	case "Proxy":
 		p := &crawlv1.Proxy{}
 		convert(p)
+		webhookv1.DefaultProxy(p)
+		return webhookv1.ValidateProxy(p)
+	case "ProxyPool":
+		// Each replica must pass the Proxy webhook: check one as the pool
+		// would create it (the pool places it on a host).
+		pool := &crawlv1.ProxyPool{}
+		convert(pool)
+		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: pool.Name + "-x7k2p", Namespace: pool.Namespace}, Spec: *pool.Spec.Template.Spec.DeepCopy()}
 		webhookv1.DefaultProxy(p)
 		return webhookv1.ValidateProxy(p)
 	}

@@ -89,6 +89,28 @@ var _ = Describe("kubernetes provider", func() {
 		Expect(podExists(key)).To(BeFalse())
 	})
 
+	It("asks the scheduler to spread a pool's squid pods over nodes", func() {
+		ns := newNamespace()
+		p := &crawlv1.Proxy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pooled", Labels: map[string]string{crawlv1.PoolNameLabel: "crawl-a"}},
+			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes,
+				CloudInit: crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"}, Port: 3128},
+		}
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		DeferCleanup(kubeletFinishTermination, podKey(p))
+		DeferCleanup(removeProxy, ns, p.Name)
+
+		// Stored by the API server as sent: the constraint is valid.
+		pod := waitPod(podKey(p))
+		Expect(pod.Labels).To(HaveKeyWithValue(kubernetes.LabelSpreadGroup, "crawl-a"))
+		Expect(pod.Spec.TopologySpreadConstraints).To(ConsistOf(And(
+			HaveField("MaxSkew", int32(1)),
+			HaveField("TopologyKey", corev1.LabelHostname),
+			HaveField("WhenUnsatisfiable", corev1.ScheduleAnyway),
+			HaveField("LabelSelector.MatchLabels", HaveKeyWithValue(kubernetes.LabelSpreadGroup, "crawl-a")),
+		)))
+	})
+
 	It("replaces an evicted squid pod under a new name and is Ready again", func() {
 		ns := newNamespace()
 		p := createProxy(ns, "evicted", crawlv1.ProviderKubernetes)

@@ -3,6 +3,7 @@ package providers
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -114,14 +115,19 @@ type fakeProber struct {
 	closed map[string]bool // addresses whose port refuses connections
 }
 
-func (p *fakeProber) Probe(_ context.Context, addr string, _ int32) proxyprobe.Result {
+func (p *fakeProber) Probe(_ context.Context, t proxyprobe.Target) proxyprobe.Result {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.probes[addr]++
-	if p.closed[addr] {
+	p.probes[t.Address]++
+	if p.closed[t.Address] {
 		return proxyprobe.Result{Latency: time.Millisecond, Err: errors.New("connection refused")}
 	}
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
+}
+
+// ProbeWithoutCredentials answers as squid with Basic auth does.
+func (p *fakeProber) ProbeWithoutCredentials(context.Context, proxyprobe.Target) proxyprobe.Result {
+	return proxyprobe.Result{OK: true, Through: true, StatusCode: http.StatusProxyAuthRequired, Latency: time.Millisecond}
 }
 
 // closePort makes probes of addr fail as a closed (or firewalled) port does.

@@ -246,6 +246,8 @@ func kindOf(obj any) string {
 		return "KVMImage"
 	case *crawlv1.Proxy:
 		return "Proxy"
+	case *crawlv1.ProxyPool:
+		return "ProxyPool"
 	}
 	return ""
 }

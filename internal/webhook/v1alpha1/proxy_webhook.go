@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -13,7 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 // Smallest sizes a squid guest boots with.
@@ -49,26 +52,45 @@ func (w *ProxyWebhook) Default(ctx context.Context, p *crawlv1.Proxy) error {
 	if update && leftAlone(p, old.Spec, p.Spec) {
 		return nil
 	}
-	DefaultProxy(p)
-	if update {
-		// Placement and port are immutable: a value that means what the
-		// stored one means keeps the stored spelling, so defaulting never
-		// reads as a change to the CEL rules.
-		defaulted := old.DeepCopy()
-		DefaultProxy(defaulted)
-		if equality.Semantic.DeepEqual(defaulted.Spec.Placement, p.Spec.Placement) {
-			p.Spec.Placement = old.Spec.Placement
-		}
-		if defaulted.Spec.Port == p.Spec.Port {
-			p.Spec.Port = old.Spec.Port
-		}
+	if !update {
+		DefaultProxy(p)
+		return nil
+	}
+	defaultSpec(p)
+	// Placement, port and access are immutable: a value that means what
+	// the stored one means keeps the stored spelling, so defaulting never
+	// reads as a change to the CEL rules.
+	defaulted := old.DeepCopy()
+	defaultSpec(defaulted)
+	if equality.Semantic.DeepEqual(defaulted.Spec.Placement, p.Spec.Placement) {
+		p.Spec.Placement = old.Spec.Placement
+	}
+	if defaulted.Spec.Port == p.Spec.Port {
+		p.Spec.Port = old.Spec.Port
+	}
+	if equality.Semantic.DeepEqual(defaulted.Spec.Access, p.Spec.Access) {
+		p.Spec.Access = old.Spec.Access
 	}
 	return nil
 }
 
-// DefaultProxy applies Proxy defaults in place.
+// DefaultProxy applies the defaults of a Proxy being created, in place: a
+// Proxy without spec.access gets an operator-managed squid with a
+// generated Basic credential (secure by default). Updates never add
+// spec.access: a Proxy stored before it existed stays unmanaged, as it was
+// created (see crawlv1.Proxy.IsManaged).
 func DefaultProxy(p *crawlv1.Proxy) {
+	if p.Spec.Access == nil {
+		p.Spec.Access = &crawlv1.ProxyAccess{}
+	}
+	defaultSpec(p)
+}
+
+// defaultSpec applies the defaults every admission applies, creates and
+// updates alike.
+func defaultSpec(p *crawlv1.Proxy) {
 	s := &p.Spec
+	defaultAccess(s.Access)
 	if s.InstallGuestAgent == nil {
 		s.InstallGuestAgent = ptr.To(true)
 	}
@@ -96,8 +118,61 @@ func DefaultProxy(p *crawlv1.Proxy) {
 	}
 }
 
+// defaultAccess fills what spec.access leaves out, for a managed squid
+// only: an unmanaged Proxy's access fields are refused by validation, and
+// defaulting them would make that refusal the webhook's own doing.
+func defaultAccess(a *crawlv1.ProxyAccess) {
+	if a == nil {
+		return
+	}
+	if a.Managed == nil {
+		a.Managed = ptr.To(true)
+	}
+	if !*a.Managed {
+		return
+	}
+	if a.Auth == nil {
+		a.Auth = &crawlv1.ProxyAuth{}
+	}
+	if a.Auth.Type == "" {
+		a.Auth.Type = crawlv1.ProxyAuthBasic
+	}
+	if len(a.AllowedPorts) == 0 {
+		for _, port := range squid.DefaultAllowedPorts {
+			a.AllowedPorts = append(a.AllowedPorts, int32(port))
+		}
+	}
+	if a.MaxConnectionsPerClient == 0 {
+		a.MaxConnectionsPerClient = squid.DefaultMaxConnectionsPerClient
+	}
+}
+
 func (w *ProxyWebhook) ValidateCreate(_ context.Context, p *crawlv1.Proxy) (admission.Warnings, error) {
-	return nil, toInvalid(p, w.validate(p))
+	return accessWarnings(p), toInvalid(p, w.validate(p))
+}
+
+// unmanagedWarning is returned on every admission of a Proxy whose squid
+// the operator does not configure.
+const unmanagedWarning = "spec.access.managed is false: the operator does not configure squid, so who may use this proxy and where it may go are decided by your cloud-init alone; an open proxy is found and abused within hours (docs/security.md)"
+
+// accessWarnings are admission warnings about p's safety that are the
+// user's choice to make, so not errors.
+func accessWarnings(p *crawlv1.Proxy) admission.Warnings {
+	a := p.Spec.Access
+	if a == nil {
+		return nil // stored before spec.access (updates only); it stays as it was
+	}
+	if !p.IsManaged() {
+		return admission.Warnings{unmanagedWarning}
+	}
+	var out admission.Warnings
+	for i, cidr := range a.AllowedSourceCIDRs {
+		if pfx, err := netip.ParsePrefix(cidr); err == nil && pfx.Bits() == 0 {
+			out = append(out, fmt.Sprintf("%s is %s: every address may try credentials, and the password is the only guard",
+				proxyaccess.AccessPath.Child("allowedSourceCIDRs").Index(i), cidr))
+		}
+	}
+	return out
 }
 
 // validate is ValidateProxy plus the manager's policy on image URLs.
@@ -116,7 +191,7 @@ func (w *ProxyWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Proxy) 
 	}
 	errs := ratchet(w.validate(p), w.validate(old))
 	errs = append(errs, ValidateProxyUpdate(old, p)...)
-	return nil, toInvalid(p, errs)
+	return accessWarnings(p), toInvalid(p, errs)
 }
 
 func (w *ProxyWebhook) ValidateDelete(context.Context, *crawlv1.Proxy) (admission.Warnings, error) {
@@ -124,7 +199,8 @@ func (w *ProxyWebhook) ValidateDelete(context.Context, *crawlv1.Proxy) (admissio
 }
 
 // ValidateProxyUpdate rejects changes to fields that would need a new
-// instance: the provider, the port and the placement (host, image, firmware).
+// instance: the provider, the port, the access (squid's configuration) and
+// the placement (host, image, firmware).
 func ValidateProxyUpdate(old, p *crawlv1.Proxy) field.ErrorList {
 	spec := field.NewPath("spec")
 	var errs field.ErrorList
@@ -133,6 +209,9 @@ func ValidateProxyUpdate(old, p *crawlv1.Proxy) field.ErrorList {
 	}
 	if old.Spec.Port != p.Spec.Port {
 		errs = append(errs, field.Forbidden(spec.Child("port"), "port is immutable: the instance keeps the port it was created with; delete the Proxy and create another"))
+	}
+	if !equality.Semantic.DeepEqual(old.Spec.Access, p.Spec.Access) {
+		errs = append(errs, field.Forbidden(spec.Child("access"), "access is immutable: the instance keeps the access it was created with; delete the Proxy and create another (a ProxyPool rolls its replicas)"))
 	}
 	op, np := old.Spec.Placement, p.Spec.Placement
 	pl := spec.Child("placement")
@@ -195,6 +274,8 @@ func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 		errs = append(errs, field.NotSupported(spec.Child("provider"), s.Provider, []string{"kvm", "kubernetes", "gcp"}))
 	}
 
+	errs = append(errs, validateAccess(p)...)
+
 	if s.Port != 0 && (s.Port < 1 || s.Port > 65535) {
 		errs = append(errs, field.Invalid(spec.Child("port"), s.Port, "must be from 1 to 65535"))
 	}
@@ -226,6 +307,54 @@ func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 			}
 			errs = append(errs, field.Invalid(f, fmt.Sprintf("<%d bytes>", len(s.CloudInit.UserDataBytes())),
 				fmt.Sprintf("is %d bytes %s, over Compute Engine's limit of %d", len(v), as, crawlv1.GCEMaxMetadataValue)))
+		}
+	}
+	return errs
+}
+
+// validateAccess checks spec.access: a managed squid by the renderer's own
+// rules (proxyaccess.Validate: allowedSourceCIDRs required, each a CIDR,
+// auth None only with narrow sources, ...), plus what only the API has (the
+// credential Secret's name). An unmanaged one may set nothing but managed.
+// The Secret itself is not read here: it may be created after the Proxy,
+// and the controller reports it missing.
+func validateAccess(p *crawlv1.Proxy) field.ErrorList {
+	a := p.Spec.Access
+	if a == nil {
+		return nil // stored before spec.access: unmanaged, as it was created
+	}
+	path := proxyaccess.AccessPath
+	var errs field.ErrorList
+	if !p.IsManaged() {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"allowedSourceCIDRs", len(a.AllowedSourceCIDRs) > 0},
+			{"auth", a.Auth != nil},
+			{"allowedPorts", len(a.AllowedPorts) > 0},
+			{"extraDeniedDestinations", len(a.ExtraDeniedDestinations) > 0},
+			{"allowedDestinationExceptions", len(a.AllowedDestinationExceptions) > 0},
+			{"maxConnectionsPerClient", a.MaxConnectionsPerClient != 0},
+		} {
+			if f.set {
+				errs = append(errs, field.Forbidden(path.Child(f.name), "only used when the operator manages squid (managed: true); with managed: false your cloud-init configures squid"))
+			}
+		}
+		return errs
+	}
+	errs = append(errs, proxyaccess.Validate(a)...)
+	if a.Auth != nil && a.Auth.SecretRef != nil {
+		ref := path.Child("auth", "secretRef", "name")
+		switch {
+		case a.Auth.Type == crawlv1.ProxyAuthNone:
+			errs = append(errs, field.Forbidden(path.Child("auth", "secretRef"), "a credential is only used with type Basic"))
+		case a.Auth.SecretRef.Name == crawlv1.CredentialsSecretName(p):
+			errs = append(errs, field.Invalid(ref, a.Auth.SecretRef.Name, "is the Secret the operator writes for this Proxy (status.credentialsSecretRef); name the Secret that holds your username and password"))
+		default:
+			for _, msg := range validation.IsDNS1123Subdomain(a.Auth.SecretRef.Name) {
+				errs = append(errs, field.Invalid(ref, a.Auth.SecretRef.Name, msg))
+			}
 		}
 	}
 	return errs

@@ -175,17 +175,105 @@ var _ = Describe("admission through the API server", func() {
 
 		It("defaults installGuestAgent, port and resources", func() {
 			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "p1", Namespace: ns},
-				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian"}}}
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian"}, Access: sources("10.244.0.0/16")}}
 			Expect(k8sClient.Create(ctx, p)).To(Succeed())
 			Expect(*p.Spec.InstallGuestAgent).To(BeTrue())
 			Expect(p.Spec.Port).To(Equal(int32(3128)))
 			Expect(p.Spec.Resources.Memory.String()).To(Equal("512Mi"))
 		})
 
+		It("makes a new Proxy a managed squid with a generated Basic credential", func() {
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "managed", Namespace: ns},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Access: sources("10.244.0.0/16")}}
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+			got := &crawlv1.Proxy{}
+			Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), got)).To(Succeed())
+			a := got.Spec.Access
+			Expect(a).NotTo(BeNil())
+			Expect(a.Managed).To(Equal(ptr.To(true)))
+			Expect(a.Auth).To(Equal(&crawlv1.ProxyAuth{Type: crawlv1.ProxyAuthBasic}))
+			Expect(a.AllowedPorts).To(Equal([]int32{80, 443}))
+			Expect(a.MaxConnectionsPerClient).To(Equal(int32(256)))
+		})
+
+		It("refuses a managed Proxy without allowedSourceCIDRs, or with one that is no CIDR, naming the field", func() {
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "nosources", Namespace: ns},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes}}
+			err := k8sClient.Create(ctx, p)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("spec.access.allowedSourceCIDRs: Required value"))
+
+			p.Spec.Access = sources("10.0.0.0/8", "crawlers")
+			err = k8sClient.Create(ctx, p)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring(`spec.access.allowedSourceCIDRs[1]: Invalid value: "crawlers": must be a CIDR`))
+		})
+
+		It("admits a credential Secret that does not exist yet", func() {
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "later-secret", Namespace: ns},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Access: &crawlv1.ProxyAccess{
+					AllowedSourceCIDRs: []string{"10.0.0.0/8"},
+					Auth:               &crawlv1.ProxyAuth{SecretRef: &crawlv1.LocalObjectReference{Name: "created-later"}}}}}
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		})
+
+		It("takes auth None only when stated, and then only with narrow sources", func() {
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "noauth", Namespace: ns},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Access: &crawlv1.ProxyAccess{
+					AllowedSourceCIDRs: []string{"10.0.0.0/8"}, Auth: &crawlv1.ProxyAuth{Type: crawlv1.ProxyAuthNone}}}}
+			err := k8sClient.Create(ctx, p)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("spec.access.allowedSourceCIDRs[0]"))
+			Expect(err.Error()).To(ContainSubstring("with auth type None"))
+			p.Spec.Access.AllowedSourceCIDRs = []string{"10.1.2.0/24"}
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+			Expect(p.Spec.Access.Auth.Type).To(Equal(crawlv1.ProxyAuthNone))
+		})
+
+		It("admits managed: false with a warning that the proxy's safety is the user's", func() {
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "unmanaged", Namespace: ns},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian"},
+					Access: &crawlv1.ProxyAccess{Managed: ptr.To(false)}}}
+			warnings.take()
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+			Expect(warnings.take()).To(ContainElement(ContainSubstring("spec.access.managed is false")))
+			Expect(p.Spec.Access.Auth).To(BeNil(), "an unmanaged squid gets no access defaults")
+		})
+
+		It("keeps a Proxy stored without spec.access unmanaged through updates", func() {
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "legacy", Namespace: ns},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes}}
+			withoutWebhooks(func() { Expect(k8sClient.Create(ctx, p)).To(Succeed()) })
+			Expect(p.Spec.Access).To(BeNil())
+			p.Spec.Resources.CPUs = 2
+			Expect(k8sClient.Update(ctx, p)).To(Succeed())
+			got := &crawlv1.Proxy{}
+			Expect(k8sClient.Get(ctx, client.ObjectKeyFromObject(p), got)).To(Succeed())
+			Expect(got.Spec.Access).To(BeNil())
+			Expect(got.IsManaged()).To(BeFalse())
+		})
+
+		It("keeps access immutable", func() {
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "access-imm", Namespace: ns},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Access: sources("10.0.0.0/8")}}
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+			// Re-sending the same access as written (defaults omitted) is no change.
+			same := p.DeepCopy()
+			same.Spec.Access = sources("10.0.0.0/8")
+			same.Spec.Resources.CPUs = 2
+			Expect(k8sClient.Update(ctx, same)).To(Succeed())
+			widened := same.DeepCopy()
+			widened.Spec.Access.AllowedSourceCIDRs = []string{"0.0.0.0/0"}
+			err := k8sClient.Update(ctx, widened)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("spec.access"))
+			Expect(err.Error()).To(ContainSubstring("access is immutable"))
+		})
+
 		It("refuses an image URL without --allow-proxy-image-urls, pointing to KVMImage", func() {
 			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "url", Namespace: ns},
 				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{
-					Host: "hv1", Image: "http://10.96.0.1/x.qcow2", ImageChecksum: goodSum}}}
+					Host: "hv1", Image: "http://10.96.0.1/x.qcow2", ImageChecksum: goodSum}, Access: sources("10.0.0.0/8")}}
 			err := k8sClient.Create(ctx, p)
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
 			Expect(err.Error()).To(ContainSubstring("spec.placement.image: Forbidden"))
@@ -236,7 +324,7 @@ var _ = Describe("admission through the API server", func() {
 
 		It("keeps provider and placement immutable", func() {
 			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "imm", Namespace: ns},
-				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian"}}}
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian"}, Access: sources("10.0.0.0/8")}}
 			Expect(k8sClient.Create(ctx, p)).To(Succeed())
 
 			moved := p.DeepCopy()
@@ -266,6 +354,11 @@ var _ = Describe("admission through the API server", func() {
 		})
 	})
 })
+
+// sources is a managed spec.access admitting cidrs, the rest defaulted.
+func sources(cidrs ...string) *crawlv1.ProxyAccess {
+	return &crawlv1.ProxyAccess{AllowedSourceCIDRs: cidrs}
+}
 
 // withoutWebhooks runs fn while the API server calls none of the project's
 // webhooks, as when objects were stored before a rule existed or with the

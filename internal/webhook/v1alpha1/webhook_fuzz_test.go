@@ -96,6 +96,9 @@ func FuzzProxyAdmission(f *testing.F) {
 		`{"metadata":{"name":"p"},"spec":{"provider":"gcp","placement":{"zone":"europe-west1-b"},"cloudInit":{"userData":"#cloud-config\n"}}}`,
 		`{"metadata":{"name":"p"},"spec":{"provider":"kvm","port":0,"placement":{"hostSelector":{"matchLabels":{"a":"b"}},"image":"https://h/i.qcow2","imageChecksum":"sha256:00"}}}`,
 		`{"metadata":{"name":"Bad_Name"},"spec":{"provider":"kvm","resources":{"cpus":-1,"memory":"1Ki"}}}`,
+		`{"metadata":{"name":"p"},"spec":{"provider":"kubernetes","access":{"allowedSourceCIDRs":["10.0.0.0/8","0.0.0.0/0","::/0"],"allowedPorts":[0,443],"auth":{"type":"None","secretRef":{"name":"p-proxy-credentials"}}}}}`,
+		`{"metadata":{"name":"p"},"spec":{"provider":"kubernetes","access":{"managed":false,"maxConnectionsPerClient":-3,"allowedDestinationExceptions":["10.1.0.0/16"],"extraDeniedDestinations":["10.0.0.0/8"]}}}`,
+		`{"metadata":{"name":"p"},"spec":{"provider":"gcp","access":{"managed":true,"auth":{}}}}`,
 	}, func() *crawlv1.Proxy { return &crawlv1.Proxy{} }, &ProxyWebhook{})
 }
 
@@ -113,4 +116,19 @@ func FuzzKVMImageAdmission(f *testing.F) {
 		`{"metadata":{"name":"i"},"spec":{"url":"https://user:pw@h/i.qcow2","checksum":"sha256:0123"}}`,
 		`{"metadata":{"name":"i"},"spec":{"url":"file:///etc/passwd","format":"raw","firmware":"bios"}}`,
 	}, func() *crawlv1.KVMImage { return &crawlv1.KVMImage{} }, &KVMImageWebhook{})
+}
+
+// noDefaults admits like a webhook that validates only: the API server
+// calls no defaulting webhook for ProxyPools.
+type noDefaults struct{ *ProxyPoolWebhook }
+
+func (noDefaults) Default(context.Context, *crawlv1.ProxyPool) error { return nil }
+
+func FuzzProxyPoolAdmission(f *testing.F) {
+	fuzzAdmission(f, []string{
+		sampleJSON(f, "crawl_v1alpha1_proxypool.yaml"),
+		`{"metadata":{"name":"p"},"spec":{"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}},"spec":{"provider":"kubernetes"}},"rollout":{"maxSurge":0,"maxUnavailable":"0%"}}}`,
+		`{"metadata":{"name":"p"},"spec":{"selector":{"matchExpressions":[{"key":"a","operator":"In","values":["b"]}]},"template":{"metadata":{"labels":{"a":"c"}},"spec":{"provider":"gcp"}},"placement":{"zones":["z","z",""]}}}`,
+		`{"metadata":{"name":"p"},"spec":{"selector":{"matchLabels":{"a":"b"}},"template":{"spec":{"provider":"kvm","placement":{"image":"https://h/i"}}},"rotation":{"jitter":"1h","maxAge":"30m"},"remediation":{"maxUnhealthy":"140%","startupTimeout":"-1s"}}}`,
+	}, func() *crawlv1.ProxyPool { return &crawlv1.ProxyPool{} }, noDefaults{&ProxyPoolWebhook{}})
 }

@@ -5,12 +5,14 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -25,8 +27,11 @@ import (
 var (
 	testEnv   *envtest.Environment
 	k8sClient client.Client
-	ctx       context.Context
-	cancel    context.CancelFunc
+	// warnings collects the API server's Warning headers of k8sClient's
+	// requests (admission warnings among them).
+	warnings = &warningLog{}
+	ctx      context.Context
+	cancel   context.CancelFunc
 )
 
 func TestWebhooks(t *testing.T) {
@@ -45,7 +50,9 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 
 	scheme := envtestutil.Scheme()
-	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
+	clientCfg := rest.CopyConfig(cfg)
+	clientCfg.WarningHandlerWithContext = warnings
+	k8sClient, err = client.New(clientCfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
 
 	opts := &testEnv.WebhookInstallOptions
@@ -61,6 +68,7 @@ var _ = BeforeSuite(func() {
 	Expect((&KVMHostWebhook{ManagerNamespace: managerNS}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&KVMImageWebhook{}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&ProxyWebhook{}).SetupWithManager(mgr)).To(Succeed())
+	Expect((&ProxyPoolWebhook{}).SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		Expect(mgr.Start(ctx)).To(Succeed())
@@ -76,6 +84,26 @@ var _ = BeforeSuite(func() {
 		return conn.Close()
 	}).WithTimeout(30 * time.Second).Should(Succeed())
 })
+
+type warningLog struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (w *warningLog) HandleWarningHeaderWithContext(_ context.Context, _ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.list = append(w.list, text)
+}
+
+// take returns the warnings so far and forgets them.
+func (w *warningLog) take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	l := w.list
+	w.list = nil
+	return l
+}
 
 var _ = AfterSuite(func() {
 	cancel()

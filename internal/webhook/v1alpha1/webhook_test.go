@@ -145,6 +145,7 @@ func kvmProxy() *crawlv1.Proxy {
 		Spec: crawlv1.ProxySpec{
 			Provider:  crawlv1.ProviderKVM,
 			Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian-12"},
+			Access:    &crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"10.244.0.0/16"}},
 		},
 	}
 	DefaultProxy(p)
@@ -253,7 +254,8 @@ func checkErrs(t *testing.T, err error, want string) {
 func TestGCEUserDataOverTheMetadataLimitIsRefusedAtAdmission(t *testing.T) {
 	gcp := func(ci crawlv1.ProxyCloudInit) *crawlv1.Proxy {
 		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "g1", Namespace: "crawl"},
-			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderGCP, CloudInit: ci}}
+			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderGCP, CloudInit: ci,
+				Access: &crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"198.51.100.0/24"}}}}
 		DefaultProxy(p)
 		return p
 	}

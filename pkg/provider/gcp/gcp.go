@@ -23,8 +23,22 @@
 // base64-encoded with user-data-encoding=base64, which cloud-init decodes
 // back to the same bytes. Machine.VendorData is NOT delivered: the GCE
 // datasource has no vendor-data key, and merging it into user-data would
-// break byte-for-byte delivery. Everything the guest needs must be in
-// UserData.
+// break byte-for-byte delivery. Everything the user's guest needs must be
+// in UserData.
+//
+// Managed squid (Machine.Squid). The operator's squid.conf and bcrypt
+// password file travel in the "startup-script" metadata key, as the
+// final-stage script of package guestsquid, which google-guest-agent runs
+// at every boot once the network is up (Ubuntu's and Debian's images have
+// the agent): it writes the files (root:proxy 0640 for the password file),
+// installs squid if the image lacks it without letting the package start
+// it, then starts squid once; later boots find the same files and leave
+// the running squid alone. Squid is never started by us before its files
+// are in place. The user's user-data is untouched and still applied by
+// cloud-init. Metadata is readable by whoever may get the instance and by
+// every process on the VM (the metadata server), so the password is only
+// there as its bcrypt hash. The script needs apt-get (Debian, Ubuntu):
+// images of the projects in imageProjectsWithoutApt are refused.
 //
 // Long-running operations (insert, delete, start) are waited for with
 // zoneOperations.wait, bounded by Options.OperationTimeout; an operation
@@ -42,9 +56,9 @@
 // service account is attached: the proxy needs no Google API access.
 //
 // Machine fields not used here: CPUs and MemoryBytes (the machine type
-// decides; Machine.MachineType or Options.MachineType), Port (squid is
-// configured by the user-data the controller renders), Host and the KVM
-// image fields. Tags are compared as GCE label values (LabelValue), so tags
+// decides; Machine.MachineType or Options.MachineType), Host and the KVM
+// image fields. Port matters for a managed squid only (the user's
+// user-data configures an unmanaged one). Tags are compared as GCE label values (LabelValue), so tags
 // that differ only in case or punctuation are the same tag here.
 package gcp
 
@@ -63,6 +77,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/guestsquid"
 )
 
 // Name is the value of Proxy.spec.provider this provider serves.
@@ -531,6 +546,25 @@ func (p *Provider) instanceSpec(m *provider.Machine, t target) (*compute.Instanc
 		if enc != "" {
 			items = append(items, &compute.MetadataItems{Key: MetadataUserDataEncoding, Value: ptr(enc)})
 		}
+	}
+
+	squidFiles, managed, err := guestsquid.Render(m)
+	if err != nil {
+		return nil, provider.Permanentf("gcp: %w", err)
+	}
+	if managed {
+		if why := ManagedSquidUnsupported(image); why != "" {
+			field := "spec.placement.image"
+			if m.Image.URL == "" && m.Image.Name == "" {
+				field = "--gcp-image"
+			}
+			return nil, provider.Permanentf("gcp: %s %q: %s", field, image, why)
+		}
+		script := guestsquid.Script(squidFiles, guestsquid.Final)
+		if len(script) > maxMetadataValue {
+			return nil, provider.Permanentf("gcp: the managed squid's startup script is %d bytes, over Compute Engine's %d (fewer allowedSourceCIDRs or ports?)", len(script), maxMetadataValue)
+		}
+		items = append(items, &compute.MetadataItems{Key: MetadataStartupScript, Value: ptr(script)})
 	}
 
 	disk := &compute.AttachedDisk{

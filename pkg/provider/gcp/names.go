@@ -35,8 +35,12 @@ const (
 const (
 	MetadataUserData         = "user-data"
 	MetadataUserDataEncoding = "user-data-encoding"
-	MetadataNamespace        = "proxy-namespace"
-	MetadataName             = "proxy-name"
+	// MetadataStartupScript carries the managed squid's script
+	// (guestsquid, final stage), which google-guest-agent runs at every
+	// boot once the network is up.
+	MetadataStartupScript = "startup-script"
+	MetadataNamespace     = "proxy-namespace"
+	MetadataName          = "proxy-name"
 )
 
 const maxNameLen = 63

@@ -1,5 +1,7 @@
 // Package kubernetes is the in-cluster provider: one Proxy becomes a squid
-// Pod and the ConfigMap holding its squid.conf, in the Proxy's namespace.
+// Pod and the ConfigMap holding its squid.conf, in the Proxy's namespace;
+// a managed Proxy (Machine.Squid) also gets a Secret with its password file
+// and a NetworkPolicy admitting only its clients and the manager.
 //
 // Why a bare Pod and not a one-replica Deployment: the provider contract is
 // one instance with an exact lifecycle, addressed by a provider ID
@@ -29,10 +31,22 @@
 // added. The controller re-reads the address through Get, so a rebuilt pod's
 // new IP is picked up.
 //
-// Naming and identity: the ConfigMap and the first pod are named
-// ObjectName(name, uid), "proxy-<name>-<8 hex of sha256(uid)>"; replacement
-// pods add "-<incarnation>" (PodName). Every object carries the tag
-// contract labels (LabelManagedBy, LabelTag, LabelProxyUID, LabelProxyName)
+// squid.conf is rendered by pkg/squid, the one renderer: for a managed
+// Proxy from Machine.Squid (allow-list AND Basic auth, denied destinations,
+// connection cap), for an unmanaged one from the provider's built-in policy
+// (Options.AllowedClientCIDRs, no auth; see DefaultAllowedClientCIDRs).
+// The bcrypt password file is a Secret mounted as a directory (AuthDir), so
+// a changed password reaches the running squid without a restart
+// (basic_ncsa_auth re-reads the file when it changes); Create rewrites the
+// ConfigMap, Secret and NetworkPolicy when what they hold differs from the
+// Machine. The NetworkPolicy is made before the pod, so the pod never runs
+// unguarded, and deleted after it.
+//
+// Naming and identity: the ConfigMap, Secret, NetworkPolicy and the first
+// pod are named ObjectName(name, uid), "proxy-<name>-<8 hex of
+// sha256(uid)>"; replacement pods add "-<incarnation>" (PodName). Every
+// object carries the tag contract labels (LabelManagedBy, LabelTag,
+// LabelProxyUID, LabelProxyName)
 // and a controller owner reference to the Proxy, so Kubernetes' garbage
 // collector removes them with the Proxy even if the operator never gets to.
 // Get and Delete act only on objects whose proxy-uid label equals the
@@ -41,16 +55,22 @@
 // recreated under the same name never meets its predecessor's terminating
 // pod.
 //
-// Machine fields used: Namespace, Name, UID, ProviderID, Tag, Port, CPUs and
-// MemoryBytes (requests = limits, for the Guaranteed QoS class: an evicted
-// proxy is an outage). Not used: UserData, VendorData, Image (the squid
+// Machine fields used: Namespace, Name, UID, ProviderID, Tag, Port, Squid,
+// CPUs and MemoryBytes (requests = limits, for the Guaranteed QoS class: an
+// evicted proxy is an outage). Not used: UserData, VendorData, Image (the squid
 // image is Options.SquidImage), DiskBytes (squid keeps no cache here) and the
 // GCP/KVM placement fields.
 //
 // Spec changes are not applied to an existing pod (pods are immutable);
 // the controller rebuilds (Delete, then Create) when it wants them.
 //
-// +kubebuilder:rbac:groups="",resources=pods;configmaps,verbs=get;list;watch;create;delete
+// Secrets and NetworkPolicies are read only through the API reader, never
+// the cache: a Secret informer would hold every Secret of the cluster.
+//
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;create;update;delete
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get
 package kubernetes
 
@@ -64,6 +84,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -76,6 +98,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 // Name is the value of Proxy.spec.provider this provider serves.
@@ -96,6 +119,9 @@ const (
 	AnnotationProxyName = "crawl.example.com/proxy-name"
 	// LabelAppName lets NetworkPolicies select proxy pods.
 	LabelAppName = "app.kubernetes.io/name"
+	// LabelSpreadGroup holds Machine.SpreadGroup (cut to a label value) on
+	// pods, which spread with the others of their group over nodes.
+	LabelSpreadGroup = "crawl.example.com/spread-group"
 	// AnnotationIncarnation counts the pods of one Proxy: 0 (or absent) for
 	// the first, n for its n-th replacement.
 	AnnotationIncarnation = "crawl.example.com/incarnation"
@@ -116,6 +142,10 @@ const (
 	PortName      = "proxy"
 	ConfigKey     = "squid.conf"
 	ConfigPath    = "/etc/squid/squid.conf"
+	// PasswordKey is the Secret's key holding the basic_ncsa_auth file,
+	// mounted (as a directory: it follows updates) at AuthDir.
+	PasswordKey = "passwd"
+	AuthDir     = "/etc/squid/auth"
 	// StateDir is squid's only writable directory (an emptyDir).
 	StateDir = "/var/run/squid"
 	// SquidUID runs squid: "proxy" in Debian and Ubuntu, the owner squid
@@ -160,12 +190,35 @@ type Options struct {
 	APIReader client.Reader
 	// StuckDeletionAfter: see DefaultStuckDeletionAfter.
 	StuckDeletionAfter time.Duration
+	// ManagerNamespace and ManagerPodLabels select the manager's pods,
+	// which a managed Proxy's NetworkPolicy admits beside its
+	// allowedSourceCIDRs (the health probe comes from there). Without a
+	// namespace only allowedSourceCIDRs are admitted. Labels default to
+	// DefaultManagerPodLabels.
+	ManagerNamespace string
+	ManagerPodLabels map[string]string
+}
+
+// DefaultManagerPodLabels are the manager pod's labels in config/manager.
+var DefaultManagerPodLabels = map[string]string{
+	"control-plane":          "controller-manager",
+	"app.kubernetes.io/name": "proxy-operator",
 }
 
 // BindFlags registers the provider's flags on fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.SquidImage, "kubernetes-squid-image", DefaultSquidImage,
 		"Container image running squid for Proxies with provider kubernetes; pin it by digest (@sha256:...). It must have squid (5 or later) on PATH; it runs as uid 13 on a read-only root.")
+	fs.Func("kubernetes-manager-pod-labels",
+		"Labels of the manager's pods (k=v,k=v), which managed Proxies' NetworkPolicies admit from --manager-namespace (default "+labels.Set(DefaultManagerPodLabels).String()+").",
+		func(v string) error {
+			set, err := labels.ConvertSelectorToLabelsMap(v)
+			if err != nil {
+				return err
+			}
+			o.ManagerPodLabels = set
+			return nil
+		})
 }
 
 // CacheByObject restricts a manager's cache of Pods and ConfigMaps to the
@@ -208,6 +261,9 @@ func New(c client.Client, opts Options) provider.Provider {
 	if opts.StuckDeletionAfter <= 0 {
 		opts.StuckDeletionAfter = DefaultStuckDeletionAfter
 	}
+	if opts.ManagerPodLabels == nil {
+		opts.ManagerPodLabels = DefaultManagerPodLabels
+	}
 	r := opts.APIReader
 	if r == nil {
 		r = c
@@ -242,6 +298,15 @@ func labelValue(s string) string {
 	return strings.TrimRightFunc(s, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
 	})
+}
+
+// spreadGroupValue is group as a label value: as is when it is one, else
+// cut and suffixed with its hash so long names stay apart.
+func spreadGroupValue(group string) string {
+	if len(validation.IsValidLabelValue(group)) == 0 {
+		return group
+	}
+	return provider.DNSLabel(group, provider.UIDSuffix(group), validation.LabelValueMaxLength)
 }
 
 // SquidCommand is the squid container's command line, with the entrypoint
@@ -301,9 +366,30 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 		return nil, err
 	}
 
-	cm := p.configMap(m, configKey(m))
-	if err := p.ensure(ctx, m, cm); err != nil {
+	files, err := p.renderSquid(m)
+	if err != nil {
 		return nil, err
+	}
+	if err := p.converge(ctx, m, p.configMap(m, files), func(have, want client.Object) bool {
+		return equality.Semantic.DeepEqual(have.(*corev1.ConfigMap).Data, want.(*corev1.ConfigMap).Data)
+	}); err != nil {
+		return nil, err
+	}
+	if files.Password != nil {
+		if err := p.converge(ctx, m, p.secret(m, files), func(have, _ client.Object) bool {
+			// The hash's salt is random: compare what it admits.
+			return squid.PasswordFileMatches(have.(*corev1.Secret).Data[PasswordKey], files.auth)
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if files.Managed {
+		np := p.networkPolicy(m, files)
+		if err := p.converge(ctx, m, np, func(have, want client.Object) bool {
+			return equality.Semantic.DeepEqual(have.(*networkingv1.NetworkPolicy).Spec, want.(*networkingv1.NetworkPolicy).Spec)
+		}); err != nil {
+			return nil, err
+		}
 	}
 	pods, err := p.podsOf(ctx, m)
 	if err != nil {
@@ -335,8 +421,8 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 		// status says it is, whatever today's naming would be.
 		name = k.Name
 	}
-	pod := p.pod(m, types.NamespacedName{Namespace: m.Namespace, Name: name}, next)
-	if err := p.ensure(ctx, m, pod); err != nil {
+	pod := p.pod(m, types.NamespacedName{Namespace: m.Namespace, Name: name}, next, files.Password != nil)
+	if _, err := p.ensure(ctx, m, pod); err != nil {
 		return nil, err
 	}
 	if pod.DeletionTimestamp != nil {
@@ -413,26 +499,54 @@ func (p *Provider) deleteGone(ctx context.Context, m *provider.Machine, pod *cor
 }
 
 // ensure creates obj, or on AlreadyExists reads the existing object into obj
-// and checks it is m's.
-func (p *Provider) ensure(ctx context.Context, m *provider.Machine, obj client.Object) error {
+// and checks it is m's. created says which.
+func (p *Provider) ensure(ctx context.Context, m *provider.Machine, obj client.Object) (created bool, err error) {
 	kind := kindOf(obj)
 	k := client.ObjectKeyFromObject(obj)
-	err := p.c.Create(ctx, obj)
+	err = p.c.Create(ctx, obj)
 	if err == nil {
-		return nil
+		return true, nil
 	}
 	if !apierrors.IsAlreadyExists(err) {
-		return classify(err, fmt.Sprintf("create %s %s", kind, k))
+		return false, classify(err, fmt.Sprintf("create %s %s", kind, k))
 	}
 	if err := p.r.Get(ctx, k, obj); err != nil {
 		if apierrors.IsNotFound(err) {
 			// Exists for the API server, not (yet) for our reader:
 			// a lagging cache, or deleted in between.
-			return provider.Transientf("kubernetes: %s %s exists but cannot be read yet", kind, k)
+			return false, provider.Transientf("kubernetes: %s %s exists but cannot be read yet", kind, k)
 		}
-		return classify(err, fmt.Sprintf("get %s %s", kind, k))
+		return false, classify(err, fmt.Sprintf("get %s %s", kind, k))
 	}
-	return checkOwner(obj, m)
+	return false, checkOwner(obj, m)
+}
+
+// converge is ensure for an object whose content follows the Machine
+// (ConfigMap, Secret, NetworkPolicy): an existing one of m's that is not
+// same as want gets want's content (a Conflict is transient: the next call
+// re-reads). A terminating one is left to go: the next Create recreates it.
+func (p *Provider) converge(ctx context.Context, m *provider.Machine, want client.Object, same func(have, want client.Object) bool) error {
+	have := want.DeepCopyObject().(client.Object)
+	created, err := p.ensure(ctx, m, have)
+	if err != nil || created {
+		return err
+	}
+	if have.GetDeletionTimestamp() != nil {
+		return provider.Transientf("kubernetes: %s %s/%s is being deleted; recreated once gone", kindOf(want), want.GetNamespace(), want.GetName())
+	}
+	if same(have, want) {
+		return nil
+	}
+	switch h := have.(type) {
+	case *corev1.ConfigMap:
+		h.Data = want.(*corev1.ConfigMap).Data
+	case *corev1.Secret:
+		h.Data = want.(*corev1.Secret).Data
+	case *networkingv1.NetworkPolicy:
+		h.Spec = want.(*networkingv1.NetworkPolicy).Spec
+	}
+	log.FromContext(ctx).Info("updating what the proxy runs with", "object", kindOf(want)+" "+want.GetNamespace()+"/"+want.GetName())
+	return classify(p.c.Update(ctx, have), fmt.Sprintf("update %s %s/%s", kindOf(want), want.GetNamespace(), want.GetName()))
 }
 
 // getFresh reads through the cache and, on a miss, through the API reader:
@@ -440,11 +554,25 @@ func (p *Provider) ensure(ctx context.Context, m *provider.Machine, obj client.O
 // miss there does not prove the name is free — a foreign object without our
 // labels must still be seen, and refused, rather than read as "gone".
 func (p *Provider) getFresh(ctx context.Context, k types.NamespacedName, obj client.Object) error {
+	if uncached(obj) {
+		return p.r.Get(ctx, k, obj)
+	}
 	err := p.c.Get(ctx, k, obj)
 	if apierrors.IsNotFound(err) {
 		return p.r.Get(ctx, k, obj)
 	}
 	return err
+}
+
+// uncached objects are read through the API reader only: reading them
+// through a manager's cache would start an informer on every Secret (or
+// NetworkPolicy) of the cluster.
+func uncached(obj client.Object) bool {
+	switch obj.(type) {
+	case *corev1.Secret, *networkingv1.NetworkPolicy:
+		return true
+	}
+	return false
 }
 
 // Get reports the pod; ErrNotFound when there is none.
@@ -482,11 +610,13 @@ func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Inst
 	return instance(pod), nil
 }
 
-// Delete deletes the pod, then the ConfigMap, each only after checking its
-// proxy-uid label, and with a UID precondition so that an object replaced
-// between our read and our delete is not the one deleted. It returns once
-// the deletions are accepted: a pod then terminates within its grace period
-// on its own, and Get reports it as Deleting meanwhile. Gone is success.
+// Delete deletes the pods, then the ConfigMap, the Secret and the
+// NetworkPolicy (last: it guards the pods while they go), each only after
+// checking its proxy-uid label, and with a UID precondition so that an
+// object replaced between our read and our delete is not the one deleted.
+// It returns once the deletions are accepted: a pod then terminates within
+// its grace period on its own (squid closes its port at once on SIGTERM),
+// and Get reports it as Deleting meanwhile. Gone is success.
 func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 	k, err := key(m)
 	if err != nil {
@@ -505,11 +635,16 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 			return err
 		}
 	}
-	return p.deleteOne(ctx, m, configKey(m), &corev1.ConfigMap{})
+	for _, obj := range []client.Object{&corev1.ConfigMap{}, &corev1.Secret{}, &networkingv1.NetworkPolicy{}} {
+		if err := p.deleteOne(ctx, m, configKey(m), obj); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// configKey is the ConfigMap's name: one per Proxy, shared by every
-// incarnation of its pod.
+// configKey is the name of the ConfigMap, Secret and NetworkPolicy: one
+// each per Proxy, shared by every incarnation of its pod.
 func configKey(m *provider.Machine) types.NamespacedName {
 	return types.NamespacedName{Namespace: m.Namespace, Name: ObjectName(m.Name, m.UID)}
 }
@@ -639,19 +774,57 @@ func OwnerReference(m *provider.Machine) metav1.OwnerReference {
 	}
 }
 
-func (p *Provider) configMap(m *provider.Machine, k types.NamespacedName) *corev1.ConfigMap {
+func (p *Provider) configMap(m *provider.Machine, f squidFiles) *corev1.ConfigMap {
 	return &corev1.ConfigMap{
-		ObjectMeta: p.meta(m, k),
-		Data: map[string]string{
-			ConfigKey: SquidConf(port(m), p.opts.AllowedClientCIDRs, m.Namespace+"/"+m.Name),
+		ObjectMeta: p.meta(m, configKey(m)),
+		Data:       map[string]string{ConfigKey: string(f.Conf)},
+	}
+}
+
+func (p *Provider) secret(m *provider.Machine, f squidFiles) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: p.meta(m, configKey(m)),
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{PasswordKey: f.Password},
+	}
+}
+
+// networkPolicy admits the proxy port of m's pods from the allowed
+// sources (ipBlock) and the manager's pods, and nothing else. Whether an
+// ipBlock matches in-cluster pod addresses is the CNI's choice (Calico
+// does; Cilium applies CIDR rules only to traffic from outside the
+// cluster): docs/providers.md.
+func (p *Provider) networkPolicy(m *provider.Machine, f squidFiles) *networkingv1.NetworkPolicy {
+	var from []networkingv1.NetworkPolicyPeer
+	for _, cidr := range f.Sources {
+		from = append(from, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: cidr}})
+	}
+	if p.opts.ManagerNamespace != "" {
+		from = append(from, networkingv1.NetworkPolicyPeer{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: p.opts.ManagerNamespace}},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: p.opts.ManagerPodLabels},
+		})
+	}
+	tcp := corev1.ProtocolTCP
+	proxyPort := intstr.FromInt32(port(m))
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: p.meta(m, configKey(m)),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelProxyUID: m.UID}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  from,
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &proxyPort}},
+			}},
 		},
 	}
 }
 
-func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation int) *corev1.Pod {
+func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation int, withPassword bool) *corev1.Pod {
 	no, yes := false, true
 	uid := SquidUID
-	grace := int64(10) // squid is told to finish within 3s (shutdown_lifetime)
+	authMode := int32(0o440) // root:13 with fsGroup: readable by squid's helper, by nobody else
+	grace := int64(10)       // squid is told to finish within 3s (shutdown_lifetime)
 	res := corev1.ResourceList{}
 	if m.CPUs > 0 {
 		res[corev1.ResourceCPU] = *resource.NewQuantity(int64(m.CPUs), resource.DecimalSI)
@@ -664,7 +837,19 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 	if incarnation > 0 {
 		meta.Annotations[AnnotationIncarnation] = strconv.Itoa(incarnation)
 	}
-	return &corev1.Pod{
+	var spread []corev1.TopologySpreadConstraint
+	if m.SpreadGroup != "" {
+		// A preference, not a rule: with DoNotSchedule, nodes that count
+		// as domains but take no pod (tainted control planes) would leave
+		// replicas Pending.
+		group := spreadGroupValue(m.SpreadGroup)
+		meta.Labels[LabelSpreadGroup] = group
+		spread = []corev1.TopologySpreadConstraint{{
+			MaxSkew: 1, TopologyKey: corev1.LabelHostname, WhenUnsatisfiable: corev1.ScheduleAnyway,
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelSpreadGroup: group}},
+		}}
+	}
+	pod := &corev1.Pod{
 		ObjectMeta: meta,
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyAlways,
@@ -672,11 +857,13 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 			AutomountServiceAccountToken:  &no,
 			EnableServiceLinks:            &no,
 			TerminationGracePeriodSeconds: &grace,
+			TopologySpreadConstraints:     spread,
 			// The restricted Pod Security level, and a read-only root.
 			SecurityContext: &corev1.PodSecurityContext{
 				RunAsNonRoot:   &yes,
 				RunAsUser:      &uid,
 				RunAsGroup:     &uid,
+				FSGroup:        &uid,
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			Containers: []corev1.Container{{
@@ -724,6 +911,14 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 			},
 		},
 	}
+	if withPassword {
+		c := &pod.Spec.Containers[0]
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "auth", MountPath: AuthDir, ReadOnly: true})
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "auth", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: configKey(m).Name, DefaultMode: &authMode,
+		}}})
+	}
+	return pod
 }
 
 // instance maps a pod to the provider-neutral view.
@@ -890,6 +1085,10 @@ func kindOf(obj client.Object) string {
 		return "Pod"
 	case *corev1.ConfigMap:
 		return "ConfigMap"
+	case *corev1.Secret:
+		return "Secret"
+	case *networkingv1.NetworkPolicy:
+		return "NetworkPolicy"
 	default:
 		return fmt.Sprintf("%T", obj)
 	}

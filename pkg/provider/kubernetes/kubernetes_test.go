@@ -3,15 +3,19 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -128,14 +132,27 @@ func TestCreateBuildsObjects(t *testing.T) {
 		}
 	}
 
+	// Unmanaged: the provider's built-in policy, rendered by pkg/squid.
 	conf := cm.Data["squid.conf"]
-	for _, want := range []string{"http_port 3128\n", "cache deny all\n", "http_access allow proxy_clients\n", "http_access deny all\n"} {
+	for _, want := range []string{
+		"http_port 3128\n", "cache deny all\n", "acl allowed_sources src 10.0.0.0/8 100.64.0.0/10 172.16.0.0/12 192.168.0.0/16 fc00::/7\n",
+		"http_access allow allowed_sources\n", "http_access deny all\n", "pid_filename " + StateDir + "/squid.pid\n",
+		"access_log stdio:/dev/stdout\n", "cache_log /dev/stderr\n", "netdb_filename none\n",
+	} {
 		if !strings.Contains(conf, want) {
 			t.Errorf("squid.conf lacks %q:\n%s", want, conf)
 		}
 	}
-	if strings.Index(conf, "http_access deny proxy_forbidden_dst") > strings.Index(conf, "http_access allow proxy_clients") {
+	if strings.Contains(conf, "auth_param") {
+		t.Errorf("unmanaged squid.conf asks for credentials nobody has:\n%s", conf)
+	}
+	if strings.Index(conf, "http_access deny denied_destinations") > strings.Index(conf, "http_access allow allowed_sources") {
 		t.Error("destination deny must precede the client allow")
+	}
+	for _, obj := range []client.Object{&corev1.Secret{}, &networkingv1.NetworkPolicy{}} {
+		if err := c.Get(context.Background(), k, obj); !apierrors.IsNotFound(err) {
+			t.Errorf("unmanaged Proxy got a %T: %v", obj, err)
+		}
 	}
 
 	if len(pod.Spec.Containers) != 1 {
@@ -183,7 +200,7 @@ func TestDefaultSquidImageIsPinnedByDigest(t *testing.T) {
 	if !regexp.MustCompile(`@sha256:[0-9a-f]{64}$`).MatchString(DefaultSquidImage) {
 		t.Errorf("DefaultSquidImage %q is not pinned by digest", DefaultSquidImage)
 	}
-	pod := New(newFake(t), Options{}).(*Provider).pod(machine(), podKey(machine()), 0)
+	pod := New(newFake(t), Options{}).(*Provider).pod(machine(), podKey(machine()), 0, false)
 	if got := pod.Spec.Containers[0].Image; got != DefaultSquidImage {
 		t.Errorf("image = %q", got)
 	}
@@ -194,8 +211,16 @@ func TestDefaultSquidImageIsPinnedByDigest(t *testing.T) {
 // graph, so the fields are asserted), plus a read-only root whose only
 // writable mount is the state emptyDir.
 func TestPodMeetsRestrictedPodSecurity(t *testing.T) {
-	m := machine()
-	pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+	for _, withPassword := range []bool{false, true} {
+		t.Run(fmt.Sprintf("password file %v", withPassword), func(t *testing.T) {
+			m := machine()
+			podMeetsRestricted(t, newProvider(newFake(t)).pod(m, podKey(m), 0, withPassword))
+		})
+	}
+}
+
+func podMeetsRestricted(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
 	ps := pod.Spec.SecurityContext
 	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser == 0 {
 		t.Fatalf("pod security context %+v: want runAsNonRoot and a non-zero runAsUser", ps)
@@ -207,8 +232,8 @@ func TestPodMeetsRestrictedPodSecurity(t *testing.T) {
 		t.Error("host namespaces")
 	}
 	for _, v := range pod.Spec.Volumes {
-		if v.ConfigMap == nil && v.EmptyDir == nil {
-			t.Errorf("volume %s is neither a ConfigMap nor an emptyDir", v.Name)
+		if v.ConfigMap == nil && v.EmptyDir == nil && v.Secret == nil {
+			t.Errorf("volume %s is neither a ConfigMap, a Secret nor an emptyDir", v.Name)
 		}
 	}
 	for _, c := range pod.Spec.Containers {
@@ -241,6 +266,57 @@ func TestPodMeetsRestrictedPodSecurity(t *testing.T) {
 				t.Errorf("%s: port %d needs a privilege squid does not have", c.Name, p.ContainerPort)
 			}
 		}
+	}
+}
+
+// A pool's pods prefer distinct nodes, counted among their own group only;
+// a Proxy of no pool gets no constraint.
+func TestPodsOfAGroupSpreadOverNodes(t *testing.T) {
+	long := strings.Repeat("pool-", 20) + "a"
+	for _, tc := range []struct {
+		name, group, label string
+	}{
+		{"no pool", "", ""},
+		{"a pool", "crawl-a", "crawl-a"},
+		{"a pool name longer than a label value", long, provider.DNSLabel(long, provider.UIDSuffix(long), 63)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newFake(t)
+			m := machine()
+			m.SpreadGroup = tc.group
+			if _, err := newProvider(c).Create(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+			var pod corev1.Pod
+			if err := c.Get(context.Background(), podKey(m), &pod); err != nil {
+				t.Fatal(err)
+			}
+			got, ok := pod.Labels[LabelSpreadGroup]
+			if tc.group == "" {
+				if ok || len(pod.Spec.TopologySpreadConstraints) != 0 {
+					t.Fatalf("label %q, constraints %+v; want none", got, pod.Spec.TopologySpreadConstraints)
+				}
+				return
+			}
+			if got != tc.label || len(got) > 63 {
+				t.Fatalf("label %q, want %q", got, tc.label)
+			}
+			want := []corev1.TopologySpreadConstraint{{
+				MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelSpreadGroup: tc.label}},
+			}}
+			if !equality.Semantic.DeepEqual(pod.Spec.TopologySpreadConstraints, want) {
+				t.Fatalf("constraints %+v\nwant %+v", pod.Spec.TopologySpreadConstraints, want)
+			}
+			sel, err := metav1.LabelSelectorAsSelector(want[0].LabelSelector)
+			if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
+				t.Fatalf("the constraint's selector does not select the pod itself: %v", err)
+			}
+			var cm corev1.ConfigMap
+			if err := c.Get(context.Background(), configKey(m), &cm); err != nil || cm.Labels[LabelSpreadGroup] != "" {
+				t.Fatalf("ConfigMap labels %v, %v: only pods spread", cm.Labels, err)
+			}
+		})
 	}
 }
 
@@ -346,7 +422,7 @@ func TestGetPhaseMapping(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machine()
 			p0 := newProvider(newFake(t))
-			pod := p0.pod(m, podKey(m), 0)
+			pod := p0.pod(m, podKey(m), 0, false)
 			pod.Status = tc.status
 			if tc.deleting {
 				now := metav1.Now()
@@ -452,7 +528,7 @@ func TestEvictedPodIsReplacedUnderANewName(t *testing.T) {
 	for _, phase := range []corev1.PodPhase{corev1.PodFailed, corev1.PodSucceeded} {
 		t.Run(string(phase), func(t *testing.T) {
 			m := machine()
-			pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+			pod := newProvider(newFake(t)).pod(m, podKey(m), 0, false)
 			pod.Status = corev1.PodStatus{Phase: phase, Reason: "Evicted", Message: "The node was low on resource: memory."}
 			c := newFake(t, pod)
 			p := newProvider(c)
@@ -467,7 +543,7 @@ func TestEvictedPodIsReplacedUnderANewName(t *testing.T) {
 
 func TestPodStuckTerminatingOnNotReadyNodeIsReplaced(t *testing.T) {
 	m := machine()
-	pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+	pod := newProvider(newFake(t)).pod(m, podKey(m), 0, false)
 	pod.Spec.NodeName = "node-a"
 	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3",
 		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
@@ -497,7 +573,7 @@ func TestTerminatingPodIsNotWrittenOffEarly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machine()
-			pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+			pod := newProvider(newFake(t)).pod(m, podKey(m), 0, false)
 			pod.Spec.NodeName = "node-a"
 			pod.DeletionTimestamp, pod.Finalizers = &tc.since, []string{"test/keep"}
 			p := newProvider(newFake(t, pod, tc.node))
@@ -513,7 +589,7 @@ func TestTerminatingPodIsNotWrittenOffEarly(t *testing.T) {
 
 func TestCreateOnTerminatingPodIsTransient(t *testing.T) {
 	m := machine()
-	pod := newProvider(newFake(t)).pod(m, podKey(m), 0)
+	pod := newProvider(newFake(t)).pod(m, podKey(m), 0, false)
 	now := metav1.Now()
 	pod.DeletionTimestamp, pod.Finalizers = &now, []string{"test/keep"}
 	_, err := newProvider(newFake(t, pod)).Create(context.Background(), m)

@@ -1,262 +1,188 @@
 package kubernetes
 
 import (
-	"bufio"
-	"bytes"
+	"context"
 	"fmt"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"crawl.example.com/proxy-operator/internal/testutil"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/squid"
+	"crawl.example.com/proxy-operator/pkg/squid/squidtest"
 )
 
-// squidUnderTest runs the container's command line (SquidCommand) against
-// the real squid binary, with the rendered config, as close to the pod's
-// security context as a process gets: an unprivileged uid (SquidUID when
-// the test runs as root), no capabilities, no_new_privs, the config
-// read-only and owned by someone else, and the state directory the only
-// writable path. Like runc, it hands the container's stdout and stderr to
-// that uid. The test fails (not skips) without squid: install Debian's
-// squid package.
-type squidUnderTest struct {
-	root, conf, state string
-	addr              string
-	cmd               *exec.Cmd
-	stdout, stderr    *os.File
+// The package's tests run in a network namespace holding only lo: the
+// squid tests below ask for private destinations and check the refusal.
+func TestMain(m *testing.M) { squidtest.Main(m) }
+
+func TestRunsInIsolatedNetworkNamespace(t *testing.T) { squidtest.RequireOnlyLoopback(t) }
+
+const (
+	squidClient   = "127.0.0.1"
+	squidStranger = "127.0.0.2"
+	squidUser     = "Crawler"
+	squidPassword = "correct-horse-battery-staple-42"
+)
+
+// managedMachine is machine() with a managed squid for loopback clients:
+// 127.0.0.1 may use it with the credential, origin is an allowed
+// destination (exception and port).
+func managedMachine(origin *squidtest.Origin) *provider.Machine {
+	m := machine()
+	m.Squid = &squid.Config{
+		AllowedSourceCIDRs:           []string{squidClient + "/32"},
+		Auth:                         squid.Auth{Type: squid.AuthBasic, Username: squidUser, Password: squidPassword},
+		AllowedPorts:                 []int{80, 443, origin.Port()},
+		AllowedDestinationExceptions: []string{origin.Host() + "/32"},
+	}
+	return m
 }
 
-func startSquid(t *testing.T) *squidUnderTest {
+// runPod runs what Create put in the API for m the way the pod runs it:
+// the container's command line; the ConfigMap's squid.conf at ConfigPath
+// and the Secret's password file under AuthDir (root-owned, read-only,
+// the Secret as the kubelet writes it with fsGroup 13: root:13, 0440);
+// the state emptyDir the only writable path on a read-only root; uid and
+// gid SquidUID with no capabilities and no_new_privs.
+func runPod(t *testing.T, c client.Client, m *provider.Machine) *squidtest.Squid {
 	t.Helper()
-	bin, err := exec.LookPath("squid")
-	if err != nil {
-		for _, p := range []string{"/usr/sbin/squid", "/usr/local/sbin/squid"} {
-			if _, err2 := os.Stat(p); err2 == nil {
-				bin, err = p, nil
-				break
-			}
-		}
-	}
-	if err != nil {
-		t.Fatalf("squid binary not found (apt-get install squid): %v", err)
-	}
-
-	// Not t.TempDir: its parent is 0700, closed to the squid user.
-	root, err := os.MkdirTemp("", "squid-contract-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	s := &squidUnderTest{root: root}
-	uid, gid := os.Getuid(), os.Getgid()
-	asRoot := uid == 0
-	if asRoot {
-		uid, gid = int(SquidUID), int(SquidUID)
-	}
-	// The tree is traversable, the config readable, neither writable.
-	if err := os.Chmod(s.root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	s.state = filepath.Join(s.root, "state")
-	if err := os.Mkdir(s.state, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if asRoot {
-		if err := os.Chown(s.state, uid, gid); err != nil {
+	ctx := context.Background()
+	k := podKey(m)
+	var pod corev1.Pod
+	var cm corev1.ConfigMap
+	for _, obj := range []client.Object{&pod, &cm} {
+		if err := c.Get(ctx, k, obj); err != nil {
 			t.Fatal(err)
 		}
 	}
-	port := testutil.FreePort(t)
-	s.addr = fmt.Sprintf("127.0.0.1:%d", port)
-	conf := SquidConfig{Port: int32(port), ListenAddress: "127.0.0.1", AllowedClients: []string{"127.0.0.1/32"},
-		StateDir: s.state, Name: "test/squid"}.Render()
-	s.conf = filepath.Join(s.root, "squid.conf")
-	if err := os.WriteFile(s.conf, []byte(conf), 0o444); err != nil {
-		t.Fatal(err)
-	}
-
-	argv := SquidCommand(s.conf)
-	parse := s.command(t, bin, uid, gid, asRoot, append([]string{"-k", "parse"}, argv[1:]...)...)
-	if out, err := parse.CombinedOutput(); err != nil {
-		t.Fatalf("squid -k parse: %v\n%s", err, out)
-	}
-
-	for _, f := range []**os.File{&s.stdout, &s.stderr} {
-		if *f, err = os.CreateTemp(s.root, "log"); err != nil {
+	dir := squidtest.TempDir(t)
+	etc, state := filepath.Join(dir, "etc-squid"), filepath.Join(dir, "state")
+	for _, d := range []string{etc, filepath.Join(etc, "auth"), state} {
+		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if asRoot {
-			if err := (*f).Chown(uid, gid); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
-	s.cmd = s.command(t, bin, uid, gid, asRoot, argv[1:]...)
-	s.cmd.Stdout, s.cmd.Stderr = s.stdout, s.stderr
-	if err := s.cmd.Start(); err != nil {
+	uid := int(SquidUID)
+	if err := os.Chown(state, uid, uid); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- s.cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = s.cmd.Process.Kill()
+	if err := os.WriteFile(filepath.Join(etc, filepath.Base(ConfigPath)), []byte(cm.Data[ConfigKey]), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	mounts := map[string]bool{}
+	for _, vm := range pod.Spec.Containers[0].VolumeMounts {
+		mounts[vm.MountPath] = true
+	}
+	var secret corev1.Secret
+	if err := c.Get(ctx, k, &secret); err == nil {
+		if !mounts[AuthDir] {
+			t.Fatalf("the pod does not mount the Secret at %s: %+v", AuthDir, pod.Spec.Containers[0].VolumeMounts)
 		}
+		pw := filepath.Join(etc, "auth", PasswordKey)
+		if err := os.WriteFile(pw, secret.Data[PasswordKey], 0o440); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(pw, 0, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !mounts[ConfigPath] || !mounts[StateDir] {
+		t.Fatalf("the pod mounts %v, want %s and %s", mounts, ConfigPath, StateDir)
+	}
+	return squidtest.Start(t, squidtest.Options{
+		Dir:      dir,
+		Command:  pod.Spec.Containers[0].Command,
+		ConfPath: ConfigPath,
+		Mounts: []squidtest.Mount{
+			{Source: etc, Target: filepath.Dir(ConfigPath), ReadOnly: true},
+			{Source: state, Target: StateDir},
+		},
+		ReadOnlyRoot: true,
+		User:         &squidtest.Credential{UID: uid, GID: uid},
+		AccessLog:    "stdout",
+		Listen:       fmt.Sprintf("127.0.0.1:%d", port(m)),
 	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", s.addr, 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return s
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("squid exited: %v\nstderr:\n%s", err, s.log(s.stderr))
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("squid not listening on %s: %v\nstderr:\n%s", s.addr, err, s.log(s.stderr))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
-// command runs squid with args as uid/gid when the test is root, through
-// setpriv: no supplementary groups, no capabilities in any set, and
-// no_new_privs (allowPrivilegeEscalation: false), as drop: [ALL] and the
-// restricted level leave the container.
-func (s *squidUnderTest) command(t *testing.T, bin string, uid, gid int, asRoot bool, args ...string) *exec.Cmd {
+// TestManagedSquidAsThePodRunsIt proves the managed squid.conf and
+// password file Create stores, as the pod mounts and runs them, against
+// Debian's squid: the access policy of issue 14 (squidtest.CheckManagedPolicy)
+// and the container contract of docs/providers.md.
+func TestManagedSquidAsThePodRunsIt(t *testing.T) {
+	origin := squidtest.NewOrigin(t, "127.0.0.44:0")
+	c := newFake(t)
+	m := managedMachine(origin)
+	if _, err := newProvider(c).Create(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	s := runPod(t, c, m)
+
+	squidtest.CheckManagedPolicy(t, s, squidtest.Policy{
+		Client: squidClient, Stranger: squidStranger, Username: squidUser, Password: squidPassword, Origin: origin,
+	})
+	requireContainerContract(t, s)
+}
+
+// TestUnmanagedSquidKeepsTheBuiltInPolicy runs an unmanaged Proxy's
+// config (no credential, the provider's client ranges) the same way: no
+// 407, clients outside the ranges and private destinations refused.
+func TestUnmanagedSquidKeepsTheBuiltInPolicy(t *testing.T) {
+	c := newFake(t)
+	m := machine()
+	if _, err := New(c, Options{AllowedClientCIDRs: []string{squidClient + "/32"}}).Create(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	s := runPod(t, c, m)
+	for _, dst := range []string{"http://10.1.2.3/", "http://169.254.169.254/", "http://127.0.0.1:9/"} {
+		squidtest.RequireRefusedBeforeConnecting(t, s, s.Request(t, squidClient, http.MethodGet, dst, ""), http.MethodGet, dst)
+	}
+	squidtest.RequireRefusedBeforeConnecting(t, s, s.Request(t, squidClient, http.MethodConnect, "192.0.2.1:22", ""), http.MethodConnect, "192.0.2.1:22")
+	if r := s.Request(t, squidStranger, http.MethodGet, "http://192.0.2.1/", ""); r.Status != http.StatusForbidden {
+		t.Errorf("client outside the ranges: %d, want 403", r.Status)
+	}
+	requireContainerContract(t, s)
+}
+
+// requireContainerContract: squid runs as the unprivileged user without
+// capabilities, wrote its pid file to the state directory, logged no
+// problem, and stops on SIGTERM well inside the pod's grace period.
+func requireContainerContract(t *testing.T, s *squidtest.Squid) {
 	t.Helper()
-	var cmd *exec.Cmd
-	if asRoot {
-		setpriv, err := exec.LookPath("setpriv")
-		if err != nil {
-			t.Fatalf("setpriv (util-linux) not found: %v", err)
-		}
-		cmd = exec.Command(setpriv, append([]string{
-			fmt.Sprintf("--reuid=%d", uid), fmt.Sprintf("--regid=%d", gid), "--clear-groups",
-			"--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--", bin,
-		}, args...)...)
-	} else {
-		cmd = exec.Command(bin, args...)
-	}
-	cmd.Dir = s.root
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	return cmd
-}
-
-func (s *squidUnderTest) log(f *os.File) string {
-	b, _ := os.ReadFile(f.Name())
-	return string(b)
-}
-
-// TestSquidRunsTheContainerCommandLineUnprivileged proves the entrypoint
-// contract of docs/providers.md against a real squid: the command line
-// and rendered config start it as an unprivileged user with a read-only
-// config, it serves on the port and applies the access policy, it writes
-// only to the state directory and the container log, and SIGTERM stops it
-// within the pod's grace period.
-func TestSquidRunsTheContainerCommandLineUnprivileged(t *testing.T) {
-	s := startSquid(t)
-
-	// Loopback destinations are forbidden by the policy: squid answers
-	// 403 itself, so it runs, parsed the config and applies it.
-	proxyURL, _ := url.Parse("http://" + s.addr)
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL)}}
-	resp, err := client.Get("http://127.0.0.1:9/forbidden")
-	if err != nil {
-		t.Fatalf("request through squid: %v\nstderr:\n%s", err, s.log(s.stderr))
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusForbidden || !strings.HasPrefix(resp.Header.Get("X-Squid-Error"), "ERR_ACCESS_DENIED") {
-		t.Errorf("loopback destination: %s, X-Squid-Error %q; want squid's 403 ERR_ACCESS_DENIED", resp.Status, resp.Header.Get("X-Squid-Error"))
-	}
-	// CONNECT only to 443.
-	c, err := net.Dial("tcp", s.addr)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.Pid()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Fprintf(c, "CONNECT example.com:22 HTTP/1.1\r\nHost: example.com:22\r\n\r\n")
-	line, _ := bufio.NewReader(c).ReadString('\n')
-	c.Close()
-	if !strings.Contains(line, " 403 ") {
-		t.Errorf("CONNECT to port 22: %q, want 403", line)
+	for _, l := range strings.Split(string(status), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 1 && (f[0] == "Uid:" && f[1] != fmt.Sprint(SquidUID) || f[0] == "CapEff:" && f[1] != "0000000000000000") {
+			t.Errorf("squid runs with %s", l)
+		}
 	}
-
-	// The pid file is in the state directory, and squid runs as the
-	// unprivileged user.
-	pid, err := os.ReadFile(filepath.Join(s.state, "squid.pid"))
-	if err != nil {
+	if !strings.Contains(s.ReadStdout(), "TCP_DENIED/403") {
+		t.Errorf("the access log did not reach stdout:\n%s", s.Output())
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir, "state", "squid.pid")); err != nil {
 		t.Errorf("no pid file in the state directory: %v", err)
 	}
-	if status, err := os.ReadFile(fmt.Sprintf("/proc/%s/status", strings.TrimSpace(string(pid)))); err == nil {
-		for _, l := range strings.Split(string(status), "\n") {
-			if strings.HasPrefix(l, "Uid:") && strings.Fields(l)[1] == "0" {
-				t.Errorf("squid runs as root: %s", l)
-			}
-			if strings.HasPrefix(l, "CapEff:") && strings.Fields(l)[1] != "0000000000000000" {
-				t.Errorf("squid has capabilities: %s", l)
-			}
+	grace := 10 * time.Second // the pod's terminationGracePeriodSeconds
+	d := s.Stop(t, grace)
+	t.Logf("squid stopped %s after SIGTERM", d.Round(100*time.Millisecond))
+	var problems []string
+	for _, p := range squidtest.Problems(s.ReadStderr()) {
+		// Unprivileged squid tries to regain root before starting each
+		// auth helper, as a matter of course; nothing is wrong.
+		if !strings.Contains(p, "WARNING: no_suid: setuid(0): (1) Operation not permitted") {
+			problems = append(problems, p)
 		}
 	}
-	// The access log reached stdout.
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(s.log(s.stdout), "TCP_DENIED/403") && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-	}
-	if !strings.Contains(s.log(s.stdout), "TCP_DENIED/403") {
-		t.Errorf("access log not on stdout:\n%s", s.log(s.stdout))
-	}
-
-	// SIGTERM: gone within the pod's termination grace period (10s).
-	start := time.Now()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		for {
-			if err := s.cmd.Process.Signal(syscall.Signal(0)); err != nil {
-				close(done)
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Errorf("squid still running 10s after SIGTERM")
-	}
-	t.Logf("squid stopped %s after SIGTERM", time.Since(start).Round(100*time.Millisecond))
-
-	// Nothing but the state directory and the two logs was written.
-	var written []string
-	_ = filepath.Walk(s.root, func(p string, info os.FileInfo, err error) error {
-		if err != nil || info.IsDir() || p == s.conf || p == s.stdout.Name() || p == s.stderr.Name() || strings.HasPrefix(p, s.state+string(filepath.Separator)) {
-			return nil
-		}
-		written = append(written, p)
-		return nil
-	})
-	if len(written) > 0 {
-		t.Errorf("squid wrote outside the state directory: %v", written)
-	}
-	if b, _ := os.ReadFile(s.conf); !bytes.Contains(b, []byte("pid_filename "+s.state)) {
-		t.Error("config changed")
-	}
-	if strings.Contains(s.log(s.stderr), "FATAL") {
-		t.Errorf("squid logged a FATAL:\n%s", s.log(s.stderr))
+	if len(problems) > 0 {
+		t.Errorf("squid logged problems:\n%s", strings.Join(problems, "\n"))
 	}
 }

@@ -14,6 +14,20 @@ type HostHealth struct {
 	LibvirtVersion string
 	Hostname       string
 	Pool           PoolHealth
+	Capacity       CapacityHealth
+}
+
+// CapacityHealth is the host's size and what its running domains take.
+type CapacityHealth struct {
+	CPUs int32
+	// MemoryBytes is physical memory; FreeMemoryBytes what a new VM can
+	// get (free, buffers and page cache).
+	MemoryBytes     uint64
+	FreeMemoryBytes uint64
+	// Of the running domains, whoever made them.
+	RunningDomains       int32
+	AllocatedVCPUs       int32
+	AllocatedMemoryBytes uint64
 }
 
 // PoolHealth is the host's storage pool.

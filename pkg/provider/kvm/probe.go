@@ -69,9 +69,72 @@ func (p *Provider) probe(ctx context.Context, host string) (HostHealth, error) {
 		if libvirt.StoragePoolState(state) != libvirt.StoragePoolRunning {
 			return fmt.Errorf("%w: %q (state %d)", ErrPoolInactive, hs.Pool, state)
 		}
-		return nil
+		h.Capacity, err = readCapacity(c)
+		return err
 	})
 	return h, err
+}
+
+// Linux reports total, free, buffers and cached for the whole host; it
+// refuses any other count, so asking for 4 saves the call that asks for it.
+const hostMemoryStats = 4
+
+// readCapacity reads the host's size, its free memory and what its running
+// domains were given: three RPCs whatever the number of domains. NOWAIT
+// keeps a domain busy with a job (a migration, a long monitor call) from
+// holding up the check; its vCPU and memory figures come from its
+// definition and are reported anyway.
+func readCapacity(c virt.Client) (CapacityHealth, error) {
+	var hc CapacityHealth
+	_, memKiB, cpus, _, _, _, _, _, err := c.NodeGetInfo()
+	if err != nil {
+		return hc, classify(err)
+	}
+	hc.CPUs, hc.MemoryBytes = cpus, memKiB<<10
+	stats, _, err := c.NodeGetMemoryStats(hostMemoryStats, int32(libvirt.NodeMemoryStatsAllCells), 0)
+	if err != nil {
+		return hc, classify(err)
+	}
+	for _, s := range stats {
+		// MemFree alone would call a host with a warm page cache full.
+		switch s.Field {
+		case "free", "buffers", "cached":
+			hc.FreeMemoryBytes += s.Value << 10
+		}
+	}
+	recs, err := c.ConnectGetAllDomainStats(nil, uint32(libvirt.DomainStatsVCPU|libvirt.DomainStatsBalloon),
+		uint32(libvirt.ConnectGetAllDomainsStatsActive|libvirt.ConnectGetAllDomainsStatsNowait))
+	if err != nil {
+		return hc, classify(err)
+	}
+	for _, r := range recs {
+		hc.RunningDomains++
+		for _, p := range r.Params {
+			switch p.Field {
+			case libvirt.DomainStatsVCPUCurrent:
+				hc.AllocatedVCPUs += int32(paramUint(p.Value))
+			case libvirt.DomainStatsBalloonMaximum:
+				hc.AllocatedMemoryBytes += paramUint(p.Value) << 10 // KiB
+			}
+		}
+	}
+	return hc, nil
+}
+
+// paramUint reads an integer typed parameter whatever its width; anything
+// else (or a negative value) is 0.
+func paramUint(v libvirt.TypedParamValue) uint64 {
+	switch n := v.I.(type) {
+	case uint32:
+		return uint64(n)
+	case uint64:
+		return n
+	case int32:
+		return uint64(max(n, 0))
+	case int64:
+		return uint64(max(n, 0))
+	}
+	return 0
 }
 
 func (p *Provider) startProbe(host string) bool {

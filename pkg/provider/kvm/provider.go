@@ -30,6 +30,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/image"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/seed"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 // Name is the value of Proxy.spec.provider served here.
@@ -223,6 +224,10 @@ func (p *Provider) instrument(ctx context.Context, c virt.Client, opts ...virt.O
 // rebuilt, and the domain defined and started.
 func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.Instance, error) {
 	if err := checkMachine(m); err != nil {
+		return nil, err
+	}
+	// Before anything is downloaded or made: the seed renders it.
+	if _, _, err := provider.ManagedSquid(m, squid.Paths{}); err != nil {
 		return nil, err
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("host", m.Host)
@@ -675,7 +680,11 @@ func ensureOverlay(c virt.Client, pool libvirt.StoragePool, m *provider.Machine,
 // rebuildSeed writes a fresh seed volume: a cancelled upload may have left a
 // truncated one, so it is never reused.
 func rebuildSeed(c virt.Client, pool libvirt.StoragePool, m *provider.Machine) (string, error) {
-	iso, err := seed.Build(seed.ForMachine(m))
+	in, err := seed.ForMachine(m)
+	if err != nil {
+		return "", err
+	}
+	iso, err := seed.Build(in)
 	if err != nil {
 		return "", err
 	}

@@ -347,6 +347,44 @@ func TestProbe(t *testing.T) {
 			t.Fatalf("Probe = %+v, %v", h, err)
 		}
 	})
+	t.Run("capacity: the host's size and what its running domains take", func(t *testing.T) {
+		e := newEnv(t)
+		f := kvmtest.NewHost(fake.WithHostSize(8, 16<<30))
+		f.SetHostMemoryUsed(1 << 30)
+		f.SetPageCache(256<<20, 768<<20)
+		e.hosts.Add("hv1")
+		e.conns.Add("hv1", f)
+		a := e.machine("hv1", "ns", "a", "u1")
+		a.CPUs, a.MemoryBytes = 2, 2<<30
+		if _, err := e.prov.Create(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		e.created("hv1", "ns", "b", "u2") // 1 vCPU, 512Mi
+		stopped := e.created("hv1", "ns", "c", "u3")
+		if err := e.prov.Delete(ctx, stopped); err != nil {
+			t.Fatal(err)
+		}
+		foreignOff := `<domain type='kvm'><name>foreign</name><memory unit='GiB'>4</memory><vcpu>4</vcpu><os><type>hvm</type></os></domain>`
+		if err := f.AddDomain(foreignOff, false); err != nil {
+			t.Fatal(err)
+		}
+		h, err := e.prov.Probe(ctx, "hv1")
+		want := kvm.CapacityHealth{CPUs: 8, MemoryBytes: 16 << 30,
+			// 16Gi - 1Gi host - 2.5Gi domains; the 1Gi of cache counts as free.
+			FreeMemoryBytes: 16<<30 - 1<<30 - 2<<30 - 512<<20,
+			RunningDomains:  2, AllocatedVCPUs: 3, AllocatedMemoryBytes: 2<<30 + 512<<20}
+		if err != nil || h.Capacity != want {
+			t.Fatalf("Probe capacity = %+v, %v\nwant %+v", h.Capacity, err, want)
+		}
+	})
+	t.Run("capacity unreadable: the check fails", func(t *testing.T) {
+		e := newEnv(t, "hv1")
+		e.fakes["hv1"].FailNext(virt.RPCNodeGetMemoryStats, virt.NewError(libvirt.ErrInternalError, "no available memory line found"))
+		_, err := e.prov.Probe(ctx, "hv1")
+		if err == nil || kvm.Reason(err) != crawlv1.HostProbeFailedReason {
+			t.Fatalf("reason %q for %v", kvm.Reason(err), err)
+		}
+	})
 	t.Run("pool inactive", func(t *testing.T) {
 		e := newEnv(t, "hv1")
 		e.fakes["hv1"].SetPoolActive(kvmtest.PoolName, false)

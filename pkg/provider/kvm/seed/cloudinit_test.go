@@ -1,9 +1,11 @@
 //go:build cloudinit
 
-// This test feeds VendorData's output to cloud-init's own user-data processor
-// (cloudinit.user_data.UserDataProcessor, which also handles vendor-data) and
-// checks that the user's vendor-data yields exactly the parts, types and
-// bytes it yields on its own, after the guest-agent script. It needs a Python
+// This test feeds VendorData's and MachineVendorData's output to cloud-init's
+// own user-data processor (cloudinit.user_data.UserDataProcessor, which also
+// handles vendor-data) and checks that it sees the operator's parts (the
+// guest-agent script; the managed squid's boothook and script) with their
+// types and bytes, then exactly the parts, types and bytes the user's
+// vendor-data yields on its own. It needs a Python
 // with the cloudinit package (Debian: apt-get install cloud-init) and fails
 // without one:
 //
@@ -18,8 +20,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"crawl.example.com/proxy-operator/pkg/provider/guestsquid"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 const cloudInitHarness = `
@@ -44,17 +50,24 @@ def parts(blob):
         out.append(("text/x-not-multipart" if t == "text/plain" else t, body))
     return out
 
-script = open(d + "/script", "rb").read()
 print("cloud-init", version.version_string())
 bad = 0
 for name in open(d + "/cases").read().split():
-    alone = parts(open(d + "/" + name + ".user", "rb").read())
+    ops = []
+    for i, t in enumerate(open(d + "/" + name + ".optypes").read().split()):
+        ops.append((t, open(d + "/" + name + ".op" + str(i), "rb").read()))
+    try:
+        alone = parts(open(d + "/" + name + ".user", "rb").read())
+    except FileNotFoundError:
+        alone = []
     combined = parts(open(d + "/" + name + ".combined", "rb").read())
-    if combined[:1] != [("text/x-shellscript", script)] or combined[1:] != alone:
+    n = len(ops)
+    if combined[:n] != ops or combined[n:] != alone:
         bad += 1
-        print("MISMATCH", name, "alone:", alone, "combined:", combined[1:])
+        print("MISMATCH", name, "operator parts:", [t for t, _ in combined[:n]], "want", [t for t, _ in ops],
+              "alone:", alone, "combined:", combined[n:])
     else:
-        print("ok", name, [t for t, _ in alone])
+        print("ok", name, [t for t, _ in ops], [t for t, _ in alone])
 sys.exit(1 if bad else 0)
 `
 
@@ -99,21 +112,131 @@ func TestVendorDataThroughCloudInit(t *testing.T) {
 		}
 	}
 	var names []string
-	for name, data := range cases {
+	addCase := func(name string, user, combined []byte, ops []part) {
 		names = append(names, name)
-		write(name+".user", data)
-		write(name+".combined", VendorData(true, data))
+		if user != nil {
+			write(name+".user", user)
+		}
+		write(name+".combined", combined)
+		var types []string
+		for i, p := range ops {
+			types = append(types, p.contentType)
+			write(name+".op"+strconv.Itoa(i), []byte(p.body))
+		}
+		write(name+".optypes", []byte(strings.Join(types, "\n")))
 	}
-	write("script", []byte(GuestAgentScript))
+	for name, data := range cases {
+		addCase(name, data, VendorData(true, data), []part{guestAgentPart})
+	}
+
+	// The managed squid's parts: cloud-init must see a boothook (run in
+	// its init stage) and a final-stage script, before the guest agent's
+	// and the user's parts, alone or with any kind of user vendor-data.
+	for _, name := range []string{"cloudconfig", "mime", "gzip", "boothook", "utf8"} {
+		m := managedMachine()
+		m.VendorData = cases[name]
+		vd, err := MachineVendorData(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addCase("squid-"+name, cases[name], vd, append(squidPartsOf(t, vd), guestAgentPart))
+	}
+	m := managedMachine()
+	m.VendorData, m.InstallGuestAgent = nil, false
+	vd, err := MachineVendorData(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addCase("squid-only", nil, vd, squidPartsOf(t, vd))
 	write("cases", []byte(strings.Join(names, "\n")))
 
 	cmd := exec.Command(python, "-c", cloudInitHarness, dir)
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	cmd.Stderr = &out
-	err := cmd.Run()
+	err = cmd.Run()
 	t.Logf("%s", out.String())
 	if err != nil {
-		t.Fatalf("cloud-init does not see the user's vendor-data as it would alone: %v", err)
+		t.Fatalf("cloud-init does not see the operator's and the user's vendor-data as intended: %v", err)
+	}
+}
+
+// squidPartsOf returns the two squid parts as MachineVendorData wrote
+// them (the password file's salt differs on every render).
+func squidPartsOf(t *testing.T, vd []byte) []part {
+	t.Helper()
+	doc := parseMIME(t, vd)
+	if len(doc.children) < 2 || doc.children[0].contentType != "text/cloud-boothook" || doc.children[1].contentType != "text/x-shellscript" {
+		t.Fatalf("vendor-data does not start with squid's two parts:\n%.300s", vd)
+	}
+	return []part{
+		{contentType: "text/cloud-boothook", body: string(doc.children[0].body)},
+		{contentType: "text/x-shellscript", body: string(doc.children[1].body)},
+	}
+}
+
+const boothookHarness = `
+import sys
+from cloudinit import helpers
+from cloudinit.handlers.boot_hook import BootHookPartHandler
+
+d = sys.argv[1]
+class Datasource:
+    def get_instance_id(self):
+        return "iid-test"
+paths = helpers.Paths({"cloud_dir": d + "/cloud", "run_dir": d + "/run"}, ds=Datasource())
+payload = open(d + "/boothook", encoding="utf-8").read()
+BootHookPartHandler(paths, Datasource()).handle_part(None, "text/cloud-boothook", "proxy-operator-squid-files.sh", payload, "always")
+`
+
+// TestSquidBoothookRunsUnderCloudInit hands the managed squid's boothook
+// to cloud-init's own boothook handler (which strips "#cloud-boothook",
+// writes the rest 0700 and executes it), sandboxed: the script's root and
+// PATH lines point at a fake root and a systemctl stub. The files it
+// writes must be the managed ones.
+func TestSquidBoothookRunsUnderCloudInit(t *testing.T) {
+	python := cloudInitPython(t)
+	m := managedMachine()
+	vd, err := MachineVendorData(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	root, bin := filepath.Join(dir, "root"), filepath.Join(dir, "bin")
+	for _, d := range []string{root, bin} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(bin, "systemctl"), []byte("#!/bin/sh\necho inactive\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, "logger"), []byte(guestsquid.LoggerStub), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	body := string(squidPartsOf(t, vd)[0].body)
+	body = strings.Replace(body, guestsquid.PathLine, "PATH="+bin+":/usr/bin:/bin; export PATH", 1)
+	body = strings.Replace(body, guestsquid.RootLine, "root="+root, 1)
+	if err := os.WriteFile(filepath.Join(dir, "boothook"), []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(python, "-c", boothookHarness, dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cloud-init's boothook handler: %v\n%s", err, out)
+	}
+	conf, err := os.ReadFile(filepath.Join(root, guestsquid.ConfPath))
+	if err != nil {
+		t.Fatalf("the boothook wrote no squid.conf (cloud-init said: %s): %v", out, err)
+	}
+	want, _, err := guestsquid.Render(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(conf, want.Conf) {
+		t.Errorf("squid.conf differs from the managed one:\n%s", conf)
+	}
+	pw, err := os.ReadFile(filepath.Join(root, guestsquid.PasswordPath))
+	if err != nil || !squid.PasswordFileMatches(pw, m.Squid.Auth) {
+		t.Errorf("password file %q (%v) does not admit the credential", pw, err)
 	}
 }

@@ -55,15 +55,21 @@ type Input struct {
 }
 
 // ForMachine returns the seed input for a Machine: instance-id is its UID,
-// local-hostname its name, vendor-data the user's plus, when asked, the
-// guest-agent installer.
-func ForMachine(m *provider.Machine) Input {
+// local-hostname its name, user-data the user's byte for byte, vendor-data
+// the user's plus the managed squid's parts and, when asked, the
+// guest-agent installer (MachineVendorData). An invalid managed squid
+// config is a permanent error.
+func ForMachine(m *provider.Machine) (Input, error) {
+	vd, err := MachineVendorData(m)
+	if err != nil {
+		return Input{}, err
+	}
 	return Input{
 		InstanceID: m.UID,
 		Hostname:   m.Name,
 		UserData:   m.UserData,
-		VendorData: VendorData(m.InstallGuestAgent, m.VendorData),
-	}
+		VendorData: vd,
+	}, nil
 }
 
 // Build returns the seed ISO image for in.

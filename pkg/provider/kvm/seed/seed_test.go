@@ -278,7 +278,10 @@ func TestForMachine(t *testing.T) {
 		UserData: []byte("#cloud-config\n{}\n"), VendorData: []byte("#cloud-config\nruncmd: [x]\n"),
 		InstallGuestAgent: true,
 	}
-	in := ForMachine(m)
+	in, err := ForMachine(m)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if in.InstanceID != "uid-1" || in.Hostname != "web" || !bytes.Equal(in.UserData, m.UserData) {
 		t.Errorf("ForMachine = %+v", in)
 	}

@@ -7,7 +7,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
-	"strings"
+
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/guestsquid"
 )
 
 // scriptPathLine makes sure qemu-ga is found where Debian installs it
@@ -103,43 +105,110 @@ start_agent || log "could not start qemu-guest-agent"
 exit 0
 `
 
-// VendorData returns the vendor-data for a Proxy.
-//
-// Without installGuestAgent it is exactly userVendorData (nil when empty).
-// With it and no user vendor-data it is GuestAgentScript alone. With both,
-// the two travel as a MIME multipart/mixed document that cloud-init splits
-// into its parts; the user's part means to cloud-init what it would mean on
-// its own (see userPart). Like all vendor-data, the installer is skipped
-// when the user's user-data disables vendor-data (vendor_data: {enabled:
-// false}); user-data itself is never touched.
+// part is one vendor-data part the operator adds.
+type part struct {
+	// contentType is text/x-shellscript (final stage, once per instance)
+	// or text/cloud-boothook (init stage, every boot).
+	contentType string
+	filename    string
+	body        string
+}
+
+var guestAgentPart = part{"text/x-shellscript", "proxy-operator-guest-agent.sh", GuestAgentScript}
+
+// squidParts deliver the managed squid (see guestsquid): a boothook that
+// writes the files in cloud-init's init stage, before Debian's
+// squid.service may start (it is ordered after network-online.target, which
+// that stage comes before), and a final-stage script that installs squid
+// when the image lacks it and starts it once. The boothook's body keeps
+// its own shebang: cloud-init strips the "#cloud-boothook" line and runs
+// the rest as a program.
+func squidParts(f guestsquid.Files) []part {
+	return []part{
+		{"text/cloud-boothook", "proxy-operator-squid-files.sh", "#cloud-boothook\n" + guestsquid.Script(f, guestsquid.Early)},
+		{"text/x-shellscript", "proxy-operator-squid.sh", guestsquid.Script(f, guestsquid.Final)},
+	}
+}
+
+// VendorData returns the vendor-data for a Proxy whose squid the user's
+// cloud-init owns: the guest-agent installer (with installGuestAgent) and
+// the user's vendor-data; see compose.
 func VendorData(installGuestAgent bool, userVendorData []byte) []byte {
+	var parts []part
+	if installGuestAgent {
+		parts = append(parts, guestAgentPart)
+	}
+	return compose(parts, userVendorData)
+}
+
+// MachineVendorData is the vendor-data of m: for a managed squid
+// (m.Squid) its parts first, then the guest-agent installer when asked,
+// then the user's vendor-data. Errors (an invalid managed config) are
+// permanent.
+func MachineVendorData(m *provider.Machine) ([]byte, error) {
+	files, managed, err := guestsquid.Render(m)
+	if err != nil {
+		return nil, fmt.Errorf("seed: %w", err)
+	}
+	var parts []part
+	if managed {
+		// cloud-init's final stage runs the scripts sorted by file name:
+		// the guest agent's before squid's, so the address is known while
+		// squid installs where it must.
+		parts = squidParts(files)
+	}
+	if m.InstallGuestAgent {
+		parts = append(parts, guestAgentPart)
+	}
+	return compose(parts, m.VendorData), nil
+}
+
+// compose returns the operator's parts and the user's vendor-data as one
+// document.
+//
+// Without parts it is exactly userVendorData (nil when empty). One part and
+// no user vendor-data is that part's body alone (cloud-init recognises it
+// by its first line). Otherwise all travel as a MIME multipart/mixed
+// document that cloud-init splits into its parts, the operator's first;
+// the user's part means to cloud-init what it would mean on its own (see
+// userPart). Like all vendor-data, the parts are skipped when the user's
+// user-data disables vendor-data (vendor_data: {enabled: false});
+// user-data itself is never touched.
+func compose(parts []part, userVendorData []byte) []byte {
 	switch {
-	case !installGuestAgent && len(userVendorData) == 0:
+	case len(parts) == 0 && len(userVendorData) == 0:
 		return nil
-	case !installGuestAgent:
+	case len(parts) == 0:
 		return userVendorData
-	case len(userVendorData) == 0:
-		return []byte(GuestAgentScript)
+	case len(parts) == 1 && len(userVendorData) == 0:
+		return []byte(parts[0].body)
 	}
 
-	part := userPart(userVendorData)
-	boundary := boundaryFor(part)
+	var user []byte
+	if len(userVendorData) > 0 {
+		user = userPart(userVendorData)
+	}
+	boundary := boundaryFor(parts, user)
 
 	var b bytes.Buffer
 	// cloud-init treats vendor-data as MIME only when "mime-version:" occurs
 	// in its first 4096 bytes (user_data.convert_string), so it comes first.
 	fmt.Fprintf(&b, "Content-Type: multipart/mixed; boundary=%q\n", boundary)
-	b.WriteString("MIME-Version: 1.0\n\n")
-	fmt.Fprintf(&b, "--%s\n", boundary)
-	b.WriteString("Content-Type: text/x-shellscript; charset=\"us-ascii\"\n")
-	b.WriteString("Content-Transfer-Encoding: 7bit\n")
-	b.WriteString("Content-Disposition: attachment; filename=\"proxy-operator-guest-agent.sh\"\n\n")
-	b.WriteString(GuestAgentScript)
-	// The line break before a delimiter belongs to the delimiter (RFC 2046
-	// 5.1.1; Python's feedparser strips exactly one), so each body keeps its
-	// own final newline.
-	fmt.Fprintf(&b, "\n--%s\n", boundary)
-	b.Write(part)
+	b.WriteString("MIME-Version: 1.0\n")
+	for _, p := range parts {
+		fmt.Fprintf(&b, "\n--%s\n", boundary)
+		fmt.Fprintf(&b, "Content-Type: %s; charset=\"us-ascii\"\n", p.contentType)
+		b.WriteString("Content-Transfer-Encoding: 7bit\n")
+		fmt.Fprintf(&b, "Content-Disposition: attachment; filename=%q\n\n", p.filename)
+		// The line break before a delimiter belongs to the delimiter (RFC
+		// 2046 5.1.1; Python's feedparser strips exactly one), so each body
+		// keeps its own final newline.
+		b.WriteString(p.body)
+	}
+	if user != nil {
+		fmt.Fprintf(&b, "\n--%s\n", boundary)
+		b.Write(user)
+	}
 	fmt.Fprintf(&b, "\n--%s--\n", boundary)
 	return b.Bytes()
 }
@@ -225,20 +294,28 @@ func writeBase64(b *bytes.Buffer, data []byte) {
 	b.WriteString(enc)
 }
 
-// boundaryFor returns a MIME boundary that occurs neither in part nor in the
-// guest-agent script. It is derived from the content, so the same input
-// always yields the same vendor-data and seed contents.
-func boundaryFor(part []byte) string {
+// boundaryFor returns a MIME boundary that occurs in no part. It is
+// derived from the content, so the same input always yields the same
+// vendor-data and seed contents.
+func boundaryFor(parts []part, user []byte) string {
 	sum := sha256.New()
-	sum.Write([]byte(GuestAgentScript))
-	sum.Write(part)
-	return pickBoundary(hex.EncodeToString(sum.Sum(nil))[:32], part)
+	bodies := [][]byte{user}
+	for _, p := range parts {
+		sum.Write([]byte(p.body))
+		bodies = append(bodies, []byte(p.body))
+	}
+	sum.Write(user)
+	return pickBoundary(hex.EncodeToString(sum.Sum(nil))[:32], bodies...)
 }
 
-func pickBoundary(seed string, part []byte) string {
+func pickBoundary(seed string, bodies ...[]byte) string {
 	for i := 0; ; i++ {
 		boundary := "==proxy-operator-" + seed + "-" + strconv.Itoa(i) + "=="
-		if !bytes.Contains(part, []byte(boundary)) && !strings.Contains(GuestAgentScript, boundary) {
+		clash := false
+		for _, b := range bodies {
+			clash = clash || bytes.Contains(b, []byte(boundary))
+		}
+		if !clash {
 			return boundary
 		}
 	}

@@ -182,7 +182,7 @@ func TestVendorDataMultipart(t *testing.T) {
 
 func TestPickBoundary(t *testing.T) {
 	part := []byte("x\n--==proxy-operator-abc-0==\n==proxy-operator-abc-1==")
-	if got, want := pickBoundary("abc", part), "==proxy-operator-abc-2=="; got != want {
+	if got, want := pickBoundary("abc", []byte("#!/bin/sh\n"), part), "==proxy-operator-abc-2=="; got != want {
 		t.Errorf("pickBoundary = %q, want %q", got, want)
 	}
 }

@@ -295,6 +295,52 @@ func (c *instrumented) ConnectGetHostname() (string, error) {
 		func(h string) []any { return []any{"hostname", h} }, nil)
 }
 
+// Host capacity.
+
+// nodeInfo carries NodeGetInfo's eight results through call.
+type nodeInfo struct {
+	model                                  [32]int8
+	memory                                 uint64
+	cpus, mhz, nodes, sockets, cores, thrd int32
+}
+
+func (c *instrumented) NodeGetInfo() ([32]int8, uint64, int32, int32, int32, int32, int32, int32, error) {
+	r, err := call(c, RPCNodeGetInfo, nil,
+		func() (nodeInfo, error) {
+			var i nodeInfo
+			var err error
+			i.model, i.memory, i.cpus, i.mhz, i.nodes, i.sockets, i.cores, i.thrd, err = c.inner.NodeGetInfo()
+			return i, err
+		},
+		func(i nodeInfo) []any { return []any{"cpus", i.cpus, "memoryKiB", i.memory} }, nil)
+	return r.model, r.memory, r.cpus, r.mhz, r.nodes, r.sockets, r.cores, r.thrd, err
+}
+
+func (c *instrumented) NodeGetMemoryStats(nparams int32, cellNum int32, flags uint32) ([]libvirt.NodeGetMemoryStats, int32, error) {
+	type res = two[[]libvirt.NodeGetMemoryStats, int32]
+	r, err := call(c, RPCNodeGetMemoryStats, []any{"nparams", nparams, "cell", cellNum},
+		func() (res, error) {
+			p, n, err := c.inner.NodeGetMemoryStats(nparams, cellNum, flags)
+			return res{p, n}, err
+		},
+		func(r res) []any {
+			kib := make(map[string]uint64, len(r.a))
+			for _, p := range r.a {
+				kib[p.Field] = p.Value
+			}
+			return []any{"count", r.b, "kib", kib}
+		}, nil)
+	return r.a, r.b, err
+}
+
+func (c *instrumented) ConnectGetAllDomainStats(doms []libvirt.Domain, stats uint32, flags uint32) ([]libvirt.DomainStatsRecord, error) {
+	return call(c, RPCConnectGetAllDomainStats, []any{"domains", len(doms), "stats", stats, "flags", flags},
+		func() ([]libvirt.DomainStatsRecord, error) {
+			return c.inner.ConnectGetAllDomainStats(doms, stats, flags)
+		},
+		func(r []libvirt.DomainStatsRecord) []any { return []any{"records", len(r)} }, nil)
+}
+
 // Domains.
 
 func (c *instrumented) ConnectListAllDomains(needResults int32, flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error) {

@@ -114,6 +114,27 @@ func TestInstrumentLogs(t *testing.T) {
 				"err": "Domain not found: no domain with matching name 'nope'", "code": 42.0, "codeName": "ErrNoDomain"}},
 		},
 		{
+			name: "host size", verbosity: 1, lines: 1,
+			call:  func(t *testing.T, c virt.Client, f *fake.Fake) { _, _, _, _, _, _, _, _, _ = c.NodeGetInfo() },
+			check: check{want: map[string]any{"rpc": "virNodeGetInfo", "cpus": float64(fake.DefaultCPUs), "memoryKiB": float64(fake.DefaultMemoryBytes >> 10)}},
+		},
+		{
+			name: "memory figures by name", verbosity: 1, lines: 1,
+			call: func(t *testing.T, c virt.Client, f *fake.Fake) {
+				_, _, _ = c.NodeGetMemoryStats(4, int32(libvirt.NodeMemoryStatsAllCells), 0)
+			},
+			check: check{want: map[string]any{"rpc": "virNodeGetMemoryStats", "nparams": 4.0, "cell": -1.0, "count": 4.0,
+				"kib": map[string]any{"total": float64(fake.DefaultMemoryBytes >> 10), "free": float64((fake.DefaultMemoryBytes - fake.DefaultHostUsedBytes) >> 10), "buffers": 0.0, "cached": 0.0}}},
+		},
+		{
+			name: "domain stats count records", verbosity: 1, lines: 1,
+			call: func(t *testing.T, c virt.Client, f *fake.Fake) {
+				seed(t, f, true)
+				_, _ = c.ConnectGetAllDomainStats(nil, 12, 1)
+			},
+			check: check{want: map[string]any{"rpc": "virConnectGetAllDomainStats", "domains": 0.0, "stats": 12.0, "flags": 1.0, "records": 1.0}},
+		},
+		{
 			name: "define at V(1) has no XML", verbosity: 1, lines: 1,
 			call: func(t *testing.T, c virt.Client, f *fake.Fake) { _, _ = c.DomainDefineXMLFlags(domainXML("a"), 0) },
 			check: check{
@@ -236,6 +257,9 @@ func TestInstrumentCoversEveryMethod(t *testing.T) {
 	_, _ = c.ConnectGetLibVersion()
 	_, _ = c.ConnectGetHostname()
 	_, _, _ = c.ConnectListAllDomains(1, 0)
+	_, _, _, _, _, _, _, _, _ = c.NodeGetInfo()
+	_, _, _ = c.NodeGetMemoryStats(4, int32(libvirt.NodeMemoryStatsAllCells), 0)
+	_, _ = c.ConnectGetAllDomainStats(nil, 0, 0)
 	_, _ = c.DomainLookupByName("a")
 	_, _ = c.DomainLookupByUUID(h.UUID)
 	_ = c.DomainCreate(h)

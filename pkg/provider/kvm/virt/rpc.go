@@ -8,6 +8,9 @@ const (
 	RPCConnectGetLibVersion      = "virConnectGetLibVersion"
 	RPCConnectGetHostname        = "virConnectGetHostname"
 	RPCConnectListAllDomains     = "virConnectListAllDomains"
+	RPCNodeGetInfo               = "virNodeGetInfo"
+	RPCNodeGetMemoryStats        = "virNodeGetMemoryStats"
+	RPCConnectGetAllDomainStats  = "virConnectGetAllDomainStats"
 	RPCDomainLookupByName        = "virDomainLookupByName"
 	RPCDomainLookupByUUID        = "virDomainLookupByUUID"
 	RPCDomainDefineXMLFlags      = "virDomainDefineXMLFlags"
@@ -47,6 +50,9 @@ var RPCNames = []string{
 	RPCConnectGetLibVersion,
 	RPCConnectGetHostname,
 	RPCConnectListAllDomains,
+	RPCNodeGetInfo,
+	RPCNodeGetMemoryStats,
+	RPCConnectGetAllDomainStats,
 	RPCDomainLookupByName,
 	RPCDomainLookupByUUID,
 	RPCDomainDefineXMLFlags,

@@ -20,6 +20,13 @@ type Client interface {
 	ConnectGetLibVersion() (uint64, error)
 	ConnectGetHostname() (string, error)
 
+	// Host capacity, read by the health check for placement: the host's
+	// CPUs and memory, its free memory (kernel figures in KiB: total,
+	// free, buffers, cached), and what the domains on it were given.
+	NodeGetInfo() (model [32]int8, memoryKiB uint64, cpus int32, mhz int32, nodes int32, sockets int32, cores int32, threads int32, err error)
+	NodeGetMemoryStats(nparams int32, cellNum int32, flags uint32) ([]libvirt.NodeGetMemoryStats, int32, error)
+	ConnectGetAllDomainStats(doms []libvirt.Domain, stats uint32, flags uint32) ([]libvirt.DomainStatsRecord, error)
+
 	// Domains.
 	ConnectListAllDomains(needResults int32, flags libvirt.ConnectListAllDomainsFlags) ([]libvirt.Domain, uint32, error)
 	DomainLookupByName(name string) (libvirt.Domain, error)

@@ -65,6 +65,7 @@ type Fake struct {
 	hostname  string
 	maxStored int
 	agentAuto bool
+	host      hostSize
 
 	domains   map[string]*domain // by name
 	nextID    int32
@@ -90,6 +91,7 @@ func New(opts ...Option) *Fake {
 		hostname:  DefaultHostname,
 		maxStored: DefaultMaxStoredBytes,
 		agentAuto: true,
+		host:      hostSize{cpus: DefaultCPUs, memory: DefaultMemoryBytes, used: DefaultHostUsedBytes},
 		domains:   map[string]*domain{},
 		nextID:    1,
 		pools:     map[string]*pool{},

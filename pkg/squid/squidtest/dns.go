@@ -1,4 +1,4 @@
-package squid
+package squidtest
 
 import (
 	"encoding/binary"
@@ -8,21 +8,21 @@ import (
 	"testing"
 )
 
-// testDNSAddress is where squid's resolver is pointed (squid always asks
+// DNSAddress is where squid's resolver is pointed (squid always asks
 // port 53). Any 127/8 address is local on Linux; this one is unlikely to
 // be taken by a system resolver.
-const testDNSAddress = "127.0.0.153"
+const DNSAddress = "127.0.0.153"
 
-// serveDNS answers A and AAAA queries for names from records on
-// testDNSAddress:53 (binding port 53 needs root, like the tests' squid
+// ServeDNS answers A and AAAA queries for names from records on
+// DNSAddress:53 (binding port 53 needs root, like the tests' squid
 // dropping to the proxy user). Unknown names get NXDOMAIN. It exists so a
 // name can resolve to several addresses, which /etc/hosts-style files
 // cannot express to squid (its hosts_file keeps one address per name).
-func serveDNS(t *testing.T, records map[string][]string) {
+func ServeDNS(t *testing.T, records map[string][]string) {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", testDNSAddress+":53")
+	pc, err := net.ListenPacket("udp", DNSAddress+":53")
 	if err != nil {
-		t.Fatalf("test DNS server on %s:53 (needs root): %v", testDNSAddress, err)
+		t.Fatalf("test DNS server on %s:53 (needs root): %v", DNSAddress, err)
 	}
 	t.Cleanup(func() { pc.Close() })
 	go func() {

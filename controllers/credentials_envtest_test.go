@@ -1,0 +1,211 @@
+package controllers
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"go.uber.org/zap/zapcore"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/logkeys"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
+)
+
+// lockedBuffer is a log sink several goroutines write to.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var _ = Describe("credentials", func() {
+	It("creates a managed Proxy with a generated credential that never reaches logs (V(2)), events or status", func() {
+		// The manager of this spec logs everything up to V(2) into logs.
+		logs := &lockedBuffer{}
+		mgr.stop()
+		mgr = startManagerLogging(logkeys.Wrap(zap.New(zap.WriteTo(logs), zap.UseDevMode(true), zap.Level(zapcore.Level(-2)))))
+		DeferCleanup(func() {
+			mgr.stop()
+			mgr = startManager()
+		})
+
+		img := kvmtest.NewImageServer("debian", 64<<10)
+		DeferCleanup(img.Close)
+		image := uniqueName("debian")
+		createImage(image, img)
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		p := &crawlv1.Proxy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "secure"},
+			Spec: crawlv1.ProxySpec{
+				Provider:  crawlv1.ProviderKVM,
+				Placement: crawlv1.ProxyPlacement{Host: h.name, Image: image},
+				Port:      3128,
+				// As the webhook defaults it (this suite runs without webhooks).
+				Access: managedAccessFor(""),
+			},
+		}
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		giveAddress(h, ns, "secure", "192.0.2.41")
+		p = waitProxyPhase(ns, "secure", crawlv1.ProxyReady, 30*time.Second)
+
+		Expect(p.Status.CredentialsSecretRef).To(Equal(&crawlv1.LocalObjectReference{Name: "secure-proxy-credentials"}))
+		sec := &corev1.Secret{}
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "secure-proxy-credentials"}, sec)).To(Succeed())
+			g.Expect(sec.Data).To(HaveKey("url"))
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+		user, pass := string(sec.Data["username"]), string(sec.Data["password"])
+		Expect(user).To(Equal("secure"))
+		Expect(len(pass)).To(BeNumerically(">=", 32))
+		Expect(string(sec.Data["url"])).To(Equal("http://secure:" + pass + "@192.0.2.41:3128"))
+		Expect(sec.OwnerReferences).To(HaveLen(1))
+		Expect(sec.OwnerReferences[0].UID).To(Equal(p.UID))
+		Expect(*sec.OwnerReferences[0].Controller).To(BeTrue())
+		Expect(conditions.GetReason(p, crawlv1.SecureCondition)).To(Equal(crawlv1.ProxyAuthRequiredReason))
+
+		// A few probe intervals (1s here) of steady state, then the
+		// delete, all logged.
+		Eventually(func() int64 {
+			return getProxy(ns, "secure").Status.Probe.LastProbeTime.Unix()
+		}).WithTimeout(10 * time.Second).Should(BeNumerically(">=", p.Status.Probe.LastProbeTime.Unix()+2))
+		steady := getProxy(ns, "secure")
+		deleteProxy(ns, "secure")
+		waitProxyGone(ns, "secure", 20*time.Second)
+
+		leaks := []string{pass, url.QueryEscape(pass), base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))}
+		logged := logs.String()
+		// The buffer must really hold this manager's verbose output, or the
+		// check below proves nothing.
+		Expect(logged).To(ContainSubstring("credential Secret created"))
+		Expect(logged).To(ContainSubstring(ns))
+		Expect(logged).To(MatchRegexp(`DEBUG`), "no V(1)+ line was logged: the logger is not verbose")
+		for _, leak := range leaks {
+			Expect(strings.Contains(logged, leak)).To(BeFalse(), "the logs carry the password")
+		}
+
+		// Events are sent asynchronously by the recorder.
+		events := &corev1.EventList{}
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.List(ctx, events, client.InNamespace(ns))).To(Succeed())
+			g.Expect(events.Items).NotTo(BeEmpty())
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+		for _, ev := range events.Items {
+			for _, leak := range leaks {
+				Expect(strings.Contains(ev.Message, leak)).To(BeFalse(), "event %s %s carries the password", ev.Reason, ev.Message)
+			}
+		}
+		for _, seen := range []*crawlv1.Proxy{p, steady} {
+			status, err := json.Marshal(seen.Status)
+			Expect(err).NotTo(HaveOccurred())
+			for _, leak := range leaks {
+				Expect(strings.Contains(string(status), leak)).To(BeFalse(), "the status carries the password")
+			}
+		}
+	})
+
+	It("waits for a user's credential Secret, naming it, and serves with it once it exists", func() {
+		img := kvmtest.NewImageServer("debian", 64<<10)
+		DeferCleanup(img.Close)
+		image := uniqueName("debian")
+		createImage(image, img)
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		access := managedAccessFor("crawler-credential")
+		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "byo"},
+			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: h.name, Image: image}, Port: 3128, Access: access}}
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		Eventually(func(g Gomega) {
+			got := getProxy(ns, "byo")
+			g.Expect(conditions.GetReason(got, crawlv1.InstanceProvisionedCondition)).To(Equal(crawlv1.ProxyCredentialsMissingReason))
+			g.Expect(conditions.GetMessage(got, crawlv1.ReadyCondition)).To(ContainSubstring("Secret " + ns + "/crawler-credential (spec.access.auth.secretRef) not found"))
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+		Expect(h.fake.DomainNames()).NotTo(ContainElement(ns+".byo"), "an instance was created without a credential")
+
+		const pass = "a-password-of-the-users-own-choosing"
+		Expect(k8sClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "crawler-credential"},
+			Data: map[string][]byte{"username": []byte("crawler"), "password": []byte(pass)}})).To(Succeed())
+		// Polled: the user's Secrets are not watched (the cache holds only the operator's).
+		giveAddress(h, ns, "byo", "192.0.2.42")
+		waitProxyPhase(ns, "byo", crawlv1.ProxyReady, 40*time.Second)
+		sec := &corev1.Secret{}
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "byo-proxy-credentials"}, sec)).To(Succeed())
+			g.Expect(string(sec.Data["url"])).To(Equal("http://crawler:" + pass + "@192.0.2.42:3128"))
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+		deleteProxy(ns, "byo")
+		waitProxyGone(ns, "byo", 20*time.Second)
+	})
+
+	It("reacts at once when the operator's credential Secret is deleted, not at the next probe", func() {
+		mgr.stop()
+		mgr = startManager(func(o *ProxyOptions) { o.ProbeInterval = 10 * time.Minute })
+		DeferCleanup(func() {
+			mgr.stop()
+			mgr = startManager()
+		})
+		img := kvmtest.NewImageServer("debian", 64<<10)
+		DeferCleanup(img.Close)
+		image := uniqueName("debian")
+		createImage(image, img)
+		h := readyHost(uniqueName("hv"))
+		ns := newNamespace()
+		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lost"},
+			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: h.name, Image: image}, Port: 3128, Access: managedAccessFor("")}}
+		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		giveAddress(h, ns, "lost", "192.0.2.43")
+		waitProxyPhase(ns, "lost", crawlv1.ProxyReady, 30*time.Second)
+		// Quiet first: no reconcile (each probes) for two seconds, so
+		// what follows the deletion is the watch's doing.
+		Eventually(func(g Gomega) {
+			before := getProxy(ns, "lost").Status.Probe.LastProbeTime
+			g.Consistently(func() *metav1.Time { return getProxy(ns, "lost").Status.Probe.LastProbeTime }).
+				WithTimeout(2 * time.Second).Should(Equal(before))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+
+		Expect(k8sClient.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lost-proxy-credentials"}})).To(Succeed())
+		Eventually(func(g Gomega) {
+			got := getProxy(ns, "lost")
+			g.Expect(conditions.GetReason(got, crawlv1.ReadyCondition)).To(Equal(crawlv1.ProxyCredentialsMissingReason))
+			g.Expect(conditions.GetMessage(got, crawlv1.ReadyCondition)).To(ContainSubstring("was deleted while instance"))
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+		deleteProxy(ns, "lost")
+		waitProxyGone(ns, "lost", 20*time.Second)
+	})
+})
+
+// managedAccessFor is spec.access as the webhook defaults it, with the
+// user's credential Secret secretRef ("" for a generated credential).
+func managedAccessFor(secretRef string) *crawlv1.ProxyAccess {
+	a := &crawlv1.ProxyAccess{Managed: ptr.To(true), AllowedSourceCIDRs: []string{"10.244.0.0/16"},
+		Auth: &crawlv1.ProxyAuth{Type: crawlv1.ProxyAuthBasic}, AllowedPorts: []int32{80, 443}, MaxConnectionsPerClient: 256}
+	if secretRef != "" {
+		a.Auth.SecretRef = &crawlv1.LocalObjectReference{Name: secretRef}
+	}
+	return a
+}

@@ -1,0 +1,846 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	poolfleet "crawl.example.com/proxy-operator/pkg/fleet"
+)
+
+// ProxyPoolReconciler keeps a ProxyPool's replicas (Proxies it owns) at
+// spec.replicas and of its template, rotates and heals them within one
+// disruption budget, and publishes the Ready ones. The decisions are
+// fleet.Decide's; this carries them out and remembers, per pool, what it
+// wrote that the informer cache may not show yet.
+type ProxyPoolReconciler struct {
+	Client   client.Client
+	Scheme   *runtime.Scheme
+	Recorder record.EventRecorder
+	// Publisher writes the pool's published objects.
+	Publisher *Publisher
+	Clock     clock.PassiveClock
+	// Rand names replicas and orders a Random scale-down; guarded by randMu.
+	Rand *rand.Rand
+	// OnPublished, if set, sees each successful Publish (tests, metrics).
+	OnPublished func(pool types.NamespacedName, replicas []crawlv1.Proxy)
+	// PlacementRetry is how soon a create refused by placement is tried
+	// again; placement may free without any event the pool watches.
+	PlacementRetry time.Duration
+	// RepublishInterval: an unchanged list is published again this often,
+	// so published objects changed by hand come back.
+	RepublishInterval time.Duration
+	// HostCheckInterval is the KVMHosts' default check interval: placement
+	// waits about that long for a running replica to show in its host's
+	// capacity figures.
+	HostCheckInterval time.Duration
+
+	// place is placeReplica; unit tests refuse placements through it.
+	place func(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy) (*PlacementBlocked, error)
+
+	randMu sync.Mutex
+	memMu  sync.Mutex
+	pools  map[types.NamespacedName]*poolMemory
+}
+
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/finalizers,verbs=update
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;patch
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch;create;update;patch;delete
+
+// PoolOwnerIndex indexes Proxies by the name of the ProxyPool that
+// controls them.
+const PoolOwnerIndex = "crawl.example.com/pool-owner"
+
+// IndexPoolOwner registers PoolOwnerIndex.
+func IndexPoolOwner(ctx context.Context, mgr ctrl.Manager) error {
+	return mgr.GetFieldIndexer().IndexField(ctx, &crawlv1.Proxy{}, PoolOwnerIndex, poolOwnerOf)
+}
+
+func poolOwnerOf(o client.Object) []string {
+	if ref := metav1.GetControllerOf(o); ref != nil && ref.Kind == "ProxyPool" && strings.HasPrefix(ref.APIVersion, crawlv1.GroupVersion.Group+"/") {
+		return []string{ref.Name}
+	}
+	return nil
+}
+
+// SetupWithManager registers the controller.
+func (r *ProxyPoolReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	if err := r.complete(); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&crawlv1.ProxyPool{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
+			predicate.AnnotationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
+		// The Proxy controller ignores status-only updates of Proxies;
+		// the pool needs those that change what it decides or publishes.
+		Owns(&crawlv1.Proxy{}, builder.WithPredicates(replicaChanged)).
+		WithOptions(opts).
+		Named("proxypool").
+		Complete(r)
+}
+
+func (r *ProxyPoolReconciler) complete() error {
+	var missing []string
+	for name, ok := range map[string]bool{
+		"Client": r.Client != nil, "Scheme": r.Scheme != nil, "Recorder": r.Recorder != nil, "Publisher": r.Publisher != nil,
+	} {
+		if !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("ProxyPoolReconciler: missing %s", strings.Join(missing, ", "))
+	}
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.Rand == nil {
+		r.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	if r.PlacementRetry == 0 {
+		r.PlacementRetry = 15 * time.Second
+	}
+	if r.RepublishInterval == 0 {
+		r.RepublishInterval = 5 * time.Minute
+	}
+	if r.place == nil {
+		r.place = r.placeReplica
+	}
+	r.memMu.Lock()
+	r.pools = map[types.NamespacedName]*poolMemory{}
+	r.memMu.Unlock()
+	return nil
+}
+
+// replicaChanged lets through the replica changes a pool acts on: creation,
+// deletion, spec, labels, annotations (drain, rotation, delete-proxy), the
+// start of deletion, Ready and its transition time, and what is published
+// (address, endpoint, host, egress address, credentials). A probe's
+// timestamp alone is not a change: with a thousand replicas that would be a
+// pool reconcile every few milliseconds.
+var replicaChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok1 := e.ObjectOld.(*crawlv1.Proxy)
+		n, ok2 := e.ObjectNew.(*crawlv1.Proxy)
+		if !ok1 || !ok2 {
+			return true
+		}
+		if o.Generation != n.Generation || !o.DeletionTimestamp.Equal(n.DeletionTimestamp) ||
+			!mapsEqual(o.Labels, n.Labels) || !mapsEqual(o.Annotations, n.Annotations) ||
+			publishedFields(o) != publishedFields(n) {
+			return true
+		}
+		oc, nc := conditions.Get(o, crawlv1.ReadyCondition), conditions.Get(n, crawlv1.ReadyCondition)
+		if (oc == nil) != (nc == nil) {
+			return true
+		}
+		return oc != nil && (oc.Status != nc.Status || !oc.LastTransitionTime.Equal(&nc.LastTransitionTime))
+	},
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// publishedFields are the fields of a replica its published entry is made
+// of.
+func publishedFields(p *crawlv1.Proxy) string {
+	cred := ""
+	if p.Status.CredentialsSecretRef != nil {
+		cred = p.Status.CredentialsSecretRef.Name
+	}
+	return strings.Join([]string{p.Status.Address, p.Status.Endpoint, p.Status.Host, p.Status.EgressAddress, cred,
+		strconv.Itoa(int(p.Spec.Port))}, "\x00")
+}
+
+func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+	// "proxypool", not "pool": that key is a libvirt storage pool.
+	log := logf.FromContext(ctx).WithValues("proxypool", req.NamespacedName)
+	ctx = logf.IntoContext(ctx, log)
+
+	pool := &crawlv1.ProxyPool{}
+	if err := r.Client.Get(ctx, req.NamespacedName, pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	patcher := newObjectPatcher(r.Client, pool)
+	defer func() {
+		pool.Status.ObservedGeneration = pool.Generation
+		if err := patcher.Patch(ctx, pool); err != nil {
+			reterr = kerrors.NewAggregate([]error{reterr, err})
+		}
+	}()
+	if !pool.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, pool)
+	}
+	return r.reconcileNormal(ctx, pool)
+}
+
+// reconcileDelete: the replicas and published objects carry owner
+// references to the pool, so the garbage collector removes them; only this
+// manager's memory of the pool goes.
+func (r *ProxyPoolReconciler) reconcileDelete(_ context.Context, pool *crawlv1.ProxyPool) (ctrl.Result, error) {
+	r.forget(client.ObjectKeyFromObject(pool))
+	return ctrl.Result{}, nil
+}
+
+func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1.ProxyPool) (ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	now := r.Clock.Now()
+	sel, err := metav1.LabelSelectorAsSelector(&pool.Spec.Selector)
+	if err != nil {
+		return ctrl.Result{}, r.invalidSpec(pool, fmt.Errorf("spec.selector: %w", err))
+	}
+	pool.Status.Selector = sel.String()
+	policy, err := poolfleet.PolicyFor(&pool.Spec)
+	if err != nil {
+		return ctrl.Result{}, r.invalidSpec(pool, err)
+	}
+	hash := poolfleet.TemplateHash(&pool.Spec.Template)
+
+	mem := r.memory(pool)
+	replicas, err := r.replicas(ctx, pool, mem, now)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	byName := make(map[string]*crawlv1.Proxy, len(replicas))
+	state := poolfleet.State{Now: now, PlacementBlocked: conditions.IsTrue(pool, crawlv1.PoolPlacementBlockedCondition)}
+	if rot := pool.Status.Rotation; rot != nil && rot.LastTime != nil {
+		// Stored in whole seconds: the start was up to a second later, and
+		// minInterval must not come short.
+		state.LastRotation = rot.LastTime.Add(time.Second - time.Nanosecond)
+	}
+	if mem.lastRotation.After(state.LastRotation) {
+		state.LastRotation = mem.lastRotation
+	}
+	for i := range replicas {
+		p := &replicas[i]
+		byName[p.Name] = p
+		rep := poolfleet.ReplicaFrom(p, hash)
+		state.Replicas = append(state.Replicas, rep)
+		// The annotation outlives a lost status write.
+		if rep.RotatingSince.After(state.LastRotation) {
+			state.LastRotation = rep.RotatingSince
+		}
+	}
+	state.RecentCreates, state.Lineages = mem.recentCreates(replicas, now), mem.lineages
+	r.randMu.Lock()
+	state.Rand = rand.New(rand.NewPCG(r.Rand.Uint64(), r.Rand.Uint64()))
+	r.randMu.Unlock()
+
+	plan := poolfleet.Decide(policy, state)
+	r.setStatus(pool, policy, plan, byName, now)
+	log.V(1).Info("plan", "replicas", len(replicas), "publish", len(plan.Publish), "drain", plan.Drain, "delete", plan.Delete,
+		"rotate", plan.Rotate, "create", len(plan.Create), "available", plan.Status.Available, "next", plan.Next)
+
+	// Unpublish first: a replica is out of the crawlers' list before its
+	// drain time starts.
+	published := make([]crawlv1.Proxy, 0, len(plan.Publish))
+	for _, n := range plan.Publish {
+		published = append(published, *byName[n])
+	}
+	// A replica whose credential Secret is not there yet is left out while
+	// the others are published: the rest of the plan goes on, and the list
+	// is written again soon (the pool does not watch Secrets).
+	leftOut := false
+	if err := r.publish(ctx, pool, mem, published, now); errors.Is(err, ErrReplicasLeftOut) {
+		log.V(1).Info("some replicas are not published yet", "reason", err.Error())
+		leftOut = true
+	} else if err != nil {
+		return ctrl.Result{}, fmt.Errorf("publish: %w", err)
+	}
+
+	var errs []error
+	for _, n := range plan.Drain {
+		if err := r.annotate(ctx, mem, byName[n], crawlv1.DrainingAnnotation, poolfleet.FormatTime(now)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	r.event(pool, "Draining", "unpublished, deleted after the drain time", plan.Drain)
+	for _, n := range plan.Delete {
+		p := byName[n]
+		if poolfleet.FailedToStart(policy, now, poolfleet.ReplicaFrom(p, hash)) {
+			mem.rememberLineage(replicas, p)
+		}
+		if err := r.delete(ctx, mem, p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	r.event(pool, "Deleted", "deleted", plan.Delete)
+	for _, n := range plan.Rotate {
+		if err := r.annotate(ctx, mem, byName[n], crawlv1.RotationAnnotation, poolfleet.FormatTime(now)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		mem.lastRotation = now
+	}
+	r.event(pool, "Rotating", "reached its maximum age; replacing", plan.Rotate)
+	if len(errs) > 0 {
+		// Creates wait: a replacement counted on a drain or rotation
+		// that was not written would exceed the budget.
+		return ctrl.Result{}, errors.Join(errs...)
+	}
+
+	res := ctrl.Result{}
+	if plan.Status.Want == 0 || conditions.Get(pool, crawlv1.PoolPlacementBlockedCondition) == nil {
+		conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionFalse,
+			Reason: crawlv1.PoolPlacedReason, Message: "no replica waits for placement"})
+	}
+	if blocked, err := r.create(ctx, pool, mem, replicas, hash, plan.Create, now); err != nil {
+		return ctrl.Result{}, err
+	} else if blocked {
+		res.RequeueAfter = r.PlacementRetry
+	}
+	if !plan.Next.IsZero() {
+		after := max(plan.Next.Sub(now), time.Millisecond)
+		if res.RequeueAfter == 0 || after < res.RequeueAfter {
+			res.RequeueAfter = after
+		}
+	}
+	if leftOut && (res.RequeueAfter == 0 || leftOutRetry < res.RequeueAfter) {
+		res.RequeueAfter = leftOutRetry
+	}
+	return res, nil
+}
+
+// leftOutRetry: how soon a list that left replicas out is written again.
+const leftOutRetry = 2 * time.Second
+
+// invalidSpec records a spec the controller cannot act on (stored without
+// the webhook); a change of the spec triggers the next reconcile.
+func (r *ProxyPoolReconciler) invalidSpec(pool *crawlv1.ProxyPool, err error) error {
+	conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolAvailableCondition, Status: metav1.ConditionUnknown,
+		Reason: crawlv1.PoolInvalidSpecReason, Message: err.Error()})
+	return nil
+}
+
+// replicas lists the pool's replicas from the cache, with what this manager
+// wrote that the cache does not show yet laid over them. The cached objects
+// are shared with the informer (not copied: a large pool is listed on every
+// change) and must not be modified.
+func (r *ProxyPoolReconciler) replicas(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, now time.Time) ([]crawlv1.Proxy, error) {
+	list := &crawlv1.ProxyList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(pool.Namespace), client.MatchingFields{PoolOwnerIndex: pool.Name},
+		client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	out := list.Items[:0]
+	for _, p := range list.Items {
+		if metav1.IsControlledBy(&p, pool) {
+			out = append(out, p)
+		}
+	}
+	return mem.overlay(out, now), nil
+}
+
+// publish hands the published replicas to the Publisher when they, or the
+// pool, changed since the last successful call, or RepublishInterval ago.
+func (r *ProxyPoolReconciler) publish(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, published []crawlv1.Proxy, now time.Time) error {
+	fp := publishFingerprint(pool, published)
+	if fp == mem.publishedFP && now.Sub(mem.publishedAt) < r.RepublishInterval {
+		return nil
+	}
+	if err := r.Publisher.Publish(ctx, pool, published); err != nil {
+		return err
+	}
+	mem.publishedFP, mem.publishedAt = fp, now
+	if r.OnPublished != nil {
+		r.OnPublished(client.ObjectKeyFromObject(pool), published)
+	}
+	return nil
+}
+
+func publishFingerprint(pool *crawlv1.ProxyPool, published []crawlv1.Proxy) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s\x00%d\x00", pool.UID, pool.Generation)
+	for i := range published {
+		p := &published[i]
+		fmt.Fprintf(h, "%s\x00%s\x00%s\x01", p.Name, p.UID, publishedFields(p))
+	}
+	return h.Sum64()
+}
+
+// annotate sets one annotation with a merge patch, no resourceVersion
+// precondition: the annotation is the decision, and a concurrent status
+// write must not make it fail.
+func (r *ProxyPoolReconciler) annotate(ctx context.Context, mem *poolMemory, p *crawlv1.Proxy, key, value string) error {
+	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, key, value))
+	obj := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
+	if err := r.Client.Patch(ctx, obj, patch); err != nil {
+		return fmt.Errorf("annotate %s with %s: %w", p.Name, key, client.IgnoreNotFound(err))
+	}
+	mem.annotated(p.UID, key, value)
+	logf.FromContext(ctx).V(1).Info("annotated replica", "proxy", client.ObjectKeyFromObject(p), "annotation", key)
+	return nil
+}
+
+func (r *ProxyPoolReconciler) delete(ctx context.Context, mem *poolMemory, p *crawlv1.Proxy) error {
+	err := r.Client.Delete(ctx, &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}},
+		client.Preconditions{UID: &p.UID})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete %s: %w", p.Name, err)
+	}
+	mem.deleting(p.UID)
+	logf.FromContext(ctx).Info("deleted replica", "proxy", client.ObjectKeyFromObject(p))
+	return nil
+}
+
+// create makes the planned replicas, each placed first. It reports whether
+// placement refused one (the rest wait for the next attempt).
+//
+// Placement runs one replica after another (each sees those placed before
+// it); the creates then go in batches of 1, 2, 4, ... up to maxCreateBatch
+// at once, stopping at the first error, as a ReplicaSet does: a pool of a
+// thousand does not wait for a thousand round trips in a row, and a
+// template the API refuses costs one create, not a thousand.
+func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, replicas []crawlv1.Proxy,
+	hash string, creates []poolfleet.Create, now time.Time) (blocked bool, _ error) {
+	log := logf.FromContext(ctx)
+	all := slices.Clone(replicas)
+	var placed []*crawlv1.Proxy
+	for _, c := range creates {
+		p, err := r.newReplica(pool, hash, c, all)
+		if err != nil {
+			return false, err
+		}
+		why, err := r.place(ctx, pool, all, p)
+		if err != nil {
+			return false, fmt.Errorf("place a replica: %w", err)
+		}
+		if why != nil {
+			conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionTrue,
+				Reason: why.Reason, Message: why.Message})
+			log.Info("placement refused a replica", "reason", why.Reason, "message", why.Message)
+			blocked = true
+			break
+		}
+		placed = append(placed, p)
+		all = append(all, *p)
+	}
+	if len(placed) > 0 && !blocked {
+		conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionFalse,
+			Reason: crawlv1.PoolPlacedReason, Message: "every replica asked for was placed"})
+	}
+
+	errs := make([]error, len(placed))
+	done := 0
+	for batch := 1; done < len(placed); batch = min(2*batch, maxCreateBatch) {
+		n := min(batch, len(placed)-done)
+		var wg sync.WaitGroup
+		for i := done; i < done+n; i++ {
+			wg.Go(func() { errs[i] = r.Client.Create(ctx, placed[i]) })
+		}
+		wg.Wait()
+		done += n
+		if slices.ContainsFunc(errs[:done], func(e error) bool { return e != nil }) {
+			break
+		}
+	}
+	var made []string
+	var failed []error
+	for i, p := range placed[:done] {
+		if errs[i] != nil {
+			failed = append(failed, fmt.Errorf("create replica %s: %w", p.Name, errs[i]))
+			continue
+		}
+		mem.created(p, p.Annotations[crawlv1.ReplacesAnnotation], now)
+		made = append(made, p.Name)
+		log.Info("created replica", "proxy", client.ObjectKeyFromObject(p), "templateHash", hash)
+	}
+	r.event(pool, "Created", "created", made)
+	return blocked, errors.Join(failed...)
+}
+
+// maxCreateBatch bounds the creates in flight at once.
+const maxCreateBatch = 32
+
+// nameAlphabet is the API server's generateName alphabet: no vowels (no
+// words), no look-alikes.
+const nameAlphabet = "bcdfghjklmnpqrstvwxz2456789"
+
+// newReplica builds a replica of the template: the template's labels and
+// annotations with the pool's name and the template hash, a controller
+// reference to the pool, and a name <pool>-<5 random characters> not taken
+// by another replica.
+func (r *ProxyPoolReconciler) newReplica(pool *crawlv1.ProxyPool, hash string, c poolfleet.Create, taken []crawlv1.Proxy) (*crawlv1.Proxy, error) {
+	tpl := &pool.Spec.Template
+	p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Labels: map[string]string{}, Annotations: map[string]string{}}}
+	for k, v := range tpl.Metadata.Labels {
+		p.Labels[k] = v
+	}
+	for k, v := range tpl.Metadata.Annotations {
+		p.Annotations[k] = v
+	}
+	p.Labels[crawlv1.PoolNameLabel] = pool.Name
+	p.Labels[crawlv1.TemplateHashLabel] = hash
+	if c.Replaces != "" {
+		p.Annotations[crawlv1.ReplacesAnnotation] = c.Replaces
+		p.Annotations[crawlv1.StartupFailuresAnnotation] = strconv.Itoa(c.Failures)
+	}
+	if len(p.Annotations) == 0 {
+		p.Annotations = nil
+	}
+	tpl.Spec.DeepCopyInto(&p.Spec)
+	if err := controllerutil.SetControllerReference(pool, p, r.Scheme); err != nil {
+		return nil, err
+	}
+	r.randMu.Lock()
+	defer r.randMu.Unlock()
+	for {
+		b := make([]byte, 5)
+		for i := range b {
+			b[i] = nameAlphabet[r.Rand.IntN(len(nameAlphabet))]
+		}
+		p.Name = pool.Name + "-" + string(b)
+		if !slices.ContainsFunc(taken, func(o crawlv1.Proxy) bool { return o.Name == p.Name }) {
+			return p, nil
+		}
+	}
+}
+
+func (r *ProxyPoolReconciler) event(pool *crawlv1.ProxyPool, reason, what string, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	shown := names
+	if len(shown) > 5 {
+		shown = shown[:5]
+	}
+	more := ""
+	if len(names) > len(shown) {
+		more = fmt.Sprintf(" and %d more", len(names)-len(shown))
+	}
+	r.Recorder.Eventf(pool, "Normal", reason, "%d replicas %s: %s%s", len(names), what, strings.Join(shown, ", "), more)
+}
+
+// setStatus writes what Decide observed, and the conditions.
+func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolfleet.Policy, plan poolfleet.Plan, byName map[string]*crawlv1.Proxy, now time.Time) {
+	s := plan.Status
+	st := &pool.Status
+	st.Replicas, st.ReadyReplicas, st.AvailableReplicas = int32(s.Replicas), int32(s.Ready), int32(s.Available)
+	st.UpToDateReplicas, st.DrainingReplicas, st.UnhealthyReplicas = int32(s.UpToDate), int32(s.Draining), int32(s.Unhealthy)
+	hosts, egress := map[string]bool{}, map[string]bool{}
+	for _, n := range plan.Publish {
+		p := byName[n]
+		if p.Status.Host != "" {
+			hosts[p.Status.Host] = true
+		}
+		if p.Status.EgressAddress != "" {
+			egress[p.Status.EgressAddress] = true
+		}
+	}
+	st.DistinctHosts, st.DistinctEgressAddresses = int32(len(hosts)), int32(len(egress))
+	st.Rotation = nil
+	if policy.MaxAge > 0 {
+		st.Rotation = &crawlv1.ProxyPoolRotationStatus{LastTime: metaTime(s.LastRotation), NextTime: metaTime(s.NextRotation)}
+	}
+
+	set := func(t string, ok bool, reason, msg string) {
+		status := metav1.ConditionFalse
+		if ok {
+			status = metav1.ConditionTrue
+		}
+		conditions.Set(pool, metav1.Condition{Type: t, Status: status, Reason: reason, Message: msg})
+	}
+	if s.Available >= s.MinAvailable {
+		set(crawlv1.PoolAvailableCondition, true, crawlv1.PoolMinimumAvailableReason,
+			fmt.Sprintf("%d of %d replicas available (at least %d needed)", s.Available, policy.Replicas, s.MinAvailable))
+	} else {
+		set(crawlv1.PoolAvailableCondition, false, crawlv1.PoolMinimumUnavailableReason,
+			fmt.Sprintf("%d of %d replicas available, at least %d needed", s.Available, policy.Replicas, s.MinAvailable))
+	}
+
+	switch {
+	case s.Outdated > 0 && policy.OnDelete:
+		set(crawlv1.PoolRollingOutCondition, false, crawlv1.PoolOnDeleteReason,
+			fmt.Sprintf("%d replicas outdated; each is replaced when deleted", s.Outdated))
+	case s.Outdated > 0 && policy.Paused:
+		set(crawlv1.PoolRollingOutCondition, false, crawlv1.PoolPausedReason, fmt.Sprintf("%d replicas outdated; paused", s.Outdated))
+	case s.Outdated > 0:
+		set(crawlv1.PoolRollingOutCondition, true, crawlv1.PoolRollingOutReason,
+			fmt.Sprintf("%d replicas outdated, %d of %d up to date", s.Outdated, s.UpToDate, policy.Replicas))
+	default:
+		set(crawlv1.PoolRollingOutCondition, false, crawlv1.PoolUpToDateReason, "every replica is of the current template")
+	}
+
+	switch {
+	case policy.MaxAge == 0:
+		set(crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationDisabledReason, "no rotation.maxAge")
+	case s.RotationsInFlight > 0:
+		set(crawlv1.PoolRotatingCondition, true, crawlv1.PoolRotatingReason,
+			fmt.Sprintf("%d replicas being replaced for age; %d more expired", s.RotationsInFlight, s.ExpiredWaiting))
+	case s.ExpiredWaiting > 0:
+		why := "for every replica to be available, room to surge and the create cap"
+		switch {
+		case policy.Paused:
+			why = "while paused"
+		case s.NextRotation.After(now):
+			why = "until " + s.NextRotation.UTC().Format(time.RFC3339) + " (minInterval)"
+		}
+		set(crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationWaitingReason,
+			fmt.Sprintf("%d expired replicas wait %s", s.ExpiredWaiting, why))
+	default:
+		msg := "no replica expired"
+		if !s.NextRotation.IsZero() {
+			msg += "; next at " + s.NextRotation.UTC().Format(time.RFC3339)
+		}
+		set(crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationIdleReason, msg)
+	}
+
+	switch {
+	case s.Remediating > 0:
+		set(crawlv1.PoolRemediatingCondition, true, crawlv1.PoolRemediatingReason, fmt.Sprintf("replacing %d unhealthy replicas", s.Remediating))
+	case s.BackingOff > 0:
+		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolRemediationBackoffReason,
+			fmt.Sprintf("%d replicas failed to start; their slots wait until %s before replacing them", s.BackingOff, s.BackoffUntil.UTC().Format(time.RFC3339)))
+	case s.Unhealthy > 0 && !s.RemediationAllowed:
+		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolTooManyUnhealthyReason, fmt.Sprintf("%d unhealthy replicas are left alone", s.Unhealthy))
+	case s.Unhealthy > 0 && policy.Paused:
+		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolPausedReason, fmt.Sprintf("%d unhealthy replicas; paused", s.Unhealthy))
+	default:
+		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolHealthyReason, "no unhealthy replica")
+	}
+	if !s.RemediationAllowed && !conditions.IsFalse(pool, crawlv1.PoolRemediationAllowedCondition) {
+		r.Recorder.Eventf(pool, "Warning", crawlv1.PoolTooManyUnhealthyReason,
+			"%d replicas unhealthy, more than maxUnhealthy (%d): replacing none", s.Unhealthy, s.MaxUnhealthy)
+	}
+	if s.RemediationAllowed {
+		set(crawlv1.PoolRemediationAllowedCondition, true, crawlv1.PoolRemediationAllowedReason,
+			fmt.Sprintf("%d unhealthy replicas, at most %d replaced", s.Unhealthy, s.MaxUnhealthy))
+	} else {
+		set(crawlv1.PoolRemediationAllowedCondition, false, crawlv1.PoolTooManyUnhealthyReason,
+			fmt.Sprintf("%d replicas unhealthy, more than maxUnhealthy (%d): the cause is likely outside them, nothing is replaced", s.Unhealthy, s.MaxUnhealthy))
+	}
+	if policy.Paused {
+		set(crawlv1.PoolPausedCondition, true, crawlv1.PoolPausedReason, "rollout, rotation and remediation stopped; scaling and publishing go on")
+	} else {
+		set(crawlv1.PoolPausedCondition, false, crawlv1.PoolNotPausedReason, "")
+	}
+}
+
+func metaTime(t time.Time) *metav1.Time {
+	if t.IsZero() {
+		return nil
+	}
+	mt := metav1.NewTime(t)
+	return &mt
+}
+
+// poolMemory is what this manager wrote for one pool that its informer
+// cache may not show yet (ReplicaSet-style expectations: without them a
+// reconcile right after a create would create again), plus the per-minute
+// create record, the lineages of slots whose failed replica is gone, and
+// the last published list.
+type poolMemory struct {
+	uid types.UID
+	// made: created, not yet in the cache.
+	made map[string]madeReplica
+	// marks: annotations written, not yet in the cache.
+	marks map[types.UID]map[string]string
+	// gone: deletions issued, the cache not showing them yet.
+	gone map[types.UID]bool
+	// creates: when each replica was created, kept a CreateWindow.
+	creates  map[string]time.Time
+	lineages []poolfleet.Lineage
+	// lastRotation: the status keeps whole seconds only.
+	lastRotation time.Time
+
+	publishedFP uint64
+	publishedAt time.Time
+}
+
+type madeReplica struct {
+	obj *crawlv1.Proxy
+	at  time.Time
+}
+
+// expectationTimeout bounds how long a write is assumed to be on its way to
+// the cache; past it, the cache is believed.
+const expectationTimeout = time.Minute
+
+func (r *ProxyPoolReconciler) memory(pool *crawlv1.ProxyPool) *poolMemory {
+	key := client.ObjectKeyFromObject(pool)
+	r.memMu.Lock()
+	defer r.memMu.Unlock()
+	m := r.pools[key]
+	if m == nil || m.uid != pool.UID {
+		m = &poolMemory{uid: pool.UID, made: map[string]madeReplica{}, marks: map[types.UID]map[string]string{},
+			gone: map[types.UID]bool{}, creates: map[string]time.Time{}}
+		r.pools[key] = m
+	}
+	return m
+}
+
+func (r *ProxyPoolReconciler) forget(key types.NamespacedName) {
+	r.memMu.Lock()
+	defer r.memMu.Unlock()
+	delete(r.pools, key)
+}
+
+// A pool is reconciled by one worker at a time, so its memory needs no lock
+// of its own.
+
+func (m *poolMemory) created(p *crawlv1.Proxy, replaces string, now time.Time) {
+	m.made[p.Name] = madeReplica{obj: p.DeepCopy(), at: now}
+	m.creates[p.Name] = now
+	if replaces != "" {
+		m.lineages = slices.DeleteFunc(m.lineages, func(l poolfleet.Lineage) bool { return l.Replaces == replaces })
+	}
+}
+
+func (m *poolMemory) annotated(uid types.UID, key, value string) {
+	if m.marks[uid] == nil {
+		m.marks[uid] = map[string]string{}
+	}
+	m.marks[uid][key] = value
+}
+
+func (m *poolMemory) deleting(uid types.UID) { m.gone[uid] = true }
+
+// rememberLineage keeps the failure count of a replica that failed to start
+// and is deleted before any replacement names it.
+func (m *poolMemory) rememberLineage(replicas []crawlv1.Proxy, p *crawlv1.Proxy) {
+	for i := range replicas {
+		if replicas[i].Annotations[crawlv1.ReplacesAnnotation] == p.Name {
+			return
+		}
+	}
+	if slices.ContainsFunc(m.lineages, func(l poolfleet.Lineage) bool { return l.Replaces == p.Name }) {
+		return
+	}
+	n, _ := strconv.Atoi(p.Annotations[crawlv1.StartupFailuresAnnotation])
+	m.lineages = append(m.lineages, poolfleet.Lineage{Failures: n + 1, Replaces: p.Name})
+	// Bounded: a scale-down can leave lineages no create will take.
+	if len(m.lineages) > 64 {
+		m.lineages = m.lineages[len(m.lineages)-64:]
+	}
+}
+
+// overlay lays what this manager wrote over the cached replicas, and drops
+// the expectations the cache now meets.
+func (m *poolMemory) overlay(cached []crawlv1.Proxy, now time.Time) []crawlv1.Proxy {
+	seen := make(map[types.UID]bool, len(cached))
+	names := make(map[string]bool, len(cached))
+	out := cached
+	for i := range out {
+		p := &out[i]
+		seen[p.UID], names[p.Name] = true, true
+		delete(m.made, p.Name)
+		stale := false
+		if m.gone[p.UID] {
+			if p.DeletionTimestamp.IsZero() {
+				stale = true
+			} else {
+				delete(m.gone, p.UID)
+			}
+		}
+		for k, v := range m.marks[p.UID] {
+			if p.Annotations[k] == v {
+				delete(m.marks[p.UID], k)
+			} else {
+				stale = true
+			}
+		}
+		if len(m.marks[p.UID]) == 0 {
+			delete(m.marks, p.UID)
+		}
+		if !stale {
+			continue
+		}
+		// Copy before changing: the cached object is the informer's.
+		c := p.DeepCopy()
+		if m.gone[c.UID] {
+			c.DeletionTimestamp = &metav1.Time{Time: now}
+		}
+		for k, v := range m.marks[c.UID] {
+			if c.Annotations == nil {
+				c.Annotations = map[string]string{}
+			}
+			c.Annotations[k] = v
+		}
+		out[i] = *c
+	}
+	for uid := range m.gone {
+		if !seen[uid] {
+			delete(m.gone, uid)
+		}
+	}
+	for uid := range m.marks {
+		if !seen[uid] {
+			delete(m.marks, uid)
+		}
+	}
+	for name, made := range m.made {
+		if now.Sub(made.at) > expectationTimeout {
+			delete(m.made, name)
+			continue
+		}
+		if !names[name] {
+			c := made.obj.DeepCopy()
+			c.CreationTimestamp = metav1.NewTime(made.at)
+			out = append(out, *c)
+		}
+	}
+	return out
+}
+
+// recentCreates are the creation times within the create window: those this
+// manager made (gone or not) and, for replicas it did not make (another
+// manager before a restart), their creation timestamps.
+func (m *poolMemory) recentCreates(replicas []crawlv1.Proxy, now time.Time) []time.Time {
+	var out []time.Time
+	for name, t := range m.creates {
+		if now.Sub(t) >= poolfleet.CreateWindow {
+			delete(m.creates, name)
+			continue
+		}
+		out = append(out, t)
+	}
+	for i := range replicas {
+		p := &replicas[i]
+		if _, ours := m.creates[p.Name]; !ours && now.Sub(p.CreationTimestamp.Time) < poolfleet.CreateWindow {
+			out = append(out, p.CreationTimestamp.Time)
+		}
+	}
+	return out
+}

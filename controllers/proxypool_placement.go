@@ -1,0 +1,268 @@
+package controllers
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	webhookv1alpha1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/placement"
+)
+
+// PlacementBlocked says why a replica cannot be created now. Reason is
+// crawlv1.PoolInsufficientCapacityReason or crawlv1.PoolSpreadUnsatisfiableReason.
+type PlacementBlocked struct{ Reason, Message string }
+
+// placeReplica places one new replica before it is created (see
+// docs/placement.md). replicas are the pool's replicas in any state, those
+// created earlier in the same reconcile included: they are what keeps a
+// burst from piling onto one host before any host is checked again.
+//
+//   - kvm: a KVMHost among the Ready ones matching the pool's
+//     placement.hostSelector (else the template's hostSelector, else its
+//     host, else every KVMHost), with room for the replica and holding the
+//     fewest of the pool's replicas; replica.Spec.Placement.Host is set and
+//     its hostSelector cleared.
+//   - gcp: the listed placement.zones zone with the fewest replicas (none
+//     listed: the template's zone).
+//   - kubernetes: nothing here; the Proxy controller asks the provider for
+//     a topology spread of the pool's pods over nodes.
+//
+// nil, nil: create it; a PlacementBlocked: do not create it now.
+func (r *ProxyPoolReconciler) placeReplica(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy) (*PlacementBlocked, error) {
+	switch replica.Spec.Provider {
+	case crawlv1.ProviderKVM:
+		return r.placeOnHost(ctx, pool, replicas, replica)
+	case crawlv1.ProviderGCP:
+		var inUse []string
+		for i := range replicas {
+			if spreads(&replicas[i]) {
+				inUse = append(inUse, replicas[i].Spec.Placement.Zone)
+			}
+		}
+		if z := placement.ChooseZone(pool.Spec.Placement.Zones, inUse); z != "" {
+			replica.Spec.Placement.Zone = z
+		}
+	}
+	return nil, nil
+}
+
+func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy) (*PlacementBlocked, error) {
+	scope, err := hostScopeOf(pool, replica)
+	if err != nil {
+		// The pool's webhook refuses a malformed selector; one stored
+		// without it waits for a fix rather than failing the reconcile.
+		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, err.Error()}, nil
+	}
+	hostList := &crawlv1.KVMHostList{}
+	if err := r.Client.List(ctx, hostList, client.MatchingLabelsSelector{Selector: scope.selector}); err != nil {
+		return nil, fmt.Errorf("list KVMHosts: %w", err)
+	}
+	var hosts []placement.Host
+	checks := map[string]hostChecks{}
+	var notReady []string
+	for i := range hostList.Items {
+		h := &hostList.Items[i]
+		if scope.name != "" && h.Name != scope.name {
+			continue
+		}
+		switch {
+		case !h.DeletionTimestamp.IsZero():
+			notReady = append(notReady, h.Name+" (being deleted)")
+		case !conditions.IsTrue(h, crawlv1.ReadyCondition):
+			notReady = append(notReady, fmt.Sprintf("%s (%s)", h.Name, cmp.Or(conditions.GetReason(h, crawlv1.ReadyCondition), "not checked yet")))
+		default:
+			hosts = append(hosts, placement.Host{Name: h.Name, Capacity: capacityOf(h)})
+			checks[h.Name] = r.checksOf(h)
+		}
+	}
+	if len(hosts) == 0 {
+		msg := "no KVMHost matches " + scope.what
+		if len(notReady) > 0 {
+			msg = fmt.Sprintf("no Ready KVMHost matches %s: %s", scope.what, strings.Join(notReady, ", "))
+		}
+		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, msg}, nil
+	}
+
+	onHosts, err := r.proxiesOn(ctx, checks, replicas)
+	if err != nil {
+		return nil, err
+	}
+	req := placement.Request{
+		Hosts:         hosts,
+		Replicas:      onHosts,
+		Need:          sizeOf(replica),
+		CPUOvercommit: int64(pool.Spec.Placement.CPUOvercommit),
+	}
+	host, blocked := placement.ChooseHost(req)
+	if blocked != nil {
+		return &PlacementBlocked{blocked.Reason, blocked.Message}, nil
+	}
+	replica.Spec.Placement.Host = host
+	replica.Spec.Placement.HostSelector = nil
+	logf.FromContext(ctx).V(1).Info("placed replica", "proxy", replica.Name, "host", host)
+	return nil, nil
+}
+
+// hostScope is the hosts a replica may go to: those matching selector
+// (and named name, if set), described by what in messages.
+type hostScope struct {
+	selector labels.Selector
+	name     string
+	what     string
+}
+
+func hostScopeOf(pool *crawlv1.ProxyPool, replica *crawlv1.Proxy) (hostScope, error) {
+	ls, field := pool.Spec.Placement.HostSelector, "spec.placement.hostSelector"
+	if ls == nil {
+		ls, field = replica.Spec.Placement.HostSelector, "spec.template.spec.placement.hostSelector"
+	}
+	if ls == nil {
+		if h := replica.Spec.Placement.Host; h != "" {
+			return hostScope{labels.Everything(), h, fmt.Sprintf("spec.template.spec.placement.host %q", h)}, nil
+		}
+		return hostScope{labels.Everything(), "", "any labels (no hostSelector)"}, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		return hostScope{}, fmt.Errorf("%s: %w", field, err)
+	}
+	return hostScope{sel, "", fmt.Sprintf("%s %q", field, sel.String())}, nil
+}
+
+// capacityOf is a host's last reported capacity; nil until it has reported
+// both its memory and CPUs and its pool.
+func capacityOf(h *crawlv1.KVMHost) *placement.Capacity {
+	c, p := h.Status.Capacity, h.Status.Pool
+	if c == nil || p == nil {
+		return nil
+	}
+	return &placement.Capacity{
+		CPUs:                 int64(c.CPUs),
+		MemoryBytes:          c.MemoryBytes,
+		FreeMemoryBytes:      c.FreeMemoryBytes,
+		AllocatedVCPUs:       int64(c.AllocatedVCPUs),
+		AllocatedMemoryBytes: c.AllocatedMemoryBytes,
+		PoolAvailableBytes:   p.AvailableBytes,
+	}
+}
+
+// proxiesOn returns every Proxy on or placed on the eligible hosts (the
+// keys of checks): the pool's
+// replicas as passed (they include creates the cache has not seen yet) and
+// every other kvm Proxy from the cache (other pools', standalone ones),
+// which take room too.
+func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checks map[string]hostChecks, replicas []crawlv1.Proxy) ([]placement.Replica, error) {
+	now := r.now()
+	ours := make(map[types.NamespacedName]bool, len(replicas))
+	var out []placement.Replica
+	add := func(p *crawlv1.Proxy, pools bool) {
+		if p.Spec.Provider != crawlv1.ProviderKVM {
+			return
+		}
+		host := hostOf(p)
+		hc, eligible := checks[host]
+		if !eligible {
+			return
+		}
+		out = append(out, placement.Replica{
+			Host:      host,
+			Resources: sizeOf(p),
+			Settled:   hc.settled(p, now),
+			Spreads:   pools && spreads(p),
+		})
+	}
+	for i := range replicas {
+		ours[client.ObjectKeyFromObject(&replicas[i])] = true
+		add(&replicas[i], true)
+	}
+	all := &crawlv1.ProxyList{}
+	// Read only, so the cache's objects are not copied for every placement.
+	if err := r.Client.List(ctx, all, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list Proxies: %w", err)
+	}
+	for i := range all.Items {
+		if p := &all.Items[i]; !ours[client.ObjectKeyFromObject(p)] {
+			add(p, false)
+		}
+	}
+	return out, nil
+}
+
+// hostChecks is when a host's figures were last written and how often it
+// is checked.
+type hostChecks struct {
+	writtenAt time.Time
+	interval  time.Duration
+}
+
+func (r *ProxyPoolReconciler) checksOf(h *crawlv1.KVMHost) hostChecks {
+	hc := hostChecks{interval: cmp.Or(r.HostCheckInterval, crawlv1.DefaultCheckInterval)}
+	if h.Spec.CheckInterval != nil && h.Spec.CheckInterval.Duration > 0 {
+		hc.interval = h.Spec.CheckInterval.Duration
+	}
+	if t := h.Status.LastCheckTime; t != nil {
+		hc.writtenAt = t.Time
+	}
+	return hc
+}
+
+// settled says whether a Proxy's instance is in its host's figures. It is
+// once it runs with an address (InstanceProvisioned) and either the figures
+// were written after that, or a check has run since without writing them:
+// the status is written whenever what running domains take changes, so an
+// unchanged status after the domain started includes it. Two intervals
+// and a second (condition times are whole seconds) make sure such a check
+// has run. Until then the Proxy is reserved on top of the figures, which
+// errs towards leaving room unused, never towards overfilling.
+func (hc hostChecks) settled(p *crawlv1.Proxy, now time.Time) bool {
+	c := conditions.Get(p, crawlv1.InstanceProvisionedCondition)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return false
+	}
+	since := c.LastTransitionTime.Time
+	return (!hc.writtenAt.IsZero() && since.Before(hc.writtenAt)) || now.Sub(since) > 2*hc.interval+time.Second
+}
+
+func (r *ProxyPoolReconciler) now() time.Time {
+	if r.Clock != nil {
+		return r.Clock.Now()
+	}
+	return time.Now()
+}
+
+// hostOf is where a kvm Proxy is: the provider ID's host, else the host
+// recorded at placement, else the one its spec names.
+func hostOf(p *crawlv1.Proxy) string {
+	if h := recordedHost(p); h != "" {
+		return h
+	}
+	return cmp.Or(p.Status.Host, p.Spec.Placement.Host)
+}
+
+// spreads says whether one of the pool's replicas counts for the spread:
+// replicas being deleted or drained are on their way out.
+func spreads(p *crawlv1.Proxy) bool {
+	_, draining := p.Annotations[crawlv1.DrainingAnnotation]
+	return p.DeletionTimestamp.IsZero() && !draining
+}
+
+// sizeOf is what a Proxy takes, with the defaults the webhook applies (a
+// replica is placed before it is stored, and Proxies stored with the
+// webhook off carry none).
+func sizeOf(p *crawlv1.Proxy) placement.Resources {
+	d := crawlv1.Proxy{Spec: crawlv1.ProxySpec{Resources: *p.Spec.Resources.DeepCopy()}}
+	webhookv1alpha1.DefaultProxy(&d)
+	res := d.Spec.Resources
+	return placement.Resources{CPUs: int64(res.CPUs), MemoryBytes: res.Memory.Value(), DiskBytes: res.Disk.Value()}
+}

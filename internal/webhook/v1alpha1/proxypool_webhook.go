@@ -1,0 +1,276 @@
+package v1alpha1
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+)
+
+// replicaSuffixLen is the "-xxxxx" the pool appends to its name for each
+// replica, whose name must stay a DNS label.
+const replicaSuffixLen = 6
+
+// MaxPoolNameLength keeps <pool>-<5 characters> a DNS label.
+const MaxPoolNameLength = validation.DNS1123LabelMaxLength - replicaSuffixLen
+
+// SetupWithManager registers the ProxyPool webhook.
+func (w *ProxyPoolWebhook) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewWebhookManagedBy(mgr, &crawlv1.ProxyPool{}).WithValidator(w).Complete()
+}
+
+// +kubebuilder:webhook:path=/validate-crawl-example-com-v1alpha1-proxypool,mutating=false,failurePolicy=fail,sideEffects=None,groups=crawl.example.com,resources=proxypools,verbs=create;update,versions=v1alpha1,name=vproxypool.crawl.example.com,admissionReviewVersions=v1
+
+// ProxyPoolWebhook validates ProxyPools. It defaults nothing: the pool's
+// own defaults are the controller's (an empty field keeps meaning the
+// operator's default), and defaulting the template would change the hash
+// that tells its replicas out of date. The template is validated as each
+// replica will be: defaulted by the Proxy webhook, then validated by it.
+type ProxyPoolWebhook struct {
+	// Proxy holds the policy the Proxy webhook applies to every replica
+	// (--allow-proxy-image-urls).
+	Proxy ProxyWebhook
+}
+
+func (w *ProxyPoolWebhook) ValidateCreate(_ context.Context, p *crawlv1.ProxyPool) (admission.Warnings, error) {
+	return nil, toInvalid(p, w.validate(p))
+}
+
+func (w *ProxyPoolWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.ProxyPool) (admission.Warnings, error) {
+	if leftAlone(p, old.Spec, p.Spec) {
+		return nil, nil
+	}
+	errs := ratchet(w.validate(p), w.validate(old))
+	if !equality.Semantic.DeepEqual(old.Spec.Selector, p.Spec.Selector) {
+		errs = append(errs, field.Forbidden(field.NewPath("spec", "selector"), "selector is immutable: the pool would lose its replicas"))
+	}
+	return nil, toInvalid(p, errs)
+}
+
+func (w *ProxyPoolWebhook) ValidateDelete(context.Context, *crawlv1.ProxyPool) (admission.Warnings, error) {
+	return nil, nil
+}
+
+func (w *ProxyPoolWebhook) validate(p *crawlv1.ProxyPool) field.ErrorList {
+	errs := ValidateProxyPoolName(p.Name)
+	errs = append(errs, w.validateTemplate(p)...)
+	errs = append(errs, validatePoolSpec(&p.Spec)...)
+	return errs
+}
+
+// ValidateProxyPoolName: replicas are named <pool>-<5 characters>, so the
+// pool's name is a DNS label short enough for that.
+func ValidateProxyPoolName(name string) field.ErrorList {
+	path := field.NewPath("metadata", "name")
+	var errs field.ErrorList
+	for _, msg := range validation.IsDNS1123Label(name) {
+		errs = append(errs, field.Invalid(path, name, msg))
+	}
+	if len(name) > MaxPoolNameLength {
+		errs = append(errs, field.TooLong(path, name, MaxPoolNameLength))
+	}
+	return errs
+}
+
+// reservedTemplateLabels and -Annotations are the pool's own marks on its
+// replicas; in a template they would mark every replica (a delete-proxy
+// annotation would replace each forever).
+var (
+	reservedTemplateLabels      = []string{crawlv1.PoolNameLabel, crawlv1.TemplateHashLabel}
+	reservedTemplateAnnotations = []string{crawlv1.DeleteProxyAnnotation, crawlv1.DrainingAnnotation, crawlv1.RotationAnnotation,
+		crawlv1.StartupFailuresAnnotation, crawlv1.ReplacesAnnotation, crawlv1.SkipCleanupAnnotation}
+)
+
+func (w *ProxyPoolWebhook) validateTemplate(p *crawlv1.ProxyPool) field.ErrorList {
+	spec := field.NewPath("spec")
+	meta := spec.Child("template", "metadata")
+	tpl := &p.Spec.Template
+	var errs field.ErrorList
+
+	sel := &p.Spec.Selector
+	errs = append(errs, metav1validation.ValidateLabelSelector(sel, metav1validation.LabelSelectorValidationOptions{}, spec.Child("selector"))...)
+	if len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0 {
+		errs = append(errs, field.Required(spec.Child("selector"), "select the template's labels; an empty selector would select every Proxy"))
+	}
+	errs = append(errs, metav1validation.ValidateLabels(tpl.Metadata.Labels, meta.Child("labels"))...)
+	errs = append(errs, apivalidation.ValidateAnnotations(tpl.Metadata.Annotations, meta.Child("annotations"))...)
+	if s, err := metav1.LabelSelectorAsSelector(sel); err == nil && !s.Empty() && !s.Matches(labels.Set(tpl.Metadata.Labels)) {
+		// As a string: an empty and an absent map read alike.
+		errs = append(errs, field.Invalid(meta.Child("labels"), labels.Set(tpl.Metadata.Labels).String(), fmt.Sprintf("do not match spec.selector (%s): the pool would not find its replicas", s)))
+	}
+	for _, k := range reservedTemplateLabels {
+		if _, ok := tpl.Metadata.Labels[k]; ok {
+			errs = append(errs, field.Forbidden(meta.Child("labels").Key(k), "set by the pool on each replica"))
+		}
+	}
+	for _, k := range reservedTemplateAnnotations {
+		if _, ok := tpl.Metadata.Annotations[k]; ok {
+			errs = append(errs, field.Forbidden(meta.Child("annotations").Key(k), "set on one replica, never on every replica"))
+		}
+	}
+
+	// Each replica is the template, placed by the pool, defaulted and
+	// validated by the Proxy webhook.
+	replica := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "replica"}, Spec: *tpl.Spec.DeepCopy()}
+	pl, tplPl := &p.Spec.Placement, spec.Child("template", "spec", "placement")
+	switch {
+	case pl.HostSelector != nil && replica.Spec.Provider != crawlv1.ProviderKVM:
+		errs = append(errs, field.Forbidden(spec.Child("placement", "hostSelector"), "only for kvm replicas"))
+	case pl.HostSelector != nil && (replica.Spec.Placement.Host != "" || replica.Spec.Placement.HostSelector != nil):
+		errs = append(errs, field.Forbidden(tplPl.Child("host"), "spec.placement.hostSelector places the replicas: leave host and hostSelector out of the template"))
+	case pl.HostSelector != nil:
+		replica.Spec.Placement.HostSelector = pl.HostSelector.DeepCopy()
+	}
+	if pl.HostSelector != nil {
+		errs = append(errs, metav1validation.ValidateLabelSelector(pl.HostSelector, metav1validation.LabelSelectorValidationOptions{}, spec.Child("placement", "hostSelector"))...)
+	}
+	if pl.CPUOvercommit != 0 && replica.Spec.Provider != crawlv1.ProviderKVM {
+		errs = append(errs, field.Forbidden(spec.Child("placement", "cpuOvercommit"), "only for kvm replicas"))
+	}
+	if len(pl.Zones) > 0 {
+		zones := spec.Child("placement", "zones")
+		switch {
+		case replica.Spec.Provider != crawlv1.ProviderGCP:
+			errs = append(errs, field.Forbidden(zones, "only for gcp replicas"))
+		case replica.Spec.Placement.Zone != "":
+			errs = append(errs, field.Forbidden(tplPl.Child("zone"), "spec.placement.zones places the replicas: leave zone out of the template"))
+		}
+		for i, z := range pl.Zones {
+			if z == "" {
+				errs = append(errs, field.Required(zones.Index(i), "a zone name"))
+			} else if slices.Index(pl.Zones, z) < i {
+				errs = append(errs, field.Duplicate(zones.Index(i), z))
+			}
+		}
+	}
+	DefaultProxy(replica)
+	for _, e := range w.Proxy.validate(replica) {
+		rest, ok := strings.CutPrefix(e.Field, "spec")
+		if !ok {
+			continue // the replica's name is the pool's, checked above
+		}
+		e.Field = "spec.template.spec" + rest
+		errs = append(errs, e)
+	}
+	return errs
+}
+
+func validatePoolSpec(s *crawlv1.ProxyPoolSpec) field.ErrorList {
+	spec := field.NewPath("spec")
+	var errs field.ErrorList
+	ro := spec.Child("rollout")
+	surge, errSurge := validateIntOrPercent(ro.Child("maxSurge"), s.Rollout.MaxSurge, false)
+	unavail, errUnavail := validateIntOrPercent(ro.Child("maxUnavailable"), s.Rollout.MaxUnavailable, true)
+	errs = append(errs, errSurge...)
+	errs = append(errs, errUnavail...)
+	if surge != nil && unavail != nil && *surge == 0 && *unavail == 0 {
+		errs = append(errs, field.Invalid(ro.Child("maxUnavailable"), s.Rollout.MaxUnavailable.String(),
+			"may not be 0 when maxSurge is 0: nothing could ever be replaced"))
+	}
+	if s.Rollout.MinReadySeconds < 0 {
+		errs = append(errs, field.Invalid(ro.Child("minReadySeconds"), s.Rollout.MinReadySeconds, "must not be negative"))
+	}
+	if d := s.Rollout.DrainSeconds; d != nil && *d < 0 {
+		errs = append(errs, field.Invalid(ro.Child("drainSeconds"), *d, "must not be negative"))
+	}
+
+	rot := spec.Child("rotation")
+	r := &s.Rotation
+	errs = append(errs, positive(rot.Child("maxAge"), r.MaxAge)...)
+	errs = append(errs, notNegative(rot.Child("jitter"), r.Jitter)...)
+	errs = append(errs, notNegative(rot.Child("minInterval"), r.MinInterval)...)
+	if r.MaxAge == nil {
+		// A slice, not a map: the same input gives the same error text.
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"jitter", r.Jitter != nil}, {"minInterval", r.MinInterval != nil}, {"maxConcurrent", r.MaxConcurrent != 0}} {
+			if f.set {
+				errs = append(errs, field.Forbidden(rot.Child(f.name), "only with rotation.maxAge"))
+			}
+		}
+	} else if r.Jitter != nil && r.MaxAge.Duration > 0 && r.Jitter.Duration >= r.MaxAge.Duration {
+		errs = append(errs, field.Invalid(rot.Child("jitter"), r.Jitter.Duration.String(), fmt.Sprintf("must be less than maxAge (%s)", r.MaxAge.Duration)))
+	}
+	if r.MaxConcurrent < 0 {
+		errs = append(errs, field.Invalid(rot.Child("maxConcurrent"), r.MaxConcurrent, "must be at least 1"))
+	}
+
+	rem := spec.Child("remediation")
+	m := &s.Remediation
+	errs = append(errs, positive(rem.Child("startupTimeout"), m.StartupTimeout)...)
+	errs = append(errs, positive(rem.Child("unhealthyTimeout"), m.UnhealthyTimeout)...)
+	errs = append(errs, positive(rem.Child("startupBackoff"), m.StartupBackoff)...)
+	_, e := validateIntOrPercent(rem.Child("maxUnhealthy"), m.MaxUnhealthy, true)
+	errs = append(errs, e...)
+	if m.MaxCreatesPerMinute < 0 {
+		errs = append(errs, field.Invalid(rem.Child("maxCreatesPerMinute"), m.MaxCreatesPerMinute, "must be at least 1"))
+	}
+	if s.Replicas != nil && *s.Replicas < 0 {
+		errs = append(errs, field.Invalid(spec.Child("replicas"), *s.Replicas, "must not be negative"))
+	}
+	return errs
+}
+
+// validateIntOrPercent checks a count (≥ 0) or a percentage ("N%", N ≥ 0,
+// at most 100 when capped) and returns it as a count or percent number (nil
+// when unset or invalid).
+func validateIntOrPercent(p *field.Path, v *intstr.IntOrString, capped bool) (*int, field.ErrorList) {
+	if v == nil {
+		return nil, nil
+	}
+	if v.Type == intstr.Int {
+		n := int(v.IntVal)
+		if n < 0 {
+			return nil, field.ErrorList{field.Invalid(p, n, "must not be negative")}
+		}
+		return &n, nil
+	}
+	num, ok := strings.CutSuffix(v.StrVal, "%")
+	n, err := parseNonNegative(num)
+	switch {
+	case !ok || err != nil:
+		return nil, field.ErrorList{field.Invalid(p, v.StrVal, `a count, or a percentage such as "25%"`)}
+	case capped && n > 100:
+		return nil, field.ErrorList{field.Invalid(p, v.StrVal, "must not be more than 100%")}
+	}
+	return &n, nil
+}
+
+func parseNonNegative(s string) (int, error) {
+	if s == "" || len(s) > 9 || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, fmt.Errorf("not a non-negative integer: %q", s)
+	}
+	n := 0
+	for _, c := range s {
+		n = n*10 + int(c-'0')
+	}
+	return n, nil
+}
+
+func positive(p *field.Path, d *metav1.Duration) field.ErrorList {
+	if d != nil && d.Duration <= 0 {
+		return field.ErrorList{field.Invalid(p, d.Duration.String(), "must be positive")}
+	}
+	return nil
+}
+
+func notNegative(p *field.Path, d *metav1.Duration) field.ErrorList {
+	if d != nil && d.Duration < 0 {
+		return field.ErrorList{field.Invalid(p, d.Duration.String(), "must not be negative")}
+	}
+	return nil
+}

@@ -1,0 +1,175 @@
+// Package fleet decides what a ProxyPool does next: which replicas to
+// create, unpublish (drain), delete and start rotating, and what its status
+// says. It is pure: the controller turns the pool and its Proxies into a
+// Policy and a State, calls Decide, and carries out the Plan. Every rule of
+// the one disruption budget lives here, so table tests can check it at each
+// step with a clock they control.
+package fleet
+
+import (
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+)
+
+// Defaults of the ProxyPool fields left empty. The API documents the same
+// values; the controller applies them, not a webhook, so that an empty field
+// keeps meaning "the operator's default".
+const (
+	DefaultMaxSurge               = 1
+	DefaultMaxUnavailable         = 0
+	DefaultDrain                  = 30 * time.Second
+	DefaultStartupTimeout         = 10 * time.Minute
+	DefaultUnhealthyTimeout       = 5 * time.Minute
+	DefaultStartupBackoff         = 30 * time.Second
+	DefaultMaxCreatesPerMinute    = 10
+	DefaultMaxConcurrentRotations = 1
+	// MaxStartupBackoff caps the doubling (unless startupBackoff itself is
+	// longer).
+	MaxStartupBackoff = 30 * time.Minute
+)
+
+// DefaultMaxUnhealthy is the short-circuit: with more than 40% of the live
+// replicas unhealthy, the cause is likely outside them (a network outage)
+// and replacing them would only churn.
+var DefaultMaxUnhealthy = intstr.FromString("40%")
+
+// Policy is a pool's spec with every default applied and every percentage
+// resolved against spec.replicas.
+type Policy struct {
+	Replicas       int
+	MaxSurge       int
+	MaxUnavailable int
+	// MinReady a replica must be Ready before it counts as available.
+	MinReady time.Duration
+	// Drain is how long a replica stays unpublished before it is deleted.
+	Drain time.Duration
+	// OnDelete leaves outdated replicas alone.
+	OnDelete bool
+	// Paused stops every replacement (rollout, rotation, remediation,
+	// marked replicas); scaling and publishing go on.
+	Paused bool
+
+	// MaxAge 0 disables rotation.
+	MaxAge                 time.Duration
+	Jitter                 time.Duration
+	MaxConcurrentRotations int
+	RotationInterval       time.Duration
+
+	StartupTimeout   time.Duration
+	UnhealthyTimeout time.Duration
+	StartupBackoff   time.Duration
+	// MaxUnhealthy is resolved against the live replicas at each decision.
+	MaxUnhealthy        intstr.IntOrString
+	MaxCreatesPerMinute int
+
+	Order crawlv1.ScaleDownOrder
+}
+
+// PolicyFor resolves spec into a Policy. It fails only on what the webhook
+// refuses (a malformed percentage), for pools stored without it.
+func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
+	p := Policy{
+		Replicas:               1,
+		MinReady:               time.Duration(spec.Rollout.MinReadySeconds) * time.Second,
+		Drain:                  DefaultDrain,
+		OnDelete:               spec.Rollout.Type == crawlv1.OnDeleteStrategy,
+		Paused:                 spec.Paused,
+		MaxConcurrentRotations: DefaultMaxConcurrentRotations,
+		StartupTimeout:         DefaultStartupTimeout,
+		UnhealthyTimeout:       DefaultUnhealthyTimeout,
+		StartupBackoff:         DefaultStartupBackoff,
+		MaxUnhealthy:           DefaultMaxUnhealthy,
+		MaxCreatesPerMinute:    DefaultMaxCreatesPerMinute,
+		Order:                  spec.ScaleDown.Order,
+	}
+	if spec.Replicas != nil {
+		p.Replicas = max(0, int(*spec.Replicas))
+	}
+	var err error
+	if p.MaxSurge, err = scaled(spec.Rollout.MaxSurge, DefaultMaxSurge, p.Replicas, true); err != nil {
+		return Policy{}, fmt.Errorf("spec.rollout.maxSurge: %w", err)
+	}
+	if p.MaxUnavailable, err = scaled(spec.Rollout.MaxUnavailable, DefaultMaxUnavailable, p.Replicas, false); err != nil {
+		return Policy{}, fmt.Errorf("spec.rollout.maxUnavailable: %w", err)
+	}
+	p.MaxUnavailable = min(p.MaxUnavailable, p.Replicas)
+	if p.MaxSurge == 0 && p.MaxUnavailable == 0 {
+		// A percentage that rounds to nothing on a small pool must not
+		// freeze it: surge one, the budget that never costs availability.
+		p.MaxSurge = 1
+	}
+	if d := spec.Rollout.DrainSeconds; d != nil {
+		p.Drain = time.Duration(max(0, *d)) * time.Second
+	}
+	if r := spec.Rotation; r.MaxAge != nil {
+		p.MaxAge = r.MaxAge.Duration
+		if r.Jitter != nil {
+			p.Jitter = min(max(0, r.Jitter.Duration), p.MaxAge)
+		}
+		if r.MaxConcurrent > 0 {
+			p.MaxConcurrentRotations = int(r.MaxConcurrent)
+		}
+		if r.MinInterval != nil {
+			p.RotationInterval = max(0, r.MinInterval.Duration)
+		}
+	}
+	rem := spec.Remediation
+	for _, d := range []struct {
+		from *metav1.Duration
+		to   *time.Duration
+	}{
+		{rem.StartupTimeout, &p.StartupTimeout},
+		{rem.UnhealthyTimeout, &p.UnhealthyTimeout},
+		{rem.StartupBackoff, &p.StartupBackoff},
+	} {
+		if d.from != nil && d.from.Duration > 0 {
+			*d.to = d.from.Duration
+		}
+	}
+	if rem.MaxUnhealthy != nil {
+		if _, err := intstr.GetScaledValueFromIntOrPercent(rem.MaxUnhealthy, 100, false); err != nil {
+			return Policy{}, fmt.Errorf("spec.remediation.maxUnhealthy: %w", err)
+		}
+		p.MaxUnhealthy = *rem.MaxUnhealthy
+	}
+	if rem.MaxCreatesPerMinute > 0 {
+		p.MaxCreatesPerMinute = int(rem.MaxCreatesPerMinute)
+	}
+	if p.Order == "" {
+		p.Order = crawlv1.ScaleDownOldest
+	}
+	return p, nil
+}
+
+// scaled resolves a count or percentage of replicas; nil is def.
+func scaled(v *intstr.IntOrString, def, replicas int, roundUp bool) (int, error) {
+	if v == nil {
+		return def, nil
+	}
+	n, err := intstr.GetScaledValueFromIntOrPercent(v, replicas, roundUp)
+	if err != nil {
+		return 0, err
+	}
+	return max(0, n), nil
+}
+
+// StartupBackoffFor is how long a slot waits before replacing a replica that
+// failed to start when the slot's replicas before it failed failures times
+// in a row: nothing after a first failure, then startupBackoff, doubling up
+// to MaxStartupBackoff.
+func (p Policy) StartupBackoffFor(failures int) time.Duration {
+	if failures <= 0 {
+		return 0
+	}
+	limit := max(MaxStartupBackoff, p.StartupBackoff)
+	d := p.StartupBackoff
+	for i := 1; i < failures && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
