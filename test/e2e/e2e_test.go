@@ -257,7 +257,11 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, Label("e2e"), func() {
 		Expect(ready).NotTo(BeNil())
 		var took time.Duration
 		Eventually(func(ctx context.Context) (err error) {
-			took, err = e2eutil.Want204(ctx, e2eutil.ProxyVia(ready), cfg.ProbeURL)
+			via, err := e2eutil.ProxyVia(ctx, k8s, ready)
+			if err != nil {
+				return err
+			}
+			took, err = e2eutil.Want204(ctx, via, cfg.ProbeURL)
 			return err
 		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 		record("request_through_proxy", took, fmt.Sprintf("(GET %s via %s → 204)", cfg.ProbeURL, ready.Status.Endpoint))
@@ -277,7 +281,9 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, Label("e2e"), func() {
 				case <-time.After(pace):
 				}
 			}
-			d, err := e2eutil.Want204(ctx, e2eutil.ProxyVia(ready), cfg.ProbeURL)
+			via, err := e2eutil.ProxyVia(ctx, k8s, ready)
+			Expect(err).NotTo(HaveOccurred())
+			d, err := e2eutil.Want204(ctx, via, cfg.ProbeURL)
 			Expect(err).NotTo(HaveOccurred(), "request %d of %d", i+1, n)
 			lat = append(lat, d)
 			p := &crawlv1.Proxy{}

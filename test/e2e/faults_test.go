@@ -851,7 +851,8 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(err).NotTo(HaveOccurred())
 		installB = b
 		kb := b.Client()
-		objsB := e2eutil.NewObjects(cfg, tag, b.SecretNamespace(), imgSrv.URL, imgSrv.Checksum)
+		objsB, err := e2eutil.NewObjects(cfg, tag, b.SecretNamespace(), imgSrv.URL, imgSrv.Checksum)
+		Expect(err).NotTo(HaveOccurred())
 		for _, o := range []client.Object{objsB.Namespace, objsB.Secret, objsB.Host, objsB.Image} {
 			Expect(kb.Create(ctx, o)).To(Succeed())
 		}

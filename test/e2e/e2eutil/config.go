@@ -50,6 +50,11 @@ type Config struct {
 	DomainType string
 	// ProbeURL answers 204 and is reachable from the guests.
 	ProbeURL string
+	// EchoURL answers 200 with the caller's address as its body, reachable
+	// from the guests (KVM_TEST_ECHO_URL): the manager's probe URL when
+	// set, so the proxy's egress address is recorded. Same host and port
+	// as ProbeURL (one allowed destination).
+	EchoURL string
 
 	// NetNS is the hypervisor's network namespace (hypervisor.sh only);
 	// InNetNS says this process runs inside it, so guests are reachable.
@@ -110,6 +115,7 @@ func FromEnv() (Config, error) {
 		NetworkMode:     envOr("KVM_TEST_NETWORK_MODE", "network"),
 		DomainType:      envOr("KVM_TEST_DOMAIN_TYPE", "kvm"),
 		ProbeURL:        os.Getenv("KVM_TEST_PROBE_URL"),
+		EchoURL:         os.Getenv("KVM_TEST_ECHO_URL"),
 		NetNS:           os.Getenv("KVM_TEST_NETNS"),
 		StateDir:        os.Getenv("KVM_TEST_STATE_DIR"),
 		HypervisorSH:    os.Getenv("KVM_TEST_HYPERVISOR_SH"),

@@ -242,9 +242,12 @@ func (o *Observer) requestLoop(ctx context.Context) {
 				inflight.Add(1)
 				go func() {
 					defer func() { <-slots; inflight.Done() }()
-					via := ProxyViaAddress(p, addr)
-					via.Timeout = o.cfg.RequestTimeout
-					code, _, err := via.Get(ctx, o.cfg.Target)
+					via, err := ProxyViaAddress(ctx, o.cfg.Client, p, addr)
+					code := 0
+					if err == nil {
+						via.Timeout = o.cfg.RequestTimeout
+						code, _, err = via.Get(ctx, o.cfg.Target)
+					}
 					switch {
 					case ctx.Err() != nil:
 					case err != nil:

@@ -58,7 +58,7 @@ func ManagerArgs(c Config, sshKeyDir, namespace, tag string) []string {
 		"--providers=kvm",
 		"--provider-check-interval=" + c.CheckInterval.String(),
 		"--ssh-key-dir=" + sshKeyDir,
-		"--proxy-probe-url=" + c.ProbeURL,
+		"--proxy-probe-url=" + orStr(c.EchoURL, c.ProbeURL),
 		"--proxy-probe-interval=" + ProxyProbeInterval.String(),
 		"--provision-poll-interval=2s",
 		"--address-timeout=" + c.ProxyReadyTimeout.String(),

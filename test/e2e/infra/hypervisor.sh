@@ -388,14 +388,22 @@ EOF
 	in_host virsh -q net-autostart "$NET_NAME" >/dev/null
 	in_host virsh -q pool-autostart "$POOL_NAME" >/dev/null
 
-	log "probe server http://$GW:$PROBE_PORT/ (answers 204)"
+	log "probe server http://$GW:$PROBE_PORT/ (answers 204; /ip answers the caller's address)"
 	cat >"$STATE/run/probe-204.sh" <<'EOF'
 #!/bin/bash
-# One HTTP exchange: read the request head (bounded), answer 204, close.
+# One HTTP exchange: read the request head (bounded), answer, close. /ip
+# echoes the caller's address as text, as what-is-my-IP services do (the
+# operator records it as the proxy's egress address); the rest is 204.
+IFS= read -r -t 5 method path _ || exit 0
 while IFS= read -r -t 5 line; do
 	line=${line%$'\r'}
 	[ -z "$line" ] && break
 done
+if [ "$path" = /ip ]; then
+	body=$SOCAT_PEERADDR
+	printf 'HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s' "${#body}" "$body"
+	exit 0
+fi
 printf 'HTTP/1.1 204 No Content\r\nConnection: close\r\nContent-Length: 0\r\n\r\n'
 EOF
 	chmod +x "$STATE/run/probe-204.sh"
@@ -518,6 +526,7 @@ KVM_TEST_POOL_PATH $STATE/pool
 KVM_TEST_NETWORK $NET_NAME
 KVM_TEST_DOMAIN_TYPE $(state_get DOMAIN_TYPE)
 KVM_TEST_NETNS $(state_get NETNS)
+KVM_TEST_ECHO_URL $(state_get PROBE_URL)ip
 KVM_TEST_PROBE_URL $(state_get PROBE_URL)
 KVM_TEST_STATE_DIR $STATE
 KVM_TEST_HYPERVISOR_SH $SELF
