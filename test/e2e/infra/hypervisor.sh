@@ -394,7 +394,8 @@ EOF
 # One HTTP exchange: read the request head (bounded), answer, close. /ip
 # echoes the caller's address as text, as what-is-my-IP services do (the
 # operator records it as the proxy's egress address); the rest is 204.
-IFS= read -r -t 5 method path _ || exit 0
+# Default IFS here: the request line splits into method, path, version.
+read -r -t 5 method path _ || exit 0
 while IFS= read -r -t 5 line; do
 	line=${line%$'\r'}
 	[ -z "$line" ] && break
