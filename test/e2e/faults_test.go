@@ -442,8 +442,8 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(op.Alive(ctx)).To(Succeed())
 
 		// The faults that follow check that the running proxy keeps
-		// serving: let the guest finish booting first (cloud-init's final
-		// stage restarts squid, as the e2e's user-data asks).
+		// serving: let the guest finish booting first (cloud-init's last
+		// stages still load the guest while the managed squid serves).
 		settle := time.Now()
 		code, out, err := e2eutil.GuestExec(ctx, hv, mainDomain(), "/usr/bin/cloud-init", "status", "--wait")
 		Expect(err).NotTo(HaveOccurred())

@@ -529,6 +529,18 @@ func (t Timeline) FirstBoth(a, av, b, bv string, from time.Time) (time.Time, boo
 	return time.Time{}, false
 }
 
+// Left returns the changes of sig, after the moment after, to anything but
+// value: none when sig kept value from then on (Ready never flapped).
+func (t Timeline) Left(sig, value string, after time.Time) []Change {
+	var out []Change
+	for _, c := range t.Series[sig] {
+		if c.At.After(after) && c.Value != value {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // Held is how long, within [from, to], sig had value.
 func (t Timeline) Held(sig, value string, from, to time.Time) time.Duration {
 	return t.Overlap(sig, value, sig, value, from, to)

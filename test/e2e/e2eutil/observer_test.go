@@ -118,3 +118,23 @@ func TestServingSeriesOrdersRequestsByStart(t *testing.T) {
 		t.Errorf("Requests() = %d, want 5", n)
 	}
 }
+
+func TestTimelineLeft(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	steady := Timeline{Start: t0, Series: map[string][]Change{
+		SigReady: {{At: at(0), Value: ""}, {At: at(1), Value: "False"}, {At: at(9), Value: "True"}},
+	}}
+	if got := steady.Left(SigReady, "True", at(9)); len(got) != 0 {
+		t.Errorf("steady after Ready: %v, want none", got)
+	}
+	if got := steady.Left(SigReady, "True", at(0.5)); len(got) != 1 || got[0].Value != "False" {
+		t.Errorf("from before the first False: %v, want the False at 1 s", got)
+	}
+	flap := Timeline{Start: t0, Series: map[string][]Change{
+		SigReady: {{At: at(9), Value: "True"}, {At: at(20), Value: "False", Detail: "ProbeFailed"}, {At: at(50), Value: "True"}},
+	}}
+	if got := flap.Left(SigReady, "True", at(9)); len(got) != 1 || !got[0].At.Equal(at(20)) || got[0].Detail != "ProbeFailed" {
+		t.Errorf("flap: %v, want the False at 20 s", got)
+	}
+}
