@@ -75,7 +75,8 @@ type Options struct {
 	// used. Build it with conn.New and pass OnConnect: p.OnConnect to get
 	// lifecycle events.
 	Pool Connections
-	// Images downloads and verifies images; a zero image.Cache works.
+	// Images downloads and verifies images; a zero image.Cache works. New
+	// sets its Holder to InstallID, so use one Cache per Provider.
 	Images *image.Cache
 	// Observer sees every libvirt RPC (metrics, RPC counting).
 	Observer virt.Observer
@@ -126,6 +127,9 @@ func New(opts Options) *Provider {
 	if opts.Images == nil {
 		opts.Images = &image.Cache{}
 	}
+	// Installs sharing a pool share its cached images; each claims what it
+	// uses, so none prunes what another still holds.
+	opts.Images.Holder = opts.InstallID
 	if opts.MaxUploadsPerHost <= 0 {
 		opts.MaxUploadsPerHost = 2
 	}

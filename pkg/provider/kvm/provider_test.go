@@ -699,7 +699,7 @@ func TestHostBusyFailsFastBeyondMaxInFlight(t *testing.T) {
 }
 
 // A cached image backing a Proxy's overlay survives PruneImages; once the
-// Proxy is deleted the image and its marker go.
+// Proxy is deleted the image, its marker and the claim go.
 func TestPruneImagesKeepsImagesBackingOverlays(t *testing.T) {
 	e := newEnv(t, "hv1")
 	ctx := context.Background()
@@ -725,8 +725,8 @@ func TestPruneImagesKeepsImagesBackingOverlays(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err = e.prov.PruneImages(ctx, "hv1", keepNone)
-	if err != nil || len(res.Deleted) != 2 || len(res.InUse) != 0 {
-		t.Fatalf("PruneImages after Delete = %+v, %v; want image and marker deleted", res, err)
+	if err != nil || len(res.Deleted) != 3 || len(res.InUse) != 0 {
+		t.Fatalf("PruneImages after Delete = %+v, %v; want image, marker and this install's claim deleted", res, err)
 	}
 	if _, ok := e.fakes["hv1"].Volume(kvmtest.PoolName, vol); ok {
 		t.Errorf("image volume %s left behind", vol)

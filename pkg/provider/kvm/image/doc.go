@@ -13,9 +13,11 @@
 // shares one volume per pool. Within a process a Cache lets one call at a
 // time upload a given volume (Wait lets others queue behind it); across
 // processes the operator's leader election does, and a volume that appears
-// under us anyway is reported as an upload in progress. Prune deletes what
-// no caller wants any more and no overlay in the pool uses as its backing
-// file.
+// under us anyway is reported as an upload in progress. Installs sharing a
+// pool record which of them hold each image with claim volumes; Prune gives
+// up this install's claim on what it no longer wants and deletes an image
+// only as its last holder, when no overlay in the pool uses it as its
+// backing file.
 //
 // Logging goes to the logger in ctx (logr.FromContextOrDiscard) with the key
 // "image"; callers add "host" to that logger, as the KVM provider does for

@@ -57,6 +57,10 @@ type Cache struct {
 	// ProgressInterval is the least time between two progress calls (the
 	// final call is always made). Zero reports every read.
 	ProgressInterval time.Duration
+	// Holder is the operator install this Cache caches for (its install
+	// id; empty for an install without one). Its claim on a shared volume
+	// (see the naming notes) keeps other installs' Prune from deleting it.
+	Holder string
 
 	mu       sync.Mutex
 	inflight map[uploadKey]chan struct{} // closed when the upload ends
@@ -102,13 +106,19 @@ func (s spec) label() string {
 	return provider.RedactURL(s.img.URL)
 }
 
-// Ensure makes a verified copy of img exist in pool and returns it.
+// Ensure makes a verified copy of img exist in pool, claimed by c.Holder,
+// and returns it.
 //
-// When the image volume and its marker both exist it returns at once, after
-// three RPCs (two lookups and the path). Otherwise it deletes whatever
-// unverified volume or orphaned marker holds the names, uploads the image
-// and verifies it. progress, if not nil, is called with the bytes uploaded so
-// far and the total (-1 when unknown), from the goroutine streaming the
+// When the image volume and its marker both exist and the claim does too it
+// returns at once, after four RPCs (three lookups and the path); a volume
+// another install holds is claimed first, and one cached before claims
+// existed is served unclaimed. Otherwise it opens the source, claims the
+// image, deletes whatever unverified volume or orphaned marker holds the
+// names, uploads the image and verifies it; an unverified volume that backs
+// an overlay is marked again instead (see remark). A failed upload leaves
+// only the claim, which Prune removes once the image is no longer wanted.
+// progress, if not nil, is called with the bytes uploaded so far and the
+// total (-1 when unknown), from the goroutine streaming the
 // upload; it must return quickly.
 //
 // Errors are classified: a wrong URL, checksum mismatch, unusable image or
@@ -122,7 +132,7 @@ func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.Storage
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("image", s.label(), "pool", pool.Name, "volume", s.volume)
 
-	st, err := lookup(lv, pool, s)
+	st, err := c.lookupHeld(lv, pool, s)
 	if err != nil {
 		return Result{}, err
 	}
@@ -137,26 +147,123 @@ func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.Storage
 	defer release()
 	// A call that held the slot may have finished since the lookup; its
 	// fresh volume must not be taken for a stale one.
-	if st, err = lookup(lv, pool, s); err != nil {
+	if st, err = c.lookupHeld(lv, pool, s); err != nil {
 		return Result{}, err
 	}
 	if st.ready() {
 		return cached(lv, pool, s, st)
 	}
+	if st.vol != nil && st.marker == nil {
+		if res, ok, err := c.remark(log, lv, pool, s, *st.vol); err != nil || ok {
+			return res, err
+		}
+	}
 	return c.fetch(ctx, log, lv, pool, s, st, progress)
 }
 
+// remark makes the marker of an image volume that lost it but backs an
+// overlay: overlays are only made on verified images, so it lost its marker
+// to another install's prune racing with this one's use (see Prune), and
+// deleting it would break the overlay. ok is false when no overlay uses it.
+func (c *Cache) remark(log logr.Logger, lv virt.Client, pool libvirt.StoragePool, s spec, vol libvirt.StorageVol) (res Result, ok bool, err error) {
+	if err := c.claim(lv, pool, s); err != nil {
+		return Result{}, false, err
+	}
+	inUse, err := backsOverlay(lv, pool, vol)
+	if err != nil || !inUse {
+		return Result{}, false, err
+	}
+	log.Info("Image volume without marker backs an overlay, so it was verified; marking it again")
+	if err := commit(log, lv, pool, s); err != nil {
+		return Result{}, false, err
+	}
+	res, err = cached(lv, pool, s, state{vol: &vol})
+	return res, err == nil, err
+}
+
+// lookupHeld is lookup for a caller that is about to use the image: a
+// verified shared volume is claimed for c.Holder unless it already is, or
+// unless it has no claim at all (cached before claims existed: served as
+// it is, never claimed, never pruned). The claim comes before the volume
+// is looked up again, for the reason Ensure gives.
+func (c *Cache) lookupHeld(lv virt.Client, pool libvirt.StoragePool, s spec) (state, error) {
+	claim := claimName(s.volume, c.Holder)
+	held, err := find(lv, pool, claim)
+	if err != nil {
+		return state{}, err
+	}
+	st, err := lookup(lv, pool, s)
+	if err != nil || held != nil || !st.ready() {
+		return st, err
+	}
+	holders, err := claimsOf(lv, pool, s.volume)
+	if err != nil || len(holders) == 0 {
+		return st, err
+	}
+	if err := c.claim(lv, pool, s); err != nil {
+		return state{}, err
+	}
+	return lookup(lv, pool, s)
+}
+
+// claim creates c.Holder's claim on s's shared volume; one that exists is
+// fine.
+func (c *Cache) claim(lv virt.Client, pool libvirt.StoragePool, s spec) error {
+	name := claimName(s.volume, c.Holder)
+	xml, err := volumeXML(name, FormatRaw, 0)
+	if err != nil {
+		return provider.Permanentf("image %s: building claim XML: %w", s.label(), err)
+	}
+	if _, err := lv.StorageVolCreateXML(pool, xml, 0); err != nil && !virt.IsCode(err, libvirt.ErrStorageVolExist) {
+		return virtError("creating claim", name, pool, err)
+	}
+	return nil
+}
+
+// claimsOf lists the installs that claim the shared volume vol.
+func claimsOf(lv virt.Client, pool libvirt.StoragePool, vol string) ([]string, error) {
+	vols, _, err := lv.StoragePoolListAllVolumes(pool, 1, 0)
+	if err != nil {
+		return nil, virtError("listing volumes of", "pool", pool, err)
+	}
+	var holders []string
+	for _, v := range vols {
+		if p, ok := parseName(v.Name); ok && p.holder != "" && p.image == vol {
+			holders = append(holders, p.holder)
+		}
+	}
+	return holders, nil
+}
+
+// backsOverlay reports whether a volume of pool names vol as its backing
+// file.
+func backsOverlay(lv virt.Client, pool libvirt.StoragePool, vol libvirt.StorageVol) (bool, error) {
+	vols, _, err := lv.StoragePoolListAllVolumes(pool, 1, 0)
+	if err != nil {
+		return false, virtError("listing volumes of", "pool", pool, err)
+	}
+	backing, err := backingFiles(lv, pool, vols)
+	if err != nil {
+		return false, err
+	}
+	inUse, err := backing.uses(lv, vol)
+	if err != nil {
+		return false, virtError("getting path of volume", vol.Name, pool, err)
+	}
+	return inUse, nil
+}
+
 // Lookup returns the verified copy of img in pool if there is one, under the
-// same commit rule as Ensure (the marker vouches for the volume): the shared
-// volume, else a legacy one of img's name (see the naming notes); ok is
-// false when the image still has to be uploaded. It takes no upload claim,
+// same commit rule as Ensure (the marker vouches for the volume) and claimed
+// the same way: the shared volume, else a legacy one of img's name (see the
+// naming notes); ok is false when the image still has to be uploaded. It takes no upload claim,
 // so a caller can serve a cached image without queueing behind uploads.
 func (c *Cache) Lookup(lv virt.Client, pool libvirt.StoragePool, img provider.Image) (res Result, ok bool, err error) {
 	s, err := newSpec(img)
 	if err != nil {
 		return Result{}, false, err
 	}
-	st, err := lookup(lv, pool, s)
+	st, err := c.lookupHeld(lv, pool, s)
 	if err == nil && !st.ready() {
 		// A copy cached by an earlier build, vouched for by its own
 		// full-digest marker, boots while the shared one is made.
@@ -284,6 +391,19 @@ func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool
 	capacity, err := sniff(s.img.Format, head, src.size)
 	if err != nil {
 		return Result{}, fmt.Errorf("image %s: %w", s.label(), err)
+	}
+
+	// Claimed before the names are looked at again, so that another
+	// install's Prune, which checks claims after deleting the marker, either
+	// sees this claim or has already made the volume unusable.
+	if err := c.claim(lv, pool, s); err != nil {
+		return Result{}, err
+	}
+	if st, err = lookup(lv, pool, s); err != nil {
+		return Result{}, err
+	}
+	if st.ready() {
+		return cached(lv, pool, s, st)
 	}
 
 	// Clear the names. The marker goes first so no moment shows a marker

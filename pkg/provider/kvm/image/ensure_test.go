@@ -75,12 +75,24 @@ func (e *env) assertCached(img provider.Image, want []byte) {
 	}
 }
 
-// assertEmpty checks that nothing of img is left in the pool.
+// assertEmpty checks that nothing is left in the pool but this Cache's
+// claims: an empty volume recording that this install still wants the
+// image, which Prune removes once it does not.
 func (e *env) assertEmpty() {
 	e.t.Helper()
-	if v := e.volumes(); len(v) != 0 {
+	v := slices.DeleteFunc(e.volumes(), func(n string) bool {
+		p, ok := parseName(n)
+		return ok && p.holder == holderName(e.cache.Holder)
+	})
+	if len(v) != 0 {
 		e.t.Errorf("volumes left in pool: %v", v)
 	}
+}
+
+// claim returns the name of this Cache's claim on img.
+func (e *env) claim(img provider.Image) string {
+	vol, _ := e.names(img)
+	return claimName(vol, e.cache.Holder)
 }
 
 func TestEnsureHappy(t *testing.T) {
@@ -124,8 +136,8 @@ func TestEnsureHappy(t *testing.T) {
 				t.Errorf("Result = %+v, want %+v", res, want)
 			}
 			e.assertCached(img, tc.content)
-			if got := e.volumes(); !slices.Equal(got, []string{vol, marker}) {
-				t.Errorf("volumes = %v, want %v", got, []string{vol, marker})
+			if got, want := e.volumes(), []string{vol, e.claim(img), marker}; !slices.Equal(got, want) {
+				t.Errorf("volumes = %v, want %v", got, want)
 			}
 			if f, c := e.host.volumeDecl(poolName, vol); f != tc.format || c != tc.wantCap {
 				t.Errorf("volume declared as %s capacity %d, want %s capacity %d", f, c, tc.format, tc.wantCap)
@@ -170,8 +182,8 @@ func TestEnsureFastPath(t *testing.T) {
 	if n := e.srv.requests("/c.img"); n != 1 {
 		t.Errorf("%d downloads, want 1", n)
 	}
-	// Two lookups (volume, marker) and the path: nothing else.
-	want := map[string]int{virt.RPCStorageVolLookupByName: 2, virt.RPCStorageVolGetPath: 1}
+	// Three lookups (claim, volume, marker) and the path: nothing else.
+	want := map[string]int{virt.RPCStorageVolLookupByName: 3, virt.RPCStorageVolGetPath: 1}
 	total := 0
 	for _, rpc := range virt.RPCNames {
 		total += e.host.Calls(rpc)
@@ -179,8 +191,8 @@ func TestEnsureFastPath(t *testing.T) {
 			t.Errorf("%s called %d times, want %d", rpc, got, want[rpc])
 		}
 	}
-	if total != 3 {
-		t.Errorf("fast path made %d RPCs, want 3", total)
+	if total != 4 {
+		t.Errorf("fast path made %d RPCs, want 4", total)
 	}
 }
 
@@ -294,6 +306,8 @@ func TestEnsureFailures(t *testing.T) {
 		{
 			name: "volume created concurrently elsewhere",
 			setup: func(e *env) provider.Image {
+				// The claim (it may exist: fine), then the image volume.
+				e.host.FailNext(virt.RPCStorageVolCreateXML, virt.NewError(libvirt.ErrStorageVolExist, "storage volume exists already"))
 				e.host.FailNext(virt.RPCStorageVolCreateXML, virt.NewError(libvirt.ErrStorageVolExist, "storage volume exists already"))
 				return provider.Image{Name: "x", URL: e.srv.bytes("/x", good), Checksum: checksumOf(good), Format: FormatRaw}
 			},
@@ -383,8 +397,8 @@ func TestEnsureRefetchesUnverified(t *testing.T) {
 				t.Errorf("image was not downloaded again")
 			}
 			e.assertCached(img, b)
-			if n := len(e.volumes()); n != 2 {
-				t.Errorf("volumes = %v", e.volumes())
+			if n := len(e.volumes()); n != 3 {
+				t.Errorf("volumes = %v, want the image, its marker and the claim", e.volumes())
 			}
 		})
 	}
@@ -479,8 +493,8 @@ func TestEnsureConcurrentDifferentImages(t *testing.T) {
 		}
 		e.assertCached(imgs[i], contents[i])
 	}
-	if got := len(e.volumes()); got != 2*n {
-		t.Errorf("%d volumes, want %d", got, 2*n)
+	if got := len(e.volumes()); got != 3*n {
+		t.Errorf("%d volumes, want %d: image, marker and claim each", got, 3*n)
 	}
 }
 

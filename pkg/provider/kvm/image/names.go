@@ -28,14 +28,28 @@ import (
 // with <name> the KVMImage name (shortened with a hash when long) or "url_"
 // plus a hash of a direct URL. Lookup still serves a legacy copy vouched for
 // by its full-digest marker, so Proxies boot during an upgrade; Ensure
-// re-caches under the shared name, and Prune removes legacy volumes once
-// nothing uses them. '_' never occurs in Kubernetes names and the shared
-// name has no '-' after "image-", so no form collides with another.
+// re-caches under the shared name. '_' never occurs in Kubernetes names and
+// the shared name has no '-' after "image-", so no form collides with
+// another.
+//
+// Several operator installs may share a pool, so a shared volume records who
+// holds it, one empty claim volume per install:
+//
+//	claim: image-sha256_<digest>.<format>.held-by-<install id>
+//
+// ("_" stands for an install without an id). Only the last holder deletes
+// the image (see Prune). A volume cached before claims existed, legacy or
+// shared, has none: who holds it cannot be known, so it is served but never
+// pruned.
 const (
 	namePrefix     = "image-"
 	sharedPrefix   = namePrefix + Algorithm + "_"
 	shortDigestLen = 12
 	markerSuffix   = ".sha256"
+	claimInfix     = ".held-by-"
+	// noInstall is the holder name of an install without an id; '_' is
+	// not allowed in install ids.
+	noInstall = "_"
 	// maxComponent bounds <name> so a marker name stays well under the
 	// 255-byte file name limit of directory pools.
 	maxComponent = 64
@@ -83,6 +97,20 @@ func VolumeName(img provider.Image) (string, error) {
 func MarkerName(img provider.Image) (string, error) {
 	n, err := namesOf(img)
 	return n.marker, err
+}
+
+// claimName is the claim of holder (an install id, may be empty) on the
+// shared image volume vol.
+func claimName(vol, holder string) string {
+	return vol + claimInfix + holderName(holder)
+}
+
+// holderName is how a claim names the install with id (may be empty).
+func holderName(id string) string {
+	if id == "" {
+		return noInstall
+	}
+	return id
 }
 
 func namesOf(img provider.Image) (names, error) {
@@ -140,6 +168,9 @@ type parsedName struct {
 	image  string // the image volume a marker vouches for, or the name itself
 	legacy bool
 	marker bool
+	// holder is the install a claim volume names (noInstall for none);
+	// empty when the volume is not a claim.
+	holder string
 }
 
 // parseName reports whether vol is an image or marker volume of this
@@ -148,10 +179,19 @@ func parseName(vol string) (parsedName, bool) {
 	if rest, ok := strings.CutPrefix(vol, sharedPrefix); ok {
 		digest, rest, _ := strings.Cut(rest, ".")
 		format, rest, _ := strings.Cut(rest, ".")
-		if len(digest) != digestHexLen || !isLowerHex(digest) || checkFormat(format) != nil || rest != "" && "."+rest != markerSuffix {
+		if len(digest) != digestHexLen || !isLowerHex(digest) || checkFormat(format) != nil {
 			return parsedName{}, false
 		}
-		p := parsedName{digest: digest, short: digest[:shortDigestLen], image: sharedPrefix + digest + "." + format, marker: rest != ""}
+		p := parsedName{digest: digest, short: digest[:shortDigestLen], image: sharedPrefix + digest + "." + format}
+		switch holder, claim := strings.CutPrefix("."+rest, claimInfix); {
+		case rest == "":
+		case "."+rest == markerSuffix:
+			p.marker = true
+		case claim && (holder == noInstall || provider.ValidateInstallID(holder) == nil):
+			p.holder = holder
+		default:
+			return parsedName{}, false
+		}
 		return p, true
 	}
 	rest, ok := strings.CutPrefix(vol, namePrefix)

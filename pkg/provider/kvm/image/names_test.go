@@ -59,8 +59,16 @@ func TestNames(t *testing.T) {
 				{n.legacyMarker, n.legacyVolume, digest, true, true},
 			} {
 				p, ok := parseName(c.name)
-				if !ok || p.image != c.image || p.digest != c.digest || p.marker != c.marker || p.legacy != c.legacy || p.short != digest[:12] {
+				if !ok || p.image != c.image || p.digest != c.digest || p.marker != c.marker || p.legacy != c.legacy || p.short != digest[:12] || p.holder != "" {
 					t.Errorf("parseName(%s) = %+v, %v; want %+v", c.name, p, ok, c)
+				}
+			}
+			// And the claims of installs, with or without an id.
+			for id, holder := range map[string]string{"install-a": "install-a", "5a1e0000-0000-4000-8000-000000000001": "5a1e0000-0000-4000-8000-000000000001", "": noInstall} {
+				c := claimName(vol, id)
+				p, ok := parseName(c)
+				if !ok || p.image != vol || p.digest != digest || p.marker || p.legacy || p.holder != holder {
+					t.Errorf("parseName(%s) = %+v, %v; want the claim of %q on %s", c, p, ok, holder, vol)
 				}
 			}
 		})
@@ -94,6 +102,13 @@ func TestParseNameRejectsOthers(t *testing.T) {
 		"image-sha256_" + digest + ".raw.bak",
 		"image-sha256_" + digest + ".raw." + digest + ".sha256",
 		"image-sha256_" + strings.ToUpper(digest) + ".raw",
+		"image-sha256_" + digest + ".raw.held-by-",
+		"image-sha256_" + digest + ".raw.held-by-Install",
+		"image-sha256_" + digest + ".raw.held-by-a_b",
+		"image-sha256_" + digest + ".raw.held-by--a",
+		"image-sha256_" + digest + ".raw.held-by-a.sha256",
+		"image-sha256_" + digest + ".raw.sha256.held-by-a",
+		"image-deb-9f86d081884c.raw.held-by-a",
 	} {
 		if p, ok := parseName(n); ok {
 			t.Errorf("parseName(%q) = %+v, want not ours", n, p)

@@ -14,21 +14,29 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
 )
 
-// Prune deletes the cached images in pool that are no longer wanted and
-// not in use, markers first so an image volume never outlives its marker's
-// claim. keep says which digests (lower-case hex) stay: the caller passes
-// every digest a live KVMImage or Proxy still names. A legacy copy (see the
-// naming notes) stays only while its digest is kept and no verified shared
-// copy exists.
+// Prune gives up c.Holder's claim on the cached images in pool it no
+// longer wants, and deletes those nobody else claims and nothing uses.
+// keep says which digests (lower-case hex) stay: the caller passes every
+// digest a live KVMImage or Proxy of its install still names.
 //
-// In use means that some volume of the pool names the image as its backing
-// file (its XML's backingStore path). libvirt does not check this itself: it
-// deletes the backing file of an overlay, even of a running domain's disk.
-// A volume being uploaded by this Cache is skipped too. When the pool's
-// volumes cannot all be read nothing is deleted: an image not proven unused
-// stays. Deletion continues past failures; the result (names deleted, and
-// digests left behind only because they are in use) comes with the joined
-// errors.
+// Only images this install claims are touched (see the naming notes):
+// another install's claim, or no claim at all (a copy cached by a build
+// before claims, legacy or shared, whose holders cannot be known), keeps a
+// volume. An image claimed by others loses only this install's claim. When
+// this install is the last holder, the image stays while some volume of the
+// pool names it as its backing file (its XML's backingStore path; libvirt
+// does not check this itself: it deletes the backing file of an overlay,
+// even of a running domain's disk) or while this Cache uploads it;
+// otherwise its marker goes first, then, unless a claim appeared meanwhile,
+// the image, and the claim last, so a crash halfway leaves the claim that
+// makes the next pass finish the job. The claim check after the marker is
+// gone is what makes this safe against another install starting to use
+// the image: it claims before it looks the marker up (Cache.Ensure).
+//
+// When the pool's volumes cannot all be read nothing is deleted: an image
+// not proven unused stays. Deletion continues past failures; the result
+// (names deleted, and digests left behind only because they are in use)
+// comes with the joined errors.
 func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StoragePool, keep func(digest string) bool) (PruneResult, error) {
 	var res PruneResult
 	vols, _, err := lv.StoragePoolListAllVolumes(pool, 1, 0)
@@ -36,12 +44,14 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 		return res, virtError("listing volumes of", "pool", pool, err)
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("pool", pool.Name)
+	holder := holderName(c.Holder)
 
 	type cachedImage struct {
 		vol     *libvirt.StorageVol
 		markers []libvirt.StorageVol
+		claim   *libvirt.StorageVol // c.Holder's
+		others  []string            // holders other than c.Holder
 		digest  string
-		p       parsedName
 	}
 	images := map[string]*cachedImage{}
 	var order []string
@@ -52,45 +62,66 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 		}
 		ci := images[p.image]
 		if ci == nil {
-			ci = &cachedImage{p: p}
+			ci = &cachedImage{}
 			images[p.image] = ci
 			order = append(order, p.image)
 		}
-		if p.marker {
+		switch {
+		case p.holder == holder:
+			ci.claim = &v
+		case p.holder != "":
+			ci.others = append(ci.others, p.holder)
+		case p.marker:
 			ci.markers = append(ci.markers, v)
-			ci.digest = p.digest
-		} else {
+		default:
 			ci.vol = &v
-			if !p.legacy {
-				ci.digest = p.digest
-			}
+		}
+		if p.digest != "" {
+			ci.digest = p.digest
 		}
 	}
-	if len(images) == 0 {
-		return res, nil
-	}
-	backing, err := backingFiles(lv, pool, vols)
-	if err != nil {
-		return res, err
-	}
-
+	var backing *backingSet
 	var errs []error
 	for _, name := range order {
 		ci := images[name]
-		drop := ci.digest == "" || !keep(ci.digest)
-		if !drop && ci.p.legacy {
-			shared := images[sharedPrefix+ci.digest+path.Ext(name)]
-			drop = shared != nil && shared.vol != nil && len(shared.markers) > 0
-		}
-		if !drop {
+		switch {
+		case ci.claim == nil:
+			if ci.vol != nil && len(ci.others) == 0 && !keep(ci.digest) {
+				log.V(1).Info("Leaving unwanted image volume that no install claims: cached before claims, its holders are unknown", "volume", name)
+			}
 			continue
-		}
-		if c.busy(pool, name) {
+		case keep(ci.digest):
+			continue
+		case c.busy(pool, name):
 			log.V(1).Info("Not pruning volume being uploaded", "volume", name)
 			res.inUse(ci.digest)
 			continue
 		}
+		if len(ci.others) > 0 {
+			// Theirs now. Should they be letting go at this very moment
+			// too, whoever looks last finds no claim and deletes.
+			if err := c.release(log, lv, pool, *ci.claim, &res); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			others, err := claimsOf(lv, pool, name)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if len(others) > 0 {
+				log.V(1).Info("Released image claim; other installs still hold it", "volume", name, "holders", strings.Join(others, ","))
+				continue
+			}
+		}
 		if ci.vol != nil {
+			if backing == nil {
+				b, err := backingFiles(lv, pool, vols)
+				if err != nil {
+					return res, errors.Join(append(errs, err)...)
+				}
+				backing = &b
+			}
 			inUse, err := backing.uses(lv, *ci.vol)
 			if err != nil {
 				errs = append(errs, virtError("getting path of volume", name, pool, err))
@@ -102,27 +133,60 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 				continue
 			}
 		}
-		failed := false
-		for _, m := range ci.markers {
-			if err := deleteVolume(lv, m); err != nil {
-				errs = append(errs, virtError("pruning marker", m.Name, pool, err))
-				failed = true
-				continue
+		if err := c.dropLast(log, lv, pool, name, ci.vol, ci.markers, &res); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if ci.claim != nil && len(ci.others) == 0 {
+			if err := c.release(log, lv, pool, *ci.claim, &res); err != nil {
+				errs = append(errs, err)
 			}
-			log.Info("Pruned image marker", "volume", m.Name)
-			res.Deleted = append(res.Deleted, m.Name)
 		}
-		if ci.vol == nil || failed {
-			continue
-		}
-		if err := deleteVolume(lv, *ci.vol); err != nil {
-			errs = append(errs, virtError("pruning volume", name, pool, err))
-			continue
-		}
-		log.Info("Pruned image volume", "volume", name)
-		res.Deleted = append(res.Deleted, name)
 	}
 	return res, errors.Join(errs...)
+}
+
+// dropLast deletes an image this install was the last to hold: markers
+// first, so nobody starts using it, then, when no install has claimed it
+// meanwhile, the volume. A claim that appeared is left the image without
+// its marker: its install re-marks it if an overlay already uses it, and
+// re-uploads it otherwise (Ensure).
+func (c *Cache) dropLast(log logr.Logger, lv virt.Client, pool libvirt.StoragePool, name string, vol *libvirt.StorageVol, markers []libvirt.StorageVol, res *PruneResult) error {
+	for _, m := range markers {
+		if err := deleteVolume(lv, m); err != nil {
+			return virtError("pruning marker", m.Name, pool, err)
+		}
+		log.Info("Pruned image marker", "volume", m.Name)
+		res.Deleted = append(res.Deleted, m.Name)
+	}
+	if vol == nil {
+		return nil
+	}
+	others, err := claimsOf(lv, pool, name)
+	if err != nil {
+		return err
+	}
+	others = slices.DeleteFunc(others, func(h string) bool { return h == holderName(c.Holder) })
+	if len(others) > 0 {
+		log.Info("Image claimed by another install while being pruned; leaving it to that install", "volume", name, "holders", strings.Join(others, ","))
+		return nil
+	}
+	if err := deleteVolume(lv, *vol); err != nil {
+		return virtError("pruning volume", name, pool, err)
+	}
+	log.Info("Pruned image volume", "volume", name)
+	res.Deleted = append(res.Deleted, name)
+	return nil
+}
+
+// release deletes this install's claim.
+func (c *Cache) release(log logr.Logger, lv virt.Client, pool libvirt.StoragePool, claim libvirt.StorageVol, res *PruneResult) error {
+	if err := deleteVolume(lv, claim); err != nil {
+		return virtError("releasing claim", claim.Name, pool, err)
+	}
+	log.V(1).Info("Released image claim", "volume", claim.Name)
+	res.Deleted = append(res.Deleted, claim.Name)
+	return nil
 }
 
 // PruneResult is what Prune did.

@@ -72,8 +72,8 @@ func TestEnsureSharesOneVolumePerDigest(t *testing.T) {
 	if n := e.srv.requests("/deb.qcow2"); n != 1 {
 		t.Errorf("downloaded %d times, want 1", n)
 	}
-	if got := e.volumes(); len(got) != 2 {
-		t.Errorf("pool holds %v, want the image and its marker", got)
+	if got := e.volumes(); len(got) != 3 {
+		t.Errorf("pool holds %v, want the image, its marker and the claim", got)
 	}
 }
 
@@ -124,15 +124,22 @@ func TestPrune(t *testing.T) {
 	sharedVol := func(i provider.Image) string { v, _ := e.names(i); return v }
 	overlay(e, "proxy-1-disk.qcow2", fake.PoolDir+"/"+poolName+"/"+sharedVol(backing))
 	overlay(e, "proxy-2-disk.qcow2", sharedVol(relative))
-	// Legacy copies: of a digest with a shared copy (redundant), of a kept
-	// digest without one (still served by Lookup), unverified, and in use.
-	redundant := legacyCopy(e, img("kept", content(1)), content(1), true)
-	onlyCopy := legacyCopy(e, img("old", content(5)), content(5), true)
-	unverified := legacyCopy(e, img("half", content(6)), content(6), false)
+	// Cached before claims, so whose they are is unknown: legacy copies (of
+	// a digest with a shared copy, of a kept digest without one, unverified,
+	// in use) and a shared copy nobody claims. None is this install's to
+	// delete, wanted or not.
+	legacyCopy(e, img("kept", content(1)), content(1), true)
+	legacyCopy(e, img("old", content(5)), content(5), true)
+	legacyCopy(e, img("half", content(6)), content(6), false)
 	legacyInUse := legacyCopy(e, img("booted", content(7)), content(7), true)
 	overlay(e, "proxy-3-disk.qcow2", fake.PoolDir+"/"+poolName+"/"+legacyInUse)
+	unclaimed := img("unclaimed", content(8))
+	unclaimedVol, unclaimedMarker := e.names(unclaimed)
+	createWith(e, unclaimedVol, content(8))
+	createWith(e, unclaimedMarker, []byte("x"))
 	// Bystanders: look-alikes and foreign volumes.
-	for _, n := range []string{"image-deb-notahexdigest.qcow2", "proxy-1234-disk.qcow2", "image-deb-0123456789ab.vmdk", "image-deb.qcow2", "image-sha256_xyz.raw"} {
+	for _, n := range []string{"image-deb-notahexdigest.qcow2", "proxy-1234-disk.qcow2", "image-deb-0123456789ab.vmdk", "image-deb.qcow2", "image-sha256_xyz.raw",
+		sharedVol(kept) + ".held-by-Not_An_Install", sharedVol(kept) + ".held-by-"} {
 		createWith(e, n, []byte("x"))
 	}
 	before := e.volumes()
@@ -143,29 +150,130 @@ func TestPrune(t *testing.T) {
 	}
 	deleted := res.Deleted
 	digest := func(i provider.Image) string { d, _ := ParseChecksum(i.Checksum); return d }
-	if want := []string{digest(backing), digest(relative), digest(img("booted", content(7)))}; !slices.Equal(slices.Sorted(slices.Values(res.InUse)), slices.Sorted(slices.Values(want))) {
+	if want := []string{digest(backing), digest(relative)}; !slices.Equal(slices.Sorted(slices.Values(res.InUse)), slices.Sorted(slices.Values(want))) {
 		t.Errorf("Prune left in use %v, want %v", res.InUse, want)
 	}
 	_, unusedMarker := e.names(unused)
-	n := func(i provider.Image) names { x, _ := namesOf(i); return x }
-	want := []string{unusedMarker, sharedVol(unused), n(img("kept", content(1))).legacyMarker, redundant, unverified}
-	if !slices.Equal(slices.Sorted(slices.Values(deleted)), slices.Sorted(slices.Values(want))) {
+	// Marker, volume, claim: in that order.
+	if want := []string{unusedMarker, sharedVol(unused), e.claim(unused)}; !slices.Equal(deleted, want) {
 		t.Errorf("Prune deleted %v\nwant %v", deleted, want)
 	}
-	// Markers go before their image volume.
-	if i, j := slices.Index(deleted, unusedMarker), slices.Index(deleted, sharedVol(unused)); i < 0 || i > j {
-		t.Errorf("marker deleted after its volume: %v", deleted)
-	}
-	if got, want := e.volumes(), slices.DeleteFunc(before, func(v string) bool { return slices.Contains(want, v) }); !slices.Equal(got, want) {
+	if got, want := e.volumes(), slices.DeleteFunc(before, func(v string) bool { return slices.Contains(deleted, v) }); !slices.Equal(got, want) {
 		t.Errorf("after Prune pool = %v\nwant %v", got, want)
-	}
-	for _, v := range []string{sharedVol(backing), sharedVol(relative), legacyInUse, onlyCopy} {
-		if _, ok := e.host.Volume(poolName, v); !ok {
-			t.Errorf("Prune deleted %s", v)
-		}
 	}
 	if res, err := e.ensure(kept); err != nil || !res.Cached {
 		t.Errorf("Ensure of the kept image after Prune = %+v, %v; want cached", res, err)
+	}
+	// A copy cached before claims keeps working, without a download and
+	// without being claimed.
+	if res, ok, err := e.cache.Lookup(e.host, e.pool, unclaimed); err != nil || !ok || res.VolumeName != unclaimedVol {
+		t.Errorf("Lookup of the unclaimed copy = %+v, %v, %v; want it served", res, ok, err)
+	}
+	if n := e.srv.requests("/unclaimed" + unclaimed.Checksum); n != 0 {
+		t.Errorf("unclaimed image downloaded %d times, want 0", n)
+	}
+	if _, ok := e.host.Volume(poolName, e.claim(unclaimed)); ok {
+		t.Errorf("Lookup claimed a copy cached before claims")
+	}
+}
+
+// onDelete runs after each volume deletion: another install acting between
+// two steps of a prune.
+type onDelete struct {
+	virt.Client
+	after func(name string)
+}
+
+func (d onDelete) StorageVolDelete(v libvirt.StorageVol, flags libvirt.StorageVolDeleteFlags) error {
+	err := d.Client.StorageVolDelete(v, flags)
+	d.after(v.Name)
+	return err
+}
+
+// Installs sharing a pool: a prune gives up only this install's claim and
+// deletes an image only when no other install holds it, even one that
+// claims it while the prune runs; the other install then still gets its
+// image, without downloading it again when it already uses it.
+func TestPruneHonoursOtherInstallsClaims(t *testing.T) {
+	b := genBytes(30, 64<<10)
+	for _, tc := range []struct {
+		name string
+		// otherBefore: the other install uses the image before the prune.
+		otherBefore bool
+		// raceMarker: what the other install does right when the prune
+		// has deleted the marker.
+		raceMarker func(e *env, other *Cache, img provider.Image)
+		wantImage  bool
+		wantMarker bool
+		// wantDownloads by the other install, during and after the prune.
+		wantDownloads int
+	}{
+		{name: "held by another install", otherBefore: true, wantImage: true, wantMarker: true},
+		{name: "held by nobody else", wantDownloads: 1},
+		{name: "claimed once the marker is gone: the claimer caches it again",
+			raceMarker: func(e *env, other *Cache, img provider.Image) {
+				if _, err := other.Ensure(e.ctx, e.host, e.pool, img, nil); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantImage: true, wantMarker: true, wantDownloads: 1},
+		{name: "claimed and used just before the marker went: marked again, not fetched",
+			raceMarker: func(e *env, other *Cache, img provider.Image) {
+				vol, _ := e.names(img)
+				createWith(e, claimName(vol, other.Holder), nil)
+				overlay(e, "proxy-a-disk.qcow2", fake.PoolDir+"/"+poolName+"/"+vol)
+			},
+			wantImage: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.cache.Holder = "install-b"
+			other := &Cache{Holder: "install-a"}
+			img := provider.Image{Name: "debian", URL: e.srv.bytes("/debian", b), Checksum: checksumOf(b), Format: FormatRaw}
+			vol, marker := e.names(img)
+			if _, err := e.ensure(img); err != nil {
+				t.Fatal(err)
+			}
+			if tc.otherBefore {
+				if _, err := other.Ensure(e.ctx, e.host, e.pool, img, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var lv virt.Client = e.host
+			if tc.raceMarker != nil {
+				lv = onDelete{Client: e.host, after: func(name string) {
+					if name == marker {
+						tc.raceMarker(e, other, img)
+					}
+				}}
+			}
+			downloads := e.srv.requests("/debian")
+			res, err := e.cache.Prune(e.ctx, lv, e.pool, keepNone)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := e.host.Volume(poolName, e.claim(img)); ok {
+				t.Errorf("this install's claim survived its prune (deleted %v)", res.Deleted)
+			}
+			if _, ok := e.host.Volume(poolName, vol); ok != tc.wantImage {
+				t.Errorf("image volume present = %v, want %v (deleted %v)", ok, tc.wantImage, res.Deleted)
+			}
+			if _, ok := e.host.Volume(poolName, marker); ok != tc.wantMarker {
+				t.Errorf("marker present = %v, want %v (deleted %v)", ok, tc.wantMarker, res.Deleted)
+			}
+			// The other install gets a verified image either way.
+			got, err := other.Ensure(e.ctx, e.host, e.pool, img, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.assertCached(img, b)
+			if _, ok := e.host.Volume(poolName, claimName(vol, "install-a")); !ok || got.VolumeName != vol {
+				t.Errorf("other install's Ensure = %+v; want %s, claimed by it", got, vol)
+			}
+			if n := e.srv.requests("/debian") - downloads; n != tc.wantDownloads {
+				t.Errorf("other install downloaded %d times, want %d", n, tc.wantDownloads)
+			}
+		})
 	}
 }
 
