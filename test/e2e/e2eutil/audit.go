@@ -222,6 +222,14 @@ func (inv Inventory) Audit(proxies []ProxyRef, foreign Foreign) Audit {
 				if !slices.Contains(vols, strings.TrimSuffix(v, ".sha256")) {
 					a.LeakedVolumes = append(a.LeakedVolumes, pool+"/"+v+" (marker without its volume)")
 				}
+			case isImageClaim(v):
+				// An install's claim on a cached image (installs sharing
+				// a pool): accounted for while its image is there. One
+				// left without it outlived the prune that should have
+				// taken it, or a failed upload whose KVMImage is gone.
+				if !slices.Contains(vols, imageClaimRE.FindStringSubmatch(v)[1]) {
+					a.LeakedVolumes = append(a.LeakedVolumes, pool+"/"+v+" (claim without its image)")
+				}
 			default:
 				if uid, ok := domxml.VolumeOwnerUID(v); ok && uids[uid] != "" {
 					continue
@@ -253,6 +261,11 @@ func (inv Inventory) Audit(proxies []ProxyRef, foreign Foreign) Audit {
 var imageVolumeRE = regexp.MustCompile(`^image-sha256_[0-9a-f]{64}\.(qcow2|raw)$`)
 
 func isImageVolume(v string) bool { return imageVolumeRE.MatchString(v) }
+
+// Claims are <image volume>.held-by-<install id> (pkg/provider/kvm/image).
+var imageClaimRE = regexp.MustCompile(`^(image-sha256_[0-9a-f]{64}\.(?:qcow2|raw))\.held-by-[^/]+$`)
+
+func isImageClaim(v string) bool { return imageClaimRE.MatchString(v) }
 
 func isImageMarker(v string) bool {
 	base, ok := strings.CutSuffix(v, ".sha256")

@@ -13,6 +13,7 @@ const (
 	uidGone = "0b7e6f1a-1111-4c1e-9d3e-000000000002"
 	digest  = "4c865258df23180a84f2a291c6ac4e09e10f441ff68eed90b75dc4d173ea3cd0"
 	digest2 = "5c865258df23180a84f2a291c6ac4e09e10f441ff68eed90b75dc4d173ea3cd0"
+	digest3 = "6c865258df23180a84f2a291c6ac4e09e10f441ff68eed90b75dc4d173ea3cd0"
 )
 
 func domainXML(name, uuid, uid string) string {
@@ -37,7 +38,10 @@ func TestParseInventoryAndAudit(t *testing.T) {
 		"@@pool e2e",
 		"@@vol image-sha256_" + digest + ".qcow2",
 		"@@vol image-sha256_" + digest + ".qcow2.sha256",
+		"@@vol image-sha256_" + digest + ".qcow2.held-by-0b7e6f1a-aaaa",
+		"@@vol image-sha256_" + digest + ".qcow2.held-by-_",
 		"@@vol image-sha256_" + digest2 + ".qcow2",
+		"@@vol image-sha256_" + digest3 + ".raw.held-by-0b7e6f1a-aaaa",
 		"@@vol " + domxml.DiskVolumeName(uidA),
 		"@@vol " + domxml.SeedVolumeName(uidA),
 		"@@vol " + domxml.DiskVolumeName(uidGone),
@@ -59,7 +63,7 @@ func TestParseInventoryAndAudit(t *testing.T) {
 	if d := inv.Domains["ns.foreign"]; d.Metadata != nil || d.State != "paused" {
 		t.Fatalf("ns.foreign parsed as %+v", d)
 	}
-	if len(inv.Volumes["e2e"]) != 8 || len(inv.NVRAM) != 2 {
+	if len(inv.Volumes["e2e"]) != 11 || len(inv.NVRAM) != 2 {
 		t.Fatalf("volumes %v, nvram %v", inv.Volumes, inv.NVRAM)
 	}
 
@@ -69,16 +73,18 @@ func TestParseInventoryAndAudit(t *testing.T) {
 	}
 	a := inv.Audit([]ProxyRef{{Domain: "ns.squid-1", UID: uidA}}, foreign)
 	want := Audit{
-		LeakedDomains:  []string{"ns.squid-old"},
-		LeakedVolumes:  []string{"e2e/image-sha256_" + digest2 + ".qcow2 (no marker: never verified)", "e2e/" + domxml.DiskVolumeName(uidGone), "e2e/stray.img"},
+		LeakedDomains: []string{"ns.squid-old"},
+		LeakedVolumes: []string{"e2e/image-sha256_" + digest2 + ".qcow2 (no marker: never verified)",
+			"e2e/image-sha256_" + digest3 + ".raw.held-by-0b7e6f1a-aaaa (claim without its image)",
+			"e2e/" + domxml.DiskVolumeName(uidGone), "e2e/stray.img"},
 		LeakedNVRAM:    []string{"ns.deleted_VARS.fd"},
 		ForeignTouched: []string{"volume e2e/foreign-gone.img: gone"},
 	}
 	if !reflect.DeepEqual(a, want) {
 		t.Errorf("audit:\n got %#v\nwant %#v", a, want)
 	}
-	if a.Leaks() != 5 {
-		t.Errorf("Leaks() = %d, want 5", a.Leaks())
+	if a.Leaks() != 6 {
+		t.Errorf("Leaks() = %d, want 6", a.Leaks())
 	}
 
 	// The foreign domain changed (resumed) is touched; a Proxy's domain
