@@ -72,6 +72,10 @@ test: test-deps verify-generated lint ## Unit + envtest suites (builds envtest b
 test-e2e: build ## Real end to end (root): a hypervisor in a netns, a Proxy VM boots and proxies; always torn down.
 	test/e2e/run.sh
 
+.PHONY: test-faults
+test-faults: build ## Fault suite on the real test hypervisor (root): twelve faults, their invariants and figures (docs/reliability.md).
+	E2E_SUITE=faults test/e2e/run.sh
+
 .PHONY: test-integration-kvm
 test-integration-kvm: ## KVM provider alone against a real host (root; brings up the test hypervisor unless KVM_TEST_ADDRESS is set).
 	test/integration/run.sh

@@ -87,7 +87,10 @@ func run(manager, dir string, once bool) (reterr error) {
 	say("manager running; log %s", op.LogPath())
 	c := op.Client()
 	hv := e2eutil.NewHost(cfg)
-	objs := e2eutil.NewObjects(cfg, "demo", op.SecretNamespace(), url, sum)
+	objs, err := e2eutil.NewObjects(cfg, "demo", op.SecretNamespace(), url, sum)
+	if err != nil {
+		return err
+	}
 	defer func() {
 		if reterr != nil {
 			path := filepath.Join(dir, "failure.txt")
@@ -165,7 +168,11 @@ func run(manager, dir string, once bool) (reterr error) {
 
 	var took time.Duration
 	if err := e2eutil.Poll(ctx, time.Minute, 2*time.Second, func(ctx context.Context) (err error) {
-		took, err = e2eutil.Want204(ctx, p.Status.Endpoint, cfg.ProbeURL)
+		via, err := e2eutil.ProxyVia(ctx, c, p)
+		if err != nil {
+			return err
+		}
+		took, err = e2eutil.Want204(ctx, via, cfg.ProbeURL)
 		return err
 	}); err != nil {
 		return err

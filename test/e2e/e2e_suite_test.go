@@ -77,7 +77,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	DeferCleanup(op.Stop)
 	k8s = op.Client()
 	hv = e2eutil.NewHost(cfg)
-	objs = e2eutil.NewObjects(cfg, "pxe2e-"+runID, op.SecretNamespace(), imageURL, checksum)
+	objs, err = e2eutil.NewObjects(cfg, "pxe2e-"+runID, op.SecretNamespace(), imageURL, checksum)
+	Expect(err).NotTo(HaveOccurred())
 	GinkgoWriter.Printf("operator up; kubeconfig %s; manager log %s\n", op.Kubeconfig(), op.LogPath())
 	GinkgoWriter.Printf("hypervisor: ssh %s@%s pool=%s network=%s domainType=%s netns=%q (inside: %v)\n",
 		cfg.User, cfg.Address, cfg.Pool, cfg.Network, cfg.DomainType, cfg.NetNS, cfg.InNetNS)

@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# test/e2e/run.sh — `make test-e2e`: the real end-to-end test (root).
+# test/e2e/run.sh — `make test-e2e` and `make test-faults`: the real
+# end-to-end suite and the fault suite on the real test hypervisor (root).
+# E2E_SUITE picks the specs by Ginkgo label: e2e (default), faults (with
+# the manager's orphan sweep every E2E_GC_INTERVAL, default 10s, and its
+# debug log), or agent-ab (two guest images booted side by side;
+# KVM_TEST_IMAGE_B is the one to compare with).
 #
 #   1. builds the manager, the envtest binaries (once) and the guest image
 #      (once; cached by recipe hash in ~/.cache/proxy-operator/e2e-images), and compiles the
@@ -14,23 +19,47 @@
 #   4. always tears the hypervisor down (trap) and checks nothing is left.
 #
 # Exit code: the suite's (1 also when teardown left something behind).
-# Artifacts: $E2E_OUT/run-<time>/ (e2e.log, manager.log, timings.txt,
+# Artifacts: $E2E_OUT/run-<time>/ (faults-<time>/ for the fault suite:
+# e2e.log, manager.log, timings.txt, timeline-*.txt, faults.md,
 # failure.txt, the host's libvirt/qemu logs) and $E2E_OUT/hv/logs/ (sshd,
 # forwarder, probe server, guest serial console).
 #
-# Environment: E2E_OUT (default bin/e2e), E2E_TEST_TIMEOUT (40m),
+# Environment: E2E_OUT (default bin/e2e), E2E_TEST_TIMEOUT (40m; faults 60m),
 # E2E_GINKGO_FLAGS (extra flags, e.g. -ginkgo.focus=...), and the suite's
 # E2E_* tunables (test/e2e/e2eutil/config.go).
 set -uo pipefail
-E2E_TAG=e2e
+E2E_TAG=${E2E_SUITE:-e2e}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 e2e_require_root
+SUITE=${E2E_SUITE:-e2e}
+case "$SUITE" in
+e2e)
+	LABELS='e2e'
+	RUN_PREFIX=run
+	TIMEOUT=40m
+	;;
+faults)
+	LABELS='faults'
+	RUN_PREFIX=faults
+	TIMEOUT=60m
+	export E2E_GC_INTERVAL=${E2E_GC_INTERVAL:-10s}
+	# Debug: the manager logs every libvirt event it receives.
+	export E2E_MANAGER_LOG_LEVEL=${E2E_MANAGER_LOG_LEVEL:-debug}
+	;;
+agent-ab)
+	# Two guest images booted side by side (KVM_TEST_IMAGE_B: the other one).
+	LABELS='agent-ab'
+	RUN_PREFIX=agent-ab
+	TIMEOUT=90m
+	;;
+*) e2e_die "E2E_SUITE=$SUITE: want e2e, faults or agent-ab" ;;
+esac
 OUT=${E2E_OUT:-$E2E_ROOT/bin/e2e}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 STATE=$OUT/hv
-RUN=$OUT/run-$(date +%Y%m%d-%H%M%S)
+RUN=$OUT/$RUN_PREFIX-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN"
 T0=$(e2e_now)
 
@@ -53,6 +82,7 @@ teardown() {
 	echo
 	e2e_log "---- summary ----"
 	[ -f "$RUN/timings.txt" ] && sed 's/^/  /' "$RUN/timings.txt" >&2
+	[ -f "$RUN/faults.md" ] && sed 's/^/  /' "$RUN/faults.md" >&2
 	e2e_log "total wall time $(e2e_since "$T0") s; suite exit code $RC"
 	e2e_log "logs: $RUN (e2e.log, manager.log, timings.txt, failure.txt on failure, host-varlog/)"
 	e2e_log "      $STATE/logs (sshd, forwarder, probe server, guest serial console)"
@@ -63,11 +93,11 @@ trap 'exit 130' INT TERM
 
 e2e_hypervisor_up "$STATE"
 
-e2e_log "running the suite inside netns $KVM_TEST_NETNS (output also in $RUN/e2e.log)"
+e2e_log "running the $SUITE specs inside netns $KVM_TEST_NETNS (output also in $RUN/e2e.log)"
 # shellcheck disable=SC2086
 ip netns exec "$KVM_TEST_NETNS" env \
 	E2E_ARTIFACTS="$RUN" E2E_MANAGER="$E2E_ROOT/bin/manager" \
-	"$E2E_ROOT/bin/e2e.test" -test.v -test.timeout="${E2E_TEST_TIMEOUT:-40m}" \
-	-ginkgo.v ${E2E_GINKGO_FLAGS:-} 2>&1 | tee -i "$RUN/e2e.log"
+	"$E2E_ROOT/bin/e2e.test" -test.v -test.timeout="${E2E_TEST_TIMEOUT:-$TIMEOUT}" \
+	-ginkgo.v -ginkgo.label-filter="$LABELS" ${E2E_GINKGO_FLAGS:-} 2>&1 | tee -i "$RUN/e2e.log"
 RC=${PIPESTATUS[0]}
 exit "$RC"

@@ -35,6 +35,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/pkg/squid"
 	"crawl.example.com/proxy-operator/test/e2e/e2eutil"
 )
 
@@ -144,16 +145,18 @@ func TestKVMProviderCreateGetDelete(t *testing.T) {
 	t.Logf("host: libvirt %s on %s, pool %s %d bytes free", health.LibvirtVersion, health.Hostname, health.Pool.Name, health.Pool.Available)
 
 	m := &provider.Machine{
-		Namespace:         "itest",
-		Name:              "kvm-" + e2eutil.RunID(),
-		UID:               uuid(t),
-		Tag:               "integration-" + e2eutil.RunID(),
-		Host:              hostName,
-		Image:             img,
-		CPUs:              2,
-		MemoryBytes:       1 << 30,
-		DiskBytes:         4 << 30,
-		UserData:          []byte(e2eutil.ProxyUserData),
+		Namespace:   "itest",
+		Name:        "kvm-" + e2eutil.RunID(),
+		UID:         uuid(t),
+		Tag:         "integration-" + e2eutil.RunID(),
+		Host:        hostName,
+		Image:       img,
+		CPUs:        2,
+		MemoryBytes: 1 << 30,
+		DiskBytes:   4 << 30,
+		// The operator's managed squid, as the Proxy controller passes it.
+		Squid: &squid.Config{Port: e2eutil.ProxyPort, AllowedSourceCIDRs: []string{"127.0.0.1/32"},
+			Auth: squid.Auth{Type: squid.AuthBasic, Username: "itest", Password: squid.GeneratePassword()}},
 		InstallGuestAgent: true,
 		Port:              e2eutil.ProxyPort,
 	}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -77,11 +78,16 @@ type Manager struct {
 // envtest prepared, extra flags appended. Output goes to out.
 func (cp *ControlPlane) StartManager(ctx context.Context, binary string, out io.Writer, extra ...string) (*Manager, error) {
 	wh := cp.Env.WebhookInstallOptions
-	metrics, err := freeAddr()
+	// The webhook port is fixed for the control plane's life; while no
+	// manager runs (a restart after a kill) it is free, and the kernel may
+	// hand it out again here: then the webhook server cannot bind.
+	metrics, err := freeAddrExcept(freeAddr, wh.LocalServingPort)
 	if err != nil {
 		return nil, err
 	}
-	probe, err := freeAddr()
+	_, metricsPort, _ := net.SplitHostPort(metrics)
+	mp, _ := strconv.Atoi(metricsPort)
+	probe, err := freeAddrExcept(freeAddr, wh.LocalServingPort, mp)
 	if err != nil {
 		return nil, err
 	}
@@ -148,6 +154,31 @@ func (m *Manager) Stop() error {
 		<-m.done
 	}
 	return nil
+}
+
+// freeAddrExcept returns an address from pick whose port is none of
+// taken, trying a bounded number of times.
+func freeAddrExcept(pick func() (string, error), taken ...int) (string, error) {
+	var last string
+	for range 20 {
+		addr, err := pick()
+		if err != nil {
+			return "", err
+		}
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return "", err
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil {
+			return "", err
+		}
+		if !slices.Contains(taken, p) {
+			return addr, nil
+		}
+		last = addr
+	}
+	return "", fmt.Errorf("no free port but %s, which is taken (ports %v)", last, taken)
 }
 
 func freeAddr() (string, error) {

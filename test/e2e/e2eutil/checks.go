@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -143,42 +144,84 @@ func Gone(ctx context.Context, c client.Client, obj client.Object) error {
 		client.ObjectKeyFromObject(obj), obj.GetDeletionTimestamp(), obj.GetFinalizers())
 }
 
-// ProxyRequest sends GET target through the proxy at endpoint (http://ADDR:PORT)
-// and returns the status code and the latency.
-func ProxyRequest(ctx context.Context, endpoint, target string) (int, time.Duration, error) {
-	pu, err := url.Parse(endpoint)
+// Via is how a request reaches a proxy: its endpoint (http://ADDR:PORT, as
+// in Proxy.status.endpoint) and, for a squid that demands them, the
+// credentials sent as Proxy-Authorization (Basic). Every request the e2e
+// sends through a proxy goes through Via.Get.
+type Via struct {
+	Endpoint    string
+	Credentials *url.Userinfo
+	// Source, when set, is the local address the connection to the proxy
+	// is bound to (a client outside the proxy's allowed sources).
+	Source string
+	// Timeout bounds one request (default 10 s).
+	Timeout time.Duration
+}
+
+// ViaEndpoint is a Via without credentials.
+func ViaEndpoint(endpoint string) Via { return Via{Endpoint: endpoint} }
+
+// Get sends GET target through the proxy on a fresh connection and returns
+// the status code and the latency.
+func (v Via) Get(ctx context.Context, target string) (int, time.Duration, error) {
+	code, _, took, err := v.Fetch(ctx, target)
+	return code, took, err
+}
+
+// Fetch is Get that also returns the body (at most 1 MiB).
+func (v Via) Fetch(ctx context.Context, target string) (int, []byte, time.Duration, error) {
+	pu, err := url.Parse(v.Endpoint)
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, 0, err
+	}
+	if v.Credentials != nil {
+		pu.User = v.Credentials
 	}
 	tr := &http.Transport{Proxy: http.ProxyURL(pu), DisableKeepAlives: true}
+	if v.Source != "" {
+		ip := net.ParseIP(v.Source)
+		if ip == nil {
+			return 0, nil, 0, fmt.Errorf("source address %q is not an IP address", v.Source)
+		}
+		tr.DialContext = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}).DialContext
+	}
 	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	timeout := v.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, 0, err
 	}
 	start := time.Now()
 	resp, err := (&http.Client{Transport: tr}).Do(req)
-	took := time.Since(start)
 	if err != nil {
-		return 0, took, err
+		return 0, nil, time.Since(start), err
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	took := time.Since(start)
 	_ = resp.Body.Close()
-	return resp.StatusCode, took, nil
+	return resp.StatusCode, body, took, err
 }
 
-// Want204 is ProxyRequest that fails unless the answer is 204.
-func Want204(ctx context.Context, endpoint, target string) (time.Duration, error) {
-	code, took, err := ProxyRequest(ctx, endpoint, target)
+// WantStatus is Via.Get that fails unless the answer is code.
+func WantStatus(ctx context.Context, via Via, target string, code int) (time.Duration, error) {
+	got, took, err := via.Get(ctx, target)
 	if err != nil {
-		return took, fmt.Errorf("GET %s through %s: %w", target, endpoint, err)
+		return took, fmt.Errorf("GET %s through %s: %w", target, via.Endpoint, err)
 	}
-	if code != http.StatusNoContent {
-		return took, fmt.Errorf("GET %s through %s: status %d, want 204", target, endpoint, code)
+	if got != code {
+		return took, fmt.Errorf("GET %s through %s: status %d, want %d", target, via.Endpoint, got, code)
 	}
 	return took, nil
+}
+
+// Want204 is Via.Get that fails unless the answer is 204.
+func Want204(ctx context.Context, via Via, target string) (time.Duration, error) {
+	return WantStatus(ctx, via, target, http.StatusNoContent)
 }
 
 type conditioned interface {

@@ -50,6 +50,11 @@ type Config struct {
 	DomainType string
 	// ProbeURL answers 204 and is reachable from the guests.
 	ProbeURL string
+	// EchoURL answers 200 with the caller's address as its body, reachable
+	// from the guests (KVM_TEST_ECHO_URL): the manager's probe URL when
+	// set, so the proxy's egress address is recorded. Same host and port
+	// as ProbeURL (one allowed destination).
+	EchoURL string
 
 	// NetNS is the hypervisor's network namespace (hypervisor.sh only);
 	// InNetNS says this process runs inside it, so guests are reachable.
@@ -75,6 +80,14 @@ type Config struct {
 	CheckInterval time.Duration
 	CheckTimeout  time.Duration
 
+	// ManagerLogLevel is the manager's --zap-log-level (info; the fault
+	// suite runs it at debug, which logs each libvirt event received).
+	ManagerLogLevel string
+
+	// GCInterval is the manager's --gc-interval (0: its default). The
+	// fault suite shortens it to see several orphan sweeps per fault.
+	GCInterval time.Duration
+
 	HostReadyTimeout  time.Duration
 	ImageTimeout      time.Duration
 	ProxyReadyTimeout time.Duration
@@ -93,25 +106,27 @@ type Config struct {
 // KVM_TEST_KNOWN_HOSTS name the loopback forwarder of the root namespace.
 func FromEnv() (Config, error) {
 	c := Config{
-		Address:       os.Getenv("KVM_TEST_ADDRESS"),
-		User:          envOr("KVM_TEST_USER", "root"),
-		KeyFile:       os.Getenv("KVM_TEST_KEY"),
-		SocketPath:    os.Getenv("KVM_TEST_SOCKET"),
-		Pool:          envOr("KVM_TEST_POOL", "default"),
-		Network:       envOr("KVM_TEST_NETWORK", "default"),
-		NetworkMode:   envOr("KVM_TEST_NETWORK_MODE", "network"),
-		DomainType:    envOr("KVM_TEST_DOMAIN_TYPE", "kvm"),
-		ProbeURL:      os.Getenv("KVM_TEST_PROBE_URL"),
-		NetNS:         os.Getenv("KVM_TEST_NETNS"),
-		StateDir:      os.Getenv("KVM_TEST_STATE_DIR"),
-		HypervisorSH:  os.Getenv("KVM_TEST_HYPERVISOR_SH"),
-		ImagePath:     os.Getenv("KVM_TEST_IMAGE"),
-		ImageURL:      os.Getenv("KVM_TEST_IMAGE_URL"),
-		ImageChecksum: os.Getenv("KVM_TEST_IMAGE_CHECKSUM"),
-		ImageListen:   envOr("E2E_IMAGE_LISTEN", "127.0.0.1:0"),
-		ImageHost:     os.Getenv("E2E_IMAGE_HOST"),
-		SSHDStopCmd:   os.Getenv("KVM_TEST_SSHD_STOP_CMD"),
-		SSHDStartCmd:  os.Getenv("KVM_TEST_SSHD_START_CMD"),
+		Address:         os.Getenv("KVM_TEST_ADDRESS"),
+		User:            envOr("KVM_TEST_USER", "root"),
+		KeyFile:         os.Getenv("KVM_TEST_KEY"),
+		SocketPath:      os.Getenv("KVM_TEST_SOCKET"),
+		Pool:            envOr("KVM_TEST_POOL", "default"),
+		Network:         envOr("KVM_TEST_NETWORK", "default"),
+		NetworkMode:     envOr("KVM_TEST_NETWORK_MODE", "network"),
+		DomainType:      envOr("KVM_TEST_DOMAIN_TYPE", "kvm"),
+		ProbeURL:        os.Getenv("KVM_TEST_PROBE_URL"),
+		EchoURL:         os.Getenv("KVM_TEST_ECHO_URL"),
+		NetNS:           os.Getenv("KVM_TEST_NETNS"),
+		StateDir:        os.Getenv("KVM_TEST_STATE_DIR"),
+		HypervisorSH:    os.Getenv("KVM_TEST_HYPERVISOR_SH"),
+		ImagePath:       os.Getenv("KVM_TEST_IMAGE"),
+		ImageURL:        os.Getenv("KVM_TEST_IMAGE_URL"),
+		ImageChecksum:   os.Getenv("KVM_TEST_IMAGE_CHECKSUM"),
+		ImageListen:     envOr("E2E_IMAGE_LISTEN", "127.0.0.1:0"),
+		ImageHost:       os.Getenv("E2E_IMAGE_HOST"),
+		SSHDStopCmd:     os.Getenv("KVM_TEST_SSHD_STOP_CMD"),
+		SSHDStartCmd:    os.Getenv("KVM_TEST_SSHD_START_CMD"),
+		ManagerLogLevel: envOr("E2E_MANAGER_LOG_LEVEL", "info"),
 	}
 	var errs []error
 	dur := func(name string, def time.Duration) time.Duration {
@@ -132,6 +147,9 @@ func FromEnv() (Config, error) {
 	c.ImageTimeout = dur("E2E_IMAGE_TIMEOUT", DefaultImageTimeout)
 	c.ProxyReadyTimeout = dur("E2E_PROXY_READY_TIMEOUT", DefaultProxyReadyTimeout)
 	c.DeleteTimeout = dur("E2E_DELETE_TIMEOUT", DefaultDeleteTimeout)
+	if os.Getenv("E2E_GC_INTERVAL") != "" {
+		c.GCInterval = dur("E2E_GC_INTERVAL", 0)
+	}
 	if c.CheckTimeout > c.CheckInterval {
 		errs = append(errs, fmt.Errorf("E2E_CHECK_TIMEOUT %s exceeds E2E_CHECK_INTERVAL %s", c.CheckTimeout, c.CheckInterval))
 	}

@@ -3,6 +3,8 @@ package e2eutil
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -12,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -72,6 +75,8 @@ func (h *LocalHost) LocalPath(p string) string {
 		{"/var/lib/libvirt/", "libvirt/lib/"},
 		{"/etc/libvirt/", "libvirt/etc/"},
 		{"/var/log/", "varlog/"},
+		{"/var/run/libvirt/", "libvirt/run/"},
+		{"/run/libvirt/", "libvirt/run/"},
 	} {
 		if rest, ok := strings.CutPrefix(p, m.host); ok {
 			return filepath.Join(h.StateDir, m.local, rest)
@@ -85,6 +90,30 @@ func (h *LocalHost) LocalPath(p string) string {
 
 // LogDir is STATE_DIR/logs, which `hypervisor.sh down` keeps.
 func (h *LocalHost) LogDir() string { return filepath.Join(h.StateDir, "logs") }
+
+// Libvirtd wedges (stop: SIGSTOP), thaws (cont), kills (kill: SIGKILL, its
+// guests keep running) or starts the host's libvirtd (start waits until it
+// answers).
+func (h *LocalHost) Libvirtd(ctx context.Context, action string) error {
+	_, err := run(ctx, h.Script, "libvirtd", h.StateDir, action)
+	return err
+}
+
+// RotateHostKey gives the host's sshd a new host key and restarts it
+// (sessions end); it returns the new public key ("ssh-ed25519 AAAA...").
+func (h *LocalHost) RotateHostKey(ctx context.Context) (string, error) {
+	out, err := run(ctx, h.Script, "rotate-host-key", h.StateDir)
+	return strings.TrimSpace(out), err
+}
+
+// TmpfsPool makes (or resizes) directory pool name on a tmpfs of mib MiB
+// that exists only in the host's mount namespace; it returns its path.
+func (h *LocalHost) TmpfsPool(ctx context.Context, name string, mib int) (string, error) {
+	if _, err := run(ctx, h.Script, "tmpfs-pool", h.StateDir, name, fmt.Sprint(mib)); err != nil {
+		return "", err
+	}
+	return filepath.Join(h.StateDir, "run", "pools", name), nil
+}
 
 // SSHHost is a remote hypervisor reached with the ssh client. SSH outages
 // run Config.SSHDStopCmd / SSHDStartCmd on this machine.
@@ -353,4 +382,93 @@ func Tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "")
+}
+
+// GuestExec runs argv in dom's guest through its guest agent (guest-exec,
+// then guest-exec-status every second until it exits or ctx ends) and
+// returns its exit code and standard output.
+func GuestExec(ctx context.Context, h Host, dom string, argv ...string) (int, string, error) {
+	req, err := json.Marshal(map[string]any{"execute": "guest-exec", "arguments": map[string]any{
+		"path": argv[0], "arg": argv[1:], "capture-output": true}})
+	if err != nil {
+		return 0, "", err
+	}
+	out, err := Virsh(ctx, h, "qemu-agent-command", dom, string(req))
+	if err != nil {
+		return 0, "", err
+	}
+	var started struct {
+		Return struct {
+			PID int `json:"pid"`
+		} `json:"return"`
+	}
+	if err := json.Unmarshal([]byte(out), &started); err != nil {
+		return 0, "", fmt.Errorf("guest-exec answer %q: %w", out, err)
+	}
+	status := fmt.Sprintf(`{"execute":"guest-exec-status","arguments":{"pid":%d}}`, started.Return.PID)
+	for {
+		out, err := Virsh(ctx, h, "qemu-agent-command", dom, status)
+		if err != nil {
+			return 0, "", err
+		}
+		var st struct {
+			Return struct {
+				Exited   bool   `json:"exited"`
+				ExitCode int    `json:"exitcode"`
+				OutData  string `json:"out-data"`
+			} `json:"return"`
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			return 0, "", fmt.Errorf("guest-exec-status answer %q: %w", out, err)
+		}
+		if st.Return.Exited {
+			b, _ := base64.StdEncoding.DecodeString(st.Return.OutData)
+			return st.Return.ExitCode, string(b), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, "", fmt.Errorf("%s in %s: %w", strings.Join(argv, " "), dom, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// CutSSH ends every sshd in the host's network namespace at once with
+// SIGKILL (the listener and every session, the operator's link included),
+// then runs stop-sshd for the rest (the loopback forwarder). StopSSHD alone
+// takes seconds on a loaded machine: too slow for a fault that must land
+// inside one call of the operator.
+func (h *LocalHost) CutSSH(ctx context.Context) error {
+	var nsName string
+	if b, err := os.ReadFile(filepath.Join(h.StateDir, "state.env")); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "NETNS="); ok {
+				nsName = v
+			}
+		}
+	}
+	var ns unix.Stat_t
+	if nsName == "" || unix.Stat(filepath.Join("/run/netns", nsName), &ns) != nil {
+		return fmt.Errorf("the host's network namespace (%q) is not there", nsName)
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
+		if err != nil || strings.TrimSpace(string(comm)) != "sshd" {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join("/proc", p.Name(), "ns", "net"), &st) != nil || st.Dev != ns.Dev || st.Ino != ns.Ino {
+			continue
+		}
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	return h.StopSSHD(ctx)
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,18 +53,22 @@ const ProxyProbeInterval = 15 * time.Second
 // Secret, in namespace, which the manager then reads Secrets from), and a
 // tag of its own for the orphan sweep.
 func ManagerArgs(c Config, sshKeyDir, namespace, tag string) []string {
-	return []string{
+	args := []string{
 		"--manager-namespace=" + namespace,
 		"--providers=kvm",
 		"--provider-check-interval=" + c.CheckInterval.String(),
 		"--ssh-key-dir=" + sshKeyDir,
-		"--proxy-probe-url=" + c.ProbeURL,
+		"--proxy-probe-url=" + orStr(c.EchoURL, c.ProbeURL),
 		"--proxy-probe-interval=" + ProxyProbeInterval.String(),
 		"--provision-poll-interval=2s",
 		"--address-timeout=" + c.ProxyReadyTimeout.String(),
 		"--instance-tag=" + tag,
-		"--zap-log-level=info",
+		"--zap-log-level=" + orStr(c.ManagerLogLevel, "info"),
 	}
+	if c.GCInterval > 0 {
+		args = append(args, "--gc-interval="+c.GCInterval.String())
+	}
+	return args
 }
 
 // LocalOperator is the envtest control plane with the manager binary.
@@ -76,6 +81,11 @@ type LocalOperator struct {
 	client  client.Client
 	// secretNamespace is the --manager-namespace given in args.
 	secretNamespace string
+	// bin and args start the manager again after Kill.
+	bin  string
+	args []string
+	// restarts counts Restart calls.
+	restarts int
 }
 
 // StartLocal starts a control plane (state in dir) and the manager binary
@@ -91,7 +101,8 @@ func StartLocal(ctx context.Context, dir, managerBin string, args []string) (*Lo
 	if err != nil {
 		return nil, err
 	}
-	o := &LocalOperator{CP: cp, Dir: dir, logPath: filepath.Join(dir, "manager.log"), secretNamespace: "proxy-operator-system"}
+	o := &LocalOperator{CP: cp, Dir: dir, logPath: filepath.Join(dir, "manager.log"), secretNamespace: "proxy-operator-system",
+		bin: managerBin, args: args}
 	for _, a := range args {
 		if ns, ok := strings.CutPrefix(a, "--manager-namespace="); ok {
 			o.secretNamespace = ns
@@ -130,6 +141,49 @@ func (o *LocalOperator) Alive(context.Context) error {
 }
 
 func (o *LocalOperator) LogTail(_ context.Context, n int) string { return Tail(o.logPath, n) }
+
+// Kill ends the manager with SIGKILL, as a node failure or an OOM kill
+// would: no shutdown, no status written on the way out. Alive fails until
+// Restart.
+func (o *LocalOperator) Kill() error {
+	if o.Manager == nil {
+		return errors.New("no manager running")
+	}
+	if err := syscall.Kill(-o.Manager.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("SIGKILL manager (pid %d): %w", o.Manager.Cmd.Process.Pid, err)
+	}
+	select {
+	case <-o.Manager.Done():
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("manager (pid %d) still running 30 s after SIGKILL", o.Manager.Cmd.Process.Pid)
+	}
+}
+
+// Restart starts the manager binary again with the same flags against the
+// same control plane, its output appended to the same log, and waits until
+// it is ready. Alive then watches the new process.
+func (o *LocalOperator) Restart(ctx context.Context) error {
+	select {
+	case <-o.Manager.Done():
+	default:
+		return fmt.Errorf("manager (pid %d) is still running", o.Manager.Cmd.Process.Pid)
+	}
+	o.restarts++
+	fmt.Fprintf(o.logFile, "\n===== e2e: manager restart %d at %s =====\n", o.restarts, time.Now().Format(time.RFC3339Nano))
+	m, err := o.CP.StartManager(ctx, o.bin, o.logFile, o.args...)
+	if err != nil {
+		return fmt.Errorf("%w (log: %s)", err, o.logPath)
+	}
+	o.Manager = m
+	return nil
+}
+
+// Bin is the manager binary this operator runs.
+func (o *LocalOperator) Bin() string { return o.bin }
+
+// PID is the running manager's process id.
+func (o *LocalOperator) PID() int { return o.Manager.Cmd.Process.Pid }
 
 func (o *LocalOperator) Metrics(ctx context.Context) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+o.Manager.MetricsAddr+"/metrics", nil)

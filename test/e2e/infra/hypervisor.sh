@@ -9,6 +9,13 @@
 #   hypervisor.sh stop-sshd  STATE_DIR   make the host unreachable over SSH
 #   hypervisor.sh start-sshd STATE_DIR   make it reachable again (same port/key)
 #   hypervisor.sh status     STATE_DIR   exit 0 if up
+#   hypervisor.sh libvirtd   STATE_DIR stop|cont|kill|start   wedge, thaw, kill or
+#                                        (re)start the host's libvirtd (fault tests)
+#   hypervisor.sh rotate-host-key STATE_DIR   new sshd host key (established
+#                                        sessions end), printed as a public key line
+#   hypervisor.sh tmpfs-pool STATE_DIR NAME MIB   directory pool NAME on a tmpfs of
+#                                        MIB MiB in the host's mount namespace;
+#                                        again with another size resizes it
 #
 # DESIGN (and the network rule it obeys)
 #   Traffic may go only to loopback or to hosts inside network namespaces this
@@ -72,7 +79,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,11p' "$SELF" >&2
+	sed -n '2,17p' "$SELF" >&2
 	exit 2
 }
 
@@ -377,15 +384,27 @@ EOF
 	in_host virsh -q net-start "$NET_NAME" >/dev/null
 	in_host virsh -q pool-define-as "$POOL_NAME" dir --target "$STATE/pool" >/dev/null
 	in_host virsh -q pool-start "$POOL_NAME" >/dev/null
+	# As on a real host: a restarted libvirtd brings them back.
+	in_host virsh -q net-autostart "$NET_NAME" >/dev/null
+	in_host virsh -q pool-autostart "$POOL_NAME" >/dev/null
 
-	log "probe server http://$GW:$PROBE_PORT/ (answers 204)"
+	log "probe server http://$GW:$PROBE_PORT/ (answers 204; /ip answers the caller's address)"
 	cat >"$STATE/run/probe-204.sh" <<'EOF'
 #!/bin/bash
-# One HTTP exchange: read the request head (bounded), answer 204, close.
+# One HTTP exchange: read the request head (bounded), answer, close. /ip
+# echoes the caller's address as text, as what-is-my-IP services do (the
+# operator records it as the proxy's egress address); the rest is 204.
+# Default IFS here: the request line splits into method, path, version.
+read -r -t 5 method path _ || exit 0
 while IFS= read -r -t 5 line; do
 	line=${line%$'\r'}
 	[ -z "$line" ] && break
 done
+if [ "$path" = /ip ]; then
+	body=$SOCAT_PEERADDR
+	printf 'HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s' "${#body}" "$body"
+	exit 0
+fi
 printf 'HTTP/1.1 204 No Content\r\nConnection: close\r\nContent-Length: 0\r\n\r\n'
 EOF
 	chmod +x "$STATE/run/probe-204.sh"
@@ -508,10 +527,81 @@ KVM_TEST_POOL_PATH $STATE/pool
 KVM_TEST_NETWORK $NET_NAME
 KVM_TEST_DOMAIN_TYPE $(state_get DOMAIN_TYPE)
 KVM_TEST_NETNS $(state_get NETNS)
+KVM_TEST_ECHO_URL $(state_get PROBE_URL)ip
 KVM_TEST_PROBE_URL $(state_get PROBE_URL)
 KVM_TEST_STATE_DIR $STATE
 KVM_TEST_HYPERVISOR_SH $SELF
 EOF
+}
+
+# ----------------------------------------------------- fault injection -------
+# cmd_libvirtd stop|cont|kill|start: what the fault tests do to the daemon.
+# stop (SIGSTOP) wedges it with sshd and every socket alive; kill (SIGKILL)
+# ends it as a crash would, leaving its guests (qemu) and dnsmasq running;
+# start runs it again, as after `systemctl restart libvirtd`.
+cmd_libvirtd() {
+	local pidf=$STATE/run/libvirtd.pid pid
+	holder_pid >/dev/null || die "hypervisor in $STATE is not up"
+	case "${1:-}" in
+	stop | cont | kill)
+		pid_alive "$pidf" libvirtd || die "libvirtd is not running"
+		pid=$(cat "$pidf")
+		kill -"$(echo "$1" | tr a-z A-Z)" "$pid"
+		if [ "$1" = kill ]; then
+			for _ in $(seq 100); do running "$pid" || break; sleep 0.1; done
+			rm -f "$pidf"
+		fi
+		;;
+	start)
+		if ! pid_alive "$pidf" libvirtd; then
+			rm -f "$pidf"
+			in_host libvirtd -d -p "$pidf"
+		fi
+		for _ in $(seq 150); do
+			in_host virsh -q version >/dev/null 2>&1 && return 0
+			sleep 0.2
+		done
+		die "libvirtd does not answer after start (see $STATE/varlog/libvirt/libvirtd.log)"
+		;;
+	*) usage ;;
+	esac
+}
+
+# cmd_rotate_host_key: the host is reinstalled, as far as SSH can tell: a new
+# host key, sshd restarted with it (established sessions end). known_hosts in
+# STATE_DIR follows; whoever holds the old line must be told.
+cmd_rotate_host_key() {
+	local port
+	holder_pid >/dev/null || die "hypervisor in $STATE is not up"
+	port=$(state_get SSH_PORT)
+	rm -f "$STATE/run/hostkey.new" "$STATE/run/hostkey.new.pub"
+	ssh-keygen -q -t ed25519 -N '' -C "pxe2e-host-rotated" -f "$STATE/run/hostkey.new"
+	stop_sshd
+	mv -f "$STATE/run/hostkey.new" "$STATE/ssh_host_ed25519_key"
+	mv -f "$STATE/run/hostkey.new.pub" "$STATE/ssh_host_ed25519_key.pub"
+	echo "[127.0.0.1]:$port $(cut -d' ' -f1,2 "$STATE/ssh_host_ed25519_key.pub")" >"$STATE/known_hosts"
+	start_sshd
+	cut -d' ' -f1,2 "$STATE/ssh_host_ed25519_key.pub"
+}
+
+# cmd_tmpfs_pool NAME MIB: a directory pool on a size-limited tmpfs mounted
+# only in the host's mount namespace (under STATE_DIR/run, which `down`
+# removes; the mount dies with the namespace). Called again, it resizes.
+cmd_tmpfs_pool() {
+	local name=${1:-} mib=${2:-} dir
+	[ -n "$name" ] && [[ "$mib" =~ ^[0-9]+$ ]] || usage
+	dir=$STATE/run/pools/$name
+	holder_pid >/dev/null || die "hypervisor in $STATE is not up"
+	mkdir -p "$dir"
+	if in_host mountpoint -q "$dir"; then
+		in_host mount -o "remount,size=${mib}m" "$dir"
+	else
+		in_host mount -t tmpfs -o "size=${mib}m,mode=0755" "pxe2e-pool-$name" "$dir"
+		in_host virsh -q pool-define-as "$name" dir --target "$dir" >/dev/null
+		in_host virsh -q pool-start "$name" >/dev/null
+	fi
+	in_host virsh -q pool-refresh "$name" >/dev/null
+	in_host df -m --output=size,avail "$dir" | tail -n1
 }
 
 case "$CMD" in
@@ -525,6 +615,9 @@ exec)
 	in_host "$@"
 	;;
 stop-sshd) stop_sshd ;;
+libvirtd) cmd_libvirtd "$@" ;;
+rotate-host-key) cmd_rotate_host_key ;;
+tmpfs-pool) cmd_tmpfs_pool "$@" ;;
 start-sshd)
 	holder_pid >/dev/null || die "hypervisor in $STATE is not up"
 	start_sshd

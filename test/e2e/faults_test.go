@@ -1,0 +1,1404 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
+	"crawl.example.com/proxy-operator/test/e2e/e2eutil"
+)
+
+// The fault suite (make test-faults): faults done to the real test
+// hypervisor, the manager and its inputs while Proxies run, each checked
+// against its invariants by the test's own observer and an inventory of
+// the host, and written down as one row of faults.md in the artifacts
+// (docs/reliability.md carries the table of a real run). One guest is
+// booted to Ready and reused by every fault it survives; Proxies that only
+// need to exist on the host are deleted as soon as they do.
+var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label("faults"), func() {
+	var (
+		lh      *e2eutil.LocalHost
+		lop     *e2eutil.LocalOperator
+		foreign e2eutil.Foreign
+		// mainProxy is the one booted guest; obs watches it from its
+		// creation (fault 6) to the end of the suite.
+		mainProxy *crawlv1.Proxy
+		obs       *e2eutil.Observer
+		// row is the current fault's results row.
+		row *faultRow
+		// readyBefore are the Proxies Ready when the current fault began.
+		readyBefore []string
+		// installB is the second install of fault 12 while it runs.
+		installB *e2eutil.LocalOperator
+	)
+	mainKey := func() client.ObjectKey { return client.ObjectKeyFromObject(mainProxy) }
+	mainDomain := func() string { return domxml.DomainName(mainProxy.Namespace, mainProxy.Name) }
+	foreignName := func() string { return domxml.DomainName(objs.Namespace.Name, "squid-foreign") }
+
+	// begin opens the row of fault n and notes which Proxies are Ready.
+	begin := func(ctx context.Context, n int, fault, invariant string) {
+		row = &faultRow{N: n, Fault: fault, Invariant: invariant}
+		readyBefore = readyProxies(ctx, k8s)
+	}
+
+	BeforeAll(func(ctx SpecContext) {
+		var ok bool
+		lh, ok = hv.(*e2eutil.LocalHost)
+		Expect(ok).To(BeTrue(), "the fault suite drives the local test hypervisor (make test-faults), not %T", hv)
+		lop, ok = op.(*e2eutil.LocalOperator)
+		Expect(ok).To(BeTrue(), "the fault suite kills and restarts the manager: it needs the local one, not %T", op)
+		Expect(imgSrv).NotTo(BeNil(), "the fault suite serves the image and its variants itself (KVM_TEST_IMAGE)")
+
+		for _, o := range []client.Object{objs.Namespace, objs.Secret, objs.Host, objs.Image} {
+			Expect(k8s.Create(ctx, o)).To(Succeed())
+		}
+		Eventually(func(ctx context.Context) error {
+			_, err := e2eutil.HostReady(ctx, k8s, objs.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(cfg.HostReadyTimeout).WithPolling(time.Second).Should(Succeed())
+		Eventually(func(ctx context.Context) error {
+			_, err := e2eutil.ImageVerified(ctx, k8s, objs.Image.Name, objs.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(cfg.ImageTimeout).WithPolling(2 * time.Second).Should(Succeed())
+
+		// Foreign objects, put on the host by hand before any fault: a
+		// paused domain named like a Proxy (fault 11 creates that Proxy),
+		// a volume named like a Proxy's overlay and a plain one. Every row
+		// checks that none of them changed.
+		xml := fmt.Sprintf(`<domain type='qemu'><name>%s</name><memory unit='MiB'>32</memory><vcpu>1</vcpu>`+
+			`<os><type arch='x86_64' machine='pc'>hvm</type></os><devices></devices></domain>`, foreignName())
+		xmlPath := filepath.Join(cfg.StateDir, "run", "foreign-domain.xml")
+		Expect(os.WriteFile(xmlPath, []byte(xml), 0o644)).To(Succeed())
+		for _, args := range [][]string{
+			{"define", xmlPath},
+			{"start", "--paused", foreignName()},
+			{"vol-create-as", cfg.Pool, "foreign-data.img", "1M", "--format", "raw"},
+			{"vol-create-as", cfg.Pool, "proxy-" + string(uuid.NewUUID()) + "-disk.qcow2", "1M", "--format", "qcow2"},
+		} {
+			_, err := e2eutil.Virsh(ctx, hv, args...)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		fd := inv.Domains[foreignName()]
+		Expect(fd.State).To(Equal("paused"))
+		foreign = e2eutil.Foreign{Domains: map[string]e2eutil.DomainRecord{foreignName(): fd}, Volumes: map[string][]string{}}
+		for _, v := range inv.Volumes[cfg.Pool] {
+			if v == "foreign-data.img" || (strings.HasPrefix(v, "proxy-") && strings.HasSuffix(v, "-disk.qcow2")) {
+				foreign.Volumes[cfg.Pool] = append(foreign.Volumes[cfg.Pool], v)
+			}
+		}
+		Expect(foreign.Volumes[cfg.Pool]).To(HaveLen(2))
+		GinkgoWriter.Printf("foreign objects: domain %s (%s, %s), volumes %v\n", fd.Name, fd.UUID, fd.State, foreign.Volumes[cfg.Pool])
+	}, NodeTimeout(15*time.Minute))
+
+	AfterEach(dumpOnFailure, NodeTimeout(2*time.Minute))
+
+	// Every fault's row: survived is the spec's verdict; the inventory is
+	// taken after the fault is over (or the spec gave up), against every
+	// Proxy that exists in either install and the foreign objects.
+	AfterEach(func(ctx SpecContext) {
+		if row == nil {
+			return
+		}
+		r := row
+		row = nil
+		rep := CurrentSpecReport()
+		r.Survived = !rep.Failed()
+		if rep.Failed() {
+			r.Notes = append(r.Notes, "FAILED: "+firstLine(rep.FailureMessage()))
+		}
+		actx, cancel := context.WithTimeout(ctx, 90*time.Second)
+		defer cancel()
+		after := readyProxies(actx, k8s)
+		for _, n := range readyBefore {
+			if !slices.Contains(after, n) {
+				r.ProxiesLost = append(r.ProxiesLost, n)
+			}
+		}
+		refs, err := e2eutil.ProxyRefs(actx, k8s)
+		if err == nil && installB != nil {
+			var b []e2eutil.ProxyRef
+			b, err = e2eutil.ProxyRefs(actx, installB.Client())
+			refs = append(refs, b...)
+		}
+		pools := []string{cfg.Pool}
+		if r.extraPool != "" {
+			pools = append(pools, r.extraPool)
+		}
+		var inv e2eutil.Inventory
+		if err == nil {
+			inv, err = e2eutil.TakeInventory(actx, hv, pools...)
+		}
+		if err != nil {
+			r.AuditErr = err.Error()
+		} else {
+			r.Audit = inv.Audit(refs, foreign)
+		}
+		Expect(writeFaultRow(r)).To(Succeed())
+		GinkgoWriter.Printf("fault row: %s\n", r.markdown())
+	}, NodeTimeout(3*time.Minute))
+
+	AfterAll(func(ctx SpecContext) {
+		if obs != nil {
+			obs.Stop()
+			recordTimeline("main-final", obs)
+		}
+		if installB != nil {
+			installB.Stop()
+		}
+		// The test hypervisor's teardown removes every domain and volume;
+		// the API objects go with the control plane.
+	}, NodeTimeout(2*time.Minute))
+
+	It("7: a corrupt image (same size, one byte flipped) fails its KVMImage with a checksum mismatch; nothing is marked verified; a Proxy using it never boots", func(ctx SpecContext) {
+		begin(ctx, 7, "Corrupt image: same size, one byte flipped, served for a KVMImage whose checksum is right",
+			"KVMImage Failed naming the checksum mismatch; no marker, no volume of that digest left; a Proxy on it never defined; a URL fix heals it")
+		v, err := imgSrv.Variant("corrupt")
+		Expect(err).NotTo(HaveOccurred())
+		img := &crawlv1.KVMImage{
+			ObjectMeta: metav1.ObjectMeta{Name: objs.Image.Name + "-corrupt"},
+			Spec:       crawlv1.KVMImageSpec{URL: v.CorruptURL, Checksum: v.Checksum, Format: crawlv1.ImageFormatQCOW2, Firmware: crawlv1.FirmwareUEFI},
+		}
+		Expect(k8s.Create(ctx, img)).To(Succeed())
+		created := time.Now()
+		p := objs.NewProxy("squid-corrupt", 1, "512Mi")
+		p.Spec.Placement.Image = img.Name
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+
+		var msg string
+		Eventually(func(ctx context.Context) error {
+			got := &crawlv1.KVMImage{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(img), got); err != nil {
+				return err
+			}
+			hs := got.Status.HostStatus(objs.Host.Name)
+			if hs == nil || hs.Phase != crawlv1.ImageHostFailed {
+				return fmt.Errorf("not Failed yet: %+v", hs)
+			}
+			msg = hs.Message
+			return nil
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.Detect = time.Since(created)
+		row.DetectNote = "KVMImage created → host entry Failed"
+		Expect(msg).To(ContainSubstring("checksum mismatch"))
+		Expect(msg).To(ContainSubstring(strings.TrimPrefix(v.Checksum, "sha256:")), "the reason names the expected digest")
+		// The Proxy on it either waits or tries the image itself and fails
+		// the same way; once it has settled, nothing of the digest is left
+		// and its domain was never defined.
+		pkey := client.ObjectKeyFromObject(p)
+		Eventually(func(ctx context.Context) error {
+			got := getProxy(ctx, pkey)
+			r := conditions.GetReason(got, crawlv1.InstanceProvisionedCondition)
+			if r == crawlv1.ProxyWaitingForImageReason || got.Status.Phase == crawlv1.ProxyFailed {
+				return nil
+			}
+			return fmt.Errorf("Proxy is %s: %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		Consistently(func(ctx context.Context) error {
+			got := getProxy(ctx, pkey)
+			if got.Status.ProviderID != "" || got.Status.Phase == crawlv1.ProxyReady {
+				return fmt.Errorf("Proxy on a corrupt image got an instance: %s %s", got.Status.Phase, got.Status.ProviderID)
+			}
+			doms, err := e2eutil.Domains(ctx, hv)
+			if err != nil {
+				return err
+			}
+			if slices.Contains(doms, domxml.DomainName(p.Namespace, p.Name)) {
+				return errors.New("its domain is defined")
+			}
+			vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
+			if err != nil {
+				return err
+			}
+			if slices.Contains(vols, v.Volume+".sha256") {
+				return errors.New("a marker vouches for the corrupt bytes")
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(10 * time.Second).WithPolling(2 * time.Second).Should(Succeed())
+		// A Failed Proxy may still try its Create once more (a second
+		// PhaseFailed 15 s after the first, seen in a run): that attempt's
+		// upload is in the pool until its verification fails. What must
+		// hold is that it never gets a marker and goes away.
+		Eventually(func(ctx context.Context) error {
+			vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
+			if err != nil {
+				return err
+			}
+			if slices.Contains(vols, v.Volume+".sha256") {
+				return StopTrying("a marker vouches for the corrupt bytes")
+			}
+			if left := e2eutil.Present(vols, []string{v.Volume}); len(left) > 0 {
+				return fmt.Errorf("volume %v still in the pool", left)
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Succeed(), "neither a corrupt upload nor a marker is left")
+		row.note("downloads of the corrupt image: %d (the KVMImage's, and the Proxy's own Create, which does not consult the KVMImage's verdict)", v.Requests())
+		got := getProxy(ctx, client.ObjectKeyFromObject(p))
+		row.note("Proxy on it: %s, %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.ReadyCondition))
+		Expect(k8s.Delete(ctx, got)).To(Succeed())
+		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, p.DeepCopy()) }).
+			WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
+
+		// Heals by a spec change: the intact bytes at another URL.
+		fixed := time.Now()
+		Eventually(func(ctx context.Context) error {
+			cur := &crawlv1.KVMImage{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(img), cur); err != nil {
+				return err
+			}
+			cur.Spec.URL = v.URL
+			return k8s.Update(ctx, cur)
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
+		Eventually(func(ctx context.Context) error {
+			_, err := e2eutil.ImageVerified(ctx, k8s, img.Name, objs.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
+		row.Recover = time.Since(fixed)
+		row.RecoverNote = "spec.url fixed → Verified"
+		vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(vols).To(ContainElements(v.Volume, v.Volume+".sha256"))
+		Expect(fileSHA256(lh.LocalPath(filepath.Join(poolPath(ctx), v.Volume)))).To(Equal(v.Checksum), "the verified volume holds the intact bytes")
+
+		// Deleting the KVMImage prunes its volume (nothing uses it).
+		Expect(k8s.Delete(ctx, img)).To(Succeed())
+		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, img.DeepCopy()) }).
+			WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+	}, NodeTimeout(15*time.Minute))
+
+	It("11: a foreign domain named like a Proxy is never destroyed or undefined; deletion stays blocked until skip-cleanup", func(ctx SpecContext) {
+		begin(ctx, 11, "Foreign domain named like a Proxy, defined by hand on the host (paused, no operator metadata)",
+			"Proxy Failed/ForeignInstance; the domain keeps its UUID and state (not even resumed); deletion DeletionBlocked until skip-cleanup, then released without touching it")
+		p := objs.NewProxy("squid-foreign", 1, "512Mi")
+		Expect(domxml.DomainName(p.Namespace, p.Name)).To(Equal(foreignName()))
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		created := time.Now()
+		key := client.ObjectKeyFromObject(p)
+		Eventually(func(ctx context.Context) error {
+			got := getProxy(ctx, key)
+			if r := conditions.GetReason(got, crawlv1.InstanceProvisionedCondition); got.Status.Phase != crawlv1.ProxyFailed || r != crawlv1.ProxyForeignInstanceReason {
+				return fmt.Errorf("Proxy is %s: %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.Detect = time.Since(created)
+		row.DetectNote = "Proxy created → Failed/ForeignInstance"
+		got := getProxy(ctx, key)
+		Expect(got.Status.ProviderID).To(BeEmpty(), "a foreign domain is never recorded as the Proxy's instance")
+		Expect(conditions.GetMessage(got, crawlv1.InstanceProvisionedCondition)).To(ContainSubstring("no proxy-operator metadata"))
+
+		Expect(k8s.Delete(ctx, got)).To(Succeed())
+		deleted := time.Now()
+		Eventually(func(ctx context.Context) error {
+			got := getProxy(ctx, key)
+			c := conditions.Get(got, crawlv1.DeletionBlockedCondition)
+			if c == nil || c.Status != metav1.ConditionTrue || c.Reason != crawlv1.ProxyForeignInstanceReason {
+				return fmt.Errorf("DeletionBlocked is %s", e2eutil.CondString(got, crawlv1.DeletionBlockedCondition))
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.note("DeletionBlocked=True/ForeignInstance %s after delete", e2eutil.Seconds(time.Since(deleted)))
+		// Blocked it stays, across orphan sweeps, and the domain is left
+		// exactly as it was.
+		hold := max(2*cfg.GCInterval+5*time.Second, 15*time.Second)
+		Consistently(func(ctx context.Context) error {
+			got := getProxy(ctx, key)
+			if !conditions.IsTrue(got, crawlv1.DeletionBlockedCondition) {
+				return errors.New("no longer blocked: " + e2eutil.CondString(got, crawlv1.DeletionBlockedCondition))
+			}
+			return foreignIntact(ctx, foreign)
+		}).WithContext(ctx).WithTimeout(hold).WithPolling(3 * time.Second).Should(Succeed())
+		row.note("held blocked %s with the domain untouched", e2eutil.Seconds(hold))
+
+		skip := time.Now()
+		Eventually(func(ctx context.Context) error {
+			cur := getProxy(ctx, key)
+			if cur.Annotations == nil {
+				cur.Annotations = map[string]string{}
+			}
+			cur.Annotations[crawlv1.SkipCleanupAnnotation] = "true"
+			return k8s.Update(ctx, cur)
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
+		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, p.DeepCopy()) }).
+			WithContext(ctx).WithTimeout(time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.Recover = time.Since(skip)
+		row.RecoverNote = "skip-cleanup → Proxy released"
+		Expect(foreignIntact(ctx, foreign)).To(Succeed())
+	}, NodeTimeout(10*time.Minute))
+
+	It("5: sshd stopped during a Create, started again: converges to exactly one domain", func(ctx SpecContext) {
+		begin(ctx, 5, "sshd and every SSH session killed during a Create, the moment its domain is defined; sshd started 10 s later",
+			"exactly one domain for the Proxy, running, recorded as its providerID; exactly its overlay and seed volumes; deleted cleanly")
+		p := objs.NewProxy("squid-sshd", 1, "512Mi")
+		dom := domxml.DomainName(p.Namespace, p.Name)
+		o := observe(p)
+		defer o.Stop()
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		created := time.Now()
+		key := client.ObjectKeyFromObject(p)
+
+		defined := waitEvent(ctx, o, "defined", created, 5*time.Minute)
+		stopping := time.Now()
+		Expect(lh.CutSSH(ctx)).To(Succeed())
+		stopped := time.Now()
+		// Restored however the spec ends, before the row's inventory.
+		defer func() { _ = hv.StartSSHD(context.WithoutCancel(ctx)) }()
+		window := getProxy(ctx, key).Status.ProviderID == ""
+		row.note("every sshd SIGKILLed %s after the domain was defined (then stop-sshd, %s in all); providerID then recorded: %v",
+			e2eutil.Seconds(stopping.Sub(defined)), e2eutil.Seconds(stopped.Sub(stopping)), !window)
+		if !window {
+			row.note("window missed: the Create had already finished")
+		}
+		at, _ := waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool {
+			return c.Status == metav1.ConditionFalse && c.Reason == crawlv1.HostTCPUnreachableReason
+		})
+		row.Detect = at.Sub(stopping)
+		row.DetectNote = "sshd killed → KVMHost TCPUnreachable"
+		time.Sleep(time.Until(stopped.Add(10 * time.Second)))
+		Expect(hv.StartSSHD(ctx)).To(Succeed())
+		started := time.Now()
+		var uid string
+		Eventually(func(ctx context.Context) error {
+			got := getProxy(ctx, key)
+			uid = string(got.UID)
+			if got.Status.ProviderID == "" {
+				return fmt.Errorf("no providerID yet: %s", e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.Recover = time.Since(started)
+		row.RecoverNote = "sshd started → providerID recorded"
+
+		got := getProxy(ctx, key)
+		inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(domainsOf(inv, uid)).To(Equal([]string{dom}), "exactly one domain carries the Proxy's UID")
+		_, wantUUID, err := provider.ParseKVMProviderID(got.Status.ProviderID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(inv.Domains[dom].UUID).To(Equal(wantUUID))
+		Expect(inv.Domains[dom].State).To(Equal("running"))
+		Expect(volumesOf(inv, cfg.Pool, uid)).To(ConsistOf(domxml.DiskVolumeName(uid), domxml.SeedVolumeName(uid)))
+		defines := 0
+		for _, c := range o.Timeline().Series[e2eutil.SigEvent] {
+			if c.Value == "defined" {
+				defines++
+			}
+		}
+		row.note("libvirt saw %d define(s) of the domain", defines)
+		Expect(defines).To(Equal(1), "the domain was defined once, not again after the outage")
+
+		deleteAndWait(ctx, got)
+	}, NodeTimeout(15*time.Minute))
+
+	It("6: the manager SIGKILLed during a Create (domain defined, status not yet written), restarted: exactly one domain, the Proxy Ready", func(ctx SpecContext) {
+		begin(ctx, 6, "Manager SIGKILLed during a Create, the moment the domain is defined (before status is written), then restarted",
+			"exactly one domain for the Proxy, recorded as its providerID; the Proxy Ready and serving")
+		mainProxy = objs.NewProxy("squid-main", 1, "1Gi")
+		objs.Proxy = mainProxy // what a failure dump shows
+		obs = observe(mainProxy)
+		Expect(k8s.Create(ctx, mainProxy)).To(Succeed())
+		created := time.Now()
+		serialLog = filepath.Join(hv.LogDir(), mainDomain()+"-serial.log")
+		capture := e2eutil.CaptureSerial(context.Background(), hv, mainDomain(), serialLog)
+		DeferCleanup(capture.Stop)
+
+		defined := waitEvent(ctx, obs, "defined", created, 5*time.Minute)
+		killed := time.Now()
+		Expect(lop.Kill()).To(Succeed())
+		got := getProxy(ctx, mainKey())
+		row.note("killed %s after the domain was defined; providerID then in status: %v", e2eutil.Seconds(killed.Sub(defined)), got.Status.ProviderID != "")
+		if got.Status.ProviderID != "" {
+			row.note("window missed: status was already written")
+		}
+		Expect(lop.Restart(ctx)).To(Succeed())
+		restarted := time.Now()
+		row.note("manager restarted in %s", e2eutil.Seconds(restarted.Sub(killed)))
+		var ready *crawlv1.Proxy
+		Eventually(func(ctx context.Context) (err error) {
+			ready, err = e2eutil.ProxyReady(ctx, k8s, mainKey(), objs.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.Recover = time.Since(restarted)
+		row.RecoverNote = "manager restarted → Ready"
+		mainProxy = ready
+
+		inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(domainsOf(inv, string(ready.UID))).To(Equal([]string{mainDomain()}))
+		_, wantUUID, _ := provider.ParseKVMProviderID(ready.Status.ProviderID)
+		Expect(inv.Domains[mainDomain()].UUID).To(Equal(wantUUID))
+		Eventually(func() error {
+			_, err := obs.Timeline().Need(e2eutil.SigServing, "ok", created)
+			return err
+		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+		b := recordBoot("main", obs, created)
+		row.note("boot: %s", b)
+		Expect(op.Alive(ctx)).To(Succeed())
+
+		// The faults that follow check that the running proxy keeps
+		// serving: let the guest finish booting first (cloud-init's last
+		// stages still load the guest while the managed squid serves).
+		settle := time.Now()
+		code, out, err := e2eutil.GuestExec(ctx, hv, mainDomain(), "/usr/bin/cloud-init", "status", "--wait")
+		Expect(err).NotTo(HaveOccurred())
+		row.note("cloud-init done %s after Ready (exit %d: %s)", e2eutil.Seconds(time.Since(settle)), code, lastLine(out))
+		waitServing(ctx, obs)
+	}, NodeTimeout(25*time.Minute))
+
+	It("3: libvirtd wedged (SIGSTOP 60 s, sshd alive): the KVMHost goes Timeout; another host and its Proxy keep reconciling; SIGCONT heals without a restart", func(ctx SpecContext) {
+		Expect(mainProxy).NotTo(BeNil())
+		begin(ctx, 3, "libvirtd wedged: SIGSTOP for 60 s, sshd alive",
+			"KVMHost Timeout within checkInterval+checkTimeout; a second KVMHost's checks and a Proxy on it reconcile during the wedge; the running Proxy stays Ready and serving; SIGCONT heals, same manager process")
+		waitServing(ctx, obs)
+		// A second host whose "sshd" is a port the test controls: refused
+		// first; during the wedge it starts answering garbage, which only
+		// a working KVMHost controller turns into a new reason.
+		fake := newFakeSSHPort()
+		defer fake.Close()
+		hostB := objs.Host.DeepCopy()
+		hostB.ObjectMeta = metav1.ObjectMeta{Name: objs.Host.Name + "-b"}
+		hostB.Spec.Address = fake.Addr()
+		Expect(k8s.Create(ctx, hostB)).To(Succeed())
+		defer func() { deleteHost(context.WithoutCancel(ctx), hostB.Name) }()
+		waitHostReason(ctx, hostB.Name, time.Minute, func(c *metav1.Condition) bool { return c.Reason == crawlv1.HostTCPUnreachableReason })
+		probeBefore := getProxy(ctx, mainKey()).Status.Probe.LastProbeTime.Time
+
+		stopped := time.Now()
+		Expect(lh.Libvirtd(ctx, "stop")).To(Succeed())
+		defer func() { _ = lh.Libvirtd(context.WithoutCancel(ctx), "cont") }()
+		bound := cfg.CheckInterval + cfg.CheckTimeout + statusSlack
+		at, c := waitHostReason(ctx, objs.Host.Name, 2*bound, func(c *metav1.Condition) bool {
+			return c.Status == metav1.ConditionFalse && c.Reason == crawlv1.HostTimeoutReason
+		})
+		row.Detect = at.Sub(stopped)
+		row.DetectNote = "SIGSTOP → KVMHost Timeout"
+		row.note("Timeout: %q", c.Message)
+		Expect(row.Detect).To(BeNumerically("<=", bound), "within checkInterval %s + checkTimeout %s (+%s)", cfg.CheckInterval, cfg.CheckTimeout, statusSlack)
+
+		// During the wedge: host B changes reason, a new Proxy on it is
+		// reconciled, the main Proxy keeps being probed.
+		Expect(fake.Answer()).To(Succeed())
+		answered := time.Now()
+		atB, cB := waitHostReason(ctx, hostB.Name, time.Minute, func(c *metav1.Condition) bool { return c.Reason == crawlv1.HostSSHHandshakeFailedReason })
+		row.note("host B re-checked during the wedge: TCPUnreachable → %s in %s", cB.Reason, e2eutil.Seconds(atB.Sub(answered)))
+		pB := objs.NewProxy("squid-on-b", 1, "512Mi")
+		pB.Spec.Placement.Host = hostB.Name
+		pB.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"} // nothing will exist on B
+		Expect(k8s.Create(ctx, pB)).To(Succeed())
+		pbCreated := time.Now()
+		Eventually(func(ctx context.Context) error {
+			got := getProxy(ctx, client.ObjectKeyFromObject(pB))
+			if got.Status.ObservedGeneration != got.Generation || conditions.Get(got, crawlv1.InstanceProvisionedCondition) == nil {
+				return errors.New("not reconciled yet")
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
+		row.note("a Proxy on host B reconciled %s after creation during the wedge (%s)", e2eutil.Seconds(time.Since(pbCreated)),
+			e2eutil.CondString(getProxy(ctx, client.ObjectKeyFromObject(pB)), crawlv1.InstanceProvisionedCondition))
+		deleteAndWait(ctx, getProxy(ctx, client.ObjectKeyFromObject(pB)))
+
+		time.Sleep(time.Until(stopped.Add(60 * time.Second)))
+		probeDuring := getProxy(ctx, mainKey()).Status.Probe.LastProbeTime.Time
+		Expect(probeDuring.After(probeBefore)).To(BeTrue(), "the main Proxy was probed during the wedge")
+		thawed := time.Now()
+		Expect(lh.Libvirtd(ctx, "cont")).To(Succeed())
+		at, _ = waitHostReason(ctx, objs.Host.Name, 2*bound, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionTrue })
+		row.Recover = at.Sub(thawed)
+		row.RecoverNote = "SIGCONT → KVMHost Ready"
+		Expect(op.Alive(ctx)).To(Succeed(), "healed without a manager restart")
+		checkServedThrough(ctx, obs, stopped, thawed, row)
+	}, NodeTimeout(10*time.Minute))
+
+	It("8: the host key rotated with the old key still in known_hosts: every dial refused, both fingerprints in the reason; a Secret update heals without a restart", func(ctx SpecContext) {
+		Expect(mainProxy).NotTo(BeNil())
+		begin(ctx, 8, "Host key rotated on the hypervisor (sshd restarted, sessions cut), old key still in the Secret's known_hosts",
+			"KVMHost SSHHandshakeFailed naming both fingerprints; sshd accepts no login meanwhile (never a connection with the wrong key); the running Proxy serves on; updating the Secret heals, same manager process")
+		waitServing(ctx, obs)
+		oldFP := fingerprint(mustRead(filepath.Join(cfg.StateDir, "ssh_host_ed25519_key.pub")))
+		sshdLog := filepath.Join(cfg.StateDir, "logs", "sshd.log")
+		offset := fileSize(sshdLog)
+		rotated := time.Now()
+		newPub, err := lh.RotateHostKey(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		row.note("rotation (new key, sshd and sessions restarted) took %s", e2eutil.Seconds(time.Since(rotated)))
+		newFP := fingerprint([]byte(newPub))
+		Expect(newFP).NotTo(Equal(oldFP))
+		at, c := waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool {
+			return c.Status == metav1.ConditionFalse && c.Reason == crawlv1.HostSSHHandshakeFailedReason
+		})
+		row.Detect = at.Sub(rotated)
+		row.DetectNote = "rotation → KVMHost SSHHandshakeFailed"
+		Expect(c.Message).To(And(ContainSubstring(oldFP), ContainSubstring(newFP)), "the reason names the key presented and the key expected")
+		row.note("reason: %q", c.Message)
+		// Stays refused across several checks.
+		Consistently(func(ctx context.Context) error {
+			_, err := e2eutil.HostReason(ctx, k8s, objs.Host.Name, metav1.ConditionFalse, crawlv1.HostSSHHandshakeFailedReason)
+			return err
+		}).WithContext(ctx).WithTimeout(2 * cfg.CheckInterval).WithPolling(time.Second).Should(Succeed())
+		logins := countMatches(sshdLog, offset, "Accepted publickey")
+		Expect(logins).To(BeZero(), "no login was accepted while the operator held the wrong key")
+
+		kh, err := e2eutil.NetNSKnownHosts(cfg.StateDir)
+		Expect(err).NotTo(HaveOccurred())
+		cfg.KnownHosts = kh
+		objs.Secret.Data[crawlv1.KnownHostsKey] = kh
+		Eventually(func(ctx context.Context) error {
+			s := &corev1.Secret{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(objs.Secret), s); err != nil {
+				return err
+			}
+			s.Data[crawlv1.KnownHostsKey] = kh
+			return k8s.Update(ctx, s)
+		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
+		updated := time.Now()
+		row.note("refused logins in sshd's log between rotation and the update: %d accepted", countMatches(sshdLog, offset, "Accepted publickey"))
+		at, _ = waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionTrue })
+		row.Recover = at.Sub(updated)
+		row.RecoverNote = "Secret updated → KVMHost Ready"
+		Expect(op.Alive(ctx)).To(Succeed())
+		checkServedThrough(ctx, obs, rotated, time.Now(), row)
+	}, NodeTimeout(10*time.Minute))
+
+	It("9: the SSH Secret deleted, then re-created: what runs keeps running, a new dial fails naming the Secret, re-creation heals", func(ctx SpecContext) {
+		Expect(mainProxy).NotTo(BeNil())
+		begin(ctx, 9, "SSH Secret deleted; a new dial forced (sshd restarted); Secret re-created",
+			"the running Proxy keeps serving; the host stays Ready on its established link or fails naming the Secret; a new dial fails SSHMaterialMissing naming the Secret; re-creating it heals, same manager process")
+		waitServing(ctx, obs)
+		s := &corev1.Secret{}
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(objs.Secret), s)).To(Succeed())
+		Expect(k8s.Delete(ctx, s)).To(Succeed())
+		deleted := time.Now()
+		// The established link does not need the Secret: the host stays
+		// Ready, or says clearly what is missing.
+		var seen []string
+		Consistently(func(ctx context.Context) error {
+			h := &crawlv1.KVMHost{}
+			if err := k8s.Get(ctx, client.ObjectKey{Name: objs.Host.Name}, h); err != nil {
+				return err
+			}
+			c := conditions.Get(h, crawlv1.ReadyCondition)
+			if c == nil {
+				return errors.New("no Ready condition")
+			}
+			if len(seen) == 0 || seen[len(seen)-1] != c.Reason {
+				seen = append(seen, c.Reason)
+			}
+			if c.Status != metav1.ConditionTrue && (c.Reason != crawlv1.HostSSHMaterialMissingReason || !strings.Contains(c.Message, objs.Secret.Name)) {
+				return fmt.Errorf("the host failed without naming the Secret: %s", e2eutil.CondString(h, crawlv1.ReadyCondition))
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(2 * cfg.CheckInterval).WithPolling(500 * time.Millisecond).Should(Succeed())
+		row.note("KVMHost over %s after the deletion, on the established link: %v", e2eutil.Seconds(2*cfg.CheckInterval), seen)
+
+		redial := time.Now()
+		Expect(hv.StopSSHD(ctx)).To(Succeed())
+		Expect(hv.StartSSHD(ctx)).To(Succeed())
+		at, c := waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool {
+			return c.Status == metav1.ConditionFalse && c.Reason == crawlv1.HostSSHMaterialMissingReason
+		})
+		row.Detect = at.Sub(redial)
+		row.DetectNote = "link cut (Secret gone) → KVMHost SSHMaterialMissing"
+		Expect(c.Message).To(ContainSubstring(objs.Secret.Name), "the reason names the Secret")
+		row.note("reason: %q", c.Message)
+
+		recreated := objs.Secret.DeepCopy()
+		recreated.ResourceVersion, recreated.UID = "", ""
+		Expect(k8s.Create(ctx, recreated)).To(Succeed())
+		back := time.Now()
+		at, _ = waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionTrue })
+		row.Recover = at.Sub(back)
+		row.RecoverNote = "Secret re-created → KVMHost Ready"
+		Expect(op.Alive(ctx)).To(Succeed())
+		checkServedThrough(ctx, obs, deleted, time.Now(), row)
+	}, NodeTimeout(10*time.Minute))
+
+	It("4: libvirtd killed during an image upload, then restarted: verified exactly once, no partial volume marked, used or left", func(ctx SpecContext) {
+		Expect(mainProxy).NotTo(BeNil())
+		begin(ctx, 4, "libvirtd SIGKILLed during an image upload (a Proxy waiting for that image), restarted 10 s later",
+			"no marker while the volume is partial; in the end one volume and one marker of the digest, its bytes the image's, uploaded to completion once; the waiting Proxy's overlay backed by the verified volume only; running guests unaffected")
+		waitServing(ctx, obs)
+		v, err := imgSrv.Variant("killed")
+		Expect(err).NotTo(HaveOccurred())
+		v.SetRate(8 << 20) // ~35 s for the image: time to kill mid-way
+		img := &crawlv1.KVMImage{
+			ObjectMeta: metav1.ObjectMeta{Name: objs.Image.Name + "-killed"},
+			Spec:       crawlv1.KVMImageSpec{URL: v.URL, Checksum: v.Checksum, Format: crawlv1.ImageFormatQCOW2, Firmware: crawlv1.FirmwareUEFI},
+		}
+		Expect(k8s.Create(ctx, img)).To(Succeed())
+		p := objs.NewProxy("squid-killed", 1, "512Mi")
+		p.Spec.Placement.Image = img.Name
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		key := client.ObjectKeyFromObject(p)
+		pool := poolPath(ctx)
+		local := lh.LocalPath(filepath.Join(pool, v.Volume))
+		Eventually(func() int64 { return fileSize(local) }).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(100*time.Millisecond).
+			Should(BeNumerically(">=", 40<<20), "the upload is under way")
+		killed := time.Now()
+		Expect(lh.Libvirtd(ctx, "kill")).To(Succeed())
+		defer func() { _ = lh.Libvirtd(context.WithoutCancel(ctx), "start") }()
+		v.SetRate(0)
+		row.note("killed with %d of %d bytes in the pool", fileSize(local), v.Size)
+		at, c := waitHostReason(ctx, objs.Host.Name, time.Minute, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionFalse })
+		row.Detect = at.Sub(killed)
+		row.DetectNote = "SIGKILL → KVMHost " + c.Reason
+		row.note("KVMHost: %s %q", c.Reason, c.Message)
+		// While libvirtd is down: the partial file has no marker, and the
+		// Proxy has no overlay (it waits for the image).
+		Expect(fileSize(lh.LocalPath(filepath.Join(pool, v.Volume+".sha256")))).To(BeNumerically("<", 0), "no marker for a partial volume")
+		Expect(fileSize(lh.LocalPath(filepath.Join(pool, domxml.DiskVolumeName(string(getProxy(ctx, key).UID)))))).To(BeNumerically("<", 0), "no overlay on a partial image")
+		time.Sleep(time.Until(killed.Add(10 * time.Second)))
+		started := time.Now()
+		Expect(lh.Libvirtd(ctx, "start")).To(Succeed())
+		Eventually(func(ctx context.Context) error {
+			_, err := e2eutil.ImageVerified(ctx, k8s, img.Name, objs.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.Recover = time.Since(started)
+		row.RecoverNote = "libvirtd started → image Verified"
+		waitHostReason(ctx, objs.Host.Name, time.Minute, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionTrue })
+
+		vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(e2eutil.Present(vols, []string{v.Volume, v.Volume + ".sha256"})).To(HaveLen(2))
+		Expect(fileSHA256(local)).To(Equal(v.Checksum), "the verified volume holds the image's bytes")
+		cached := countMatches(lop.LogPath(), 0, `"Image cached".*`+regexp.QuoteMeta(v.Volume))
+		row.note("downloads of the image: %d; uploads completed (\"Image cached\"): %d", v.Requests(), cached)
+		Expect(cached).To(Equal(1), "verified exactly once")
+
+		// The Proxy that waited gets an overlay on the verified volume.
+		var uid string
+		Eventually(func(ctx context.Context) error {
+			got := getProxy(ctx, key)
+			uid = string(got.UID)
+			if got.Status.ProviderID == "" {
+				return errors.New("not created yet: " + e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		backing, err := e2eutil.Virsh(ctx, hv, "vol-dumpxml", "--pool", cfg.Pool, domxml.DiskVolumeName(uid))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(backing).To(MatchRegexp(`<backingStore>\s*<path>[^<]*` + regexp.QuoteMeta(v.Volume) + `</path>`))
+		deleteAndWait(ctx, getProxy(ctx, key))
+		checkServedThrough(ctx, obs, killed, time.Now(), row)
+		// The KVMImage stays: a verified image no VM uses yet, as a fleet
+		// pre-caches the next version (fault 12 watches it).
+	}, NodeTimeout(15*time.Minute))
+
+	It("1: a domain destroyed from outside: Ready goes False within the event latency, the domain is restarted, Ready again", func(ctx SpecContext) {
+		Expect(mainProxy).NotTo(BeNil())
+		begin(ctx, 1, "Domain destroyed from outside (virsh destroy)",
+			"Ready=False as soon as the lifecycle event arrives (seconds of Ready=True while requests fail, by the test's own requests); the same domain started again; Ready and serving again")
+		waitServing(ctx, obs)
+		before := getProxy(ctx, mainKey()).Status.ProviderID
+		destroyed := time.Now()
+		_, err := e2eutil.Virsh(ctx, hv, "destroy", mainDomain())
+		Expect(err).NotTo(HaveOccurred())
+		down, ev, notReady := waitDownThenNotReady(ctx, obs, destroyed, row)
+		row.Detect = notReady.At.Sub(down)
+		row.DetectNote = "domain seen down → Ready=False (" + notReady.Detail + ")"
+		beyond := notReady.At.Sub(ev)
+		row.note("Ready=False %s after libvirt's stopped event reached the test", e2eutil.Seconds(beyond))
+		lie := obs.Timeline().Overlap(e2eutil.SigReady, "True", e2eutil.SigServing, "fail", destroyed, notReady.At)
+		row.note("Ready=True while the test's requests failed: %s", e2eutil.Seconds(lie))
+		record("fault1_ready_true_while_failing", lie, "(destroy: seconds of Ready=True while requests through the proxy failed)")
+
+		ready := waitReadyAgain(ctx, mainKey(), notReady.At)
+		back := waitBack(ctx, obs, notReady.At)
+		row.Recover = back.Sub(destroyed)
+		row.RecoverNote = "destroy → Ready and serving again"
+		Expect(ready.Status.ProviderID).To(Equal(before), "the same domain, started again")
+		b := recordBoot("restart-after-destroy", obs, destroyed)
+		row.note("restart: %s", b)
+		early := readyBeforeServing(obs, notReady.At)
+		row.note("Ready=True before the proxy served again: %s", e2eutil.Seconds(early))
+		// Checked last, once the Proxy is back, so the row has every figure.
+		Expect(beyond).To(BeNumerically("<=", eventSlack), "Ready=False within %s of the domain's stopped event; it took %s", eventSlack, beyond)
+		Expect(early).To(BeNumerically("<=", servingSlack), "Ready=True only once the proxy serves again; it was Ready %s before", early)
+	}, NodeTimeout(15*time.Minute))
+
+	It("2: a domain undefined and destroyed from outside: rebuilt with a new UUID, the old per-VM volumes and NVRAM do not leak", func(ctx SpecContext) {
+		Expect(mainProxy).NotTo(BeNil())
+		begin(ctx, 2, "Domain undefined and destroyed from outside (virsh undefine --keep-nvram; virsh destroy)",
+			"Ready=False on the event; rebuilt under a new UUID recorded as providerID; exactly one overlay, one seed and one NVRAM file for the Proxy; Ready and serving again")
+		waitServing(ctx, obs)
+		cur := getProxy(ctx, mainKey())
+		_, oldUUID, _ := provider.ParseKVMProviderID(cur.Status.ProviderID)
+		// Undefined first: the running domain becomes transient, and the
+		// destroy then removes it for good. (The other order races the
+		// operator, which restarts the destroyed domain before the
+		// undefine, leaving it running as a transient domain.)
+		gone := time.Now()
+		_, err := e2eutil.Virsh(ctx, hv, "undefine", "--keep-nvram", mainDomain())
+		Expect(err).NotTo(HaveOccurred())
+		_, err = e2eutil.Virsh(ctx, hv, "destroy", mainDomain())
+		Expect(err).NotTo(HaveOccurred())
+		down, ev, notReady := waitDownThenNotReady(ctx, obs, gone, row)
+		row.Detect = notReady.At.Sub(down)
+		row.DetectNote = "domain seen gone → Ready=False (" + notReady.Detail + ")"
+		beyond := notReady.At.Sub(ev)
+		row.note("Ready=False %s after libvirt's stopped event reached the test", e2eutil.Seconds(beyond))
+		row.note("Ready=True while the test's requests failed: %s",
+			e2eutil.Seconds(obs.Timeline().Overlap(e2eutil.SigReady, "True", e2eutil.SigServing, "fail", gone, notReady.At)))
+
+		ready := waitReadyAgain(ctx, mainKey(), notReady.At)
+		back := waitBack(ctx, obs, notReady.At)
+		row.Recover = back.Sub(gone)
+		row.RecoverNote = "undefine → rebuilt, Ready and serving again"
+		_, newUUID, _ := provider.ParseKVMProviderID(ready.Status.ProviderID)
+		Expect(newUUID).NotTo(Equal(oldUUID), "rebuilt: a new domain")
+		mainProxy = ready
+		uid := string(ready.UID)
+		inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(inv.Domains[mainDomain()].UUID).To(Equal(newUUID))
+		Expect(volumesOf(inv, cfg.Pool, uid)).To(ConsistOf(domxml.DiskVolumeName(uid), domxml.SeedVolumeName(uid)))
+		Expect(inv.NVRAM).To(ContainElement(mainDomain() + "_VARS.fd"))
+		row.note("old UUID %s, new %s", oldUUID, newUUID)
+		b := recordBoot("rebuild-after-undefine", obs, gone)
+		row.note("rebuild: %s", b)
+		early := readyBeforeServing(obs, notReady.At)
+		row.note("Ready=True before the proxy served again: %s", e2eutil.Seconds(early))
+		// Checked last, once the Proxy is back, so the row has every figure.
+		Expect(beyond).To(BeNumerically("<=", eventSlack), "Ready=False within %s of the domain's stopped event; it took %s", eventSlack, beyond)
+		Expect(early).To(BeNumerically("<=", servingSlack), "Ready=True only once the proxy serves again; it was Ready %s before", early)
+	}, NodeTimeout(15*time.Minute))
+
+	It("10: a full storage pool fails the Create with a reason that says so, leaks nothing, and heals when space returns", func(ctx SpecContext) {
+		begin(ctx, 10, "Storage pool full: a directory pool on a 64 MiB tmpfs (in the host's private mount namespace), a KVMHost and a Proxy on it; then resized to 1200 MiB",
+			"the image upload and the Create fail naming the lack of space; nothing left in the pool; after the resize the image is verified there and the domain created")
+		row.extraPool = "small"
+		if _, err := lh.TmpfsPool(ctx, "small", 64); err != nil {
+			Fail(err.Error())
+		}
+		hostS := objs.Host.DeepCopy()
+		hostS.ObjectMeta = metav1.ObjectMeta{Name: objs.Host.Name + "-small"}
+		hostS.Spec.StoragePool = "small"
+		Expect(k8s.Create(ctx, hostS)).To(Succeed())
+		defer func() { deleteHost(context.WithoutCancel(ctx), hostS.Name) }()
+		created := time.Now()
+		p := objs.NewProxy("squid-small", 1, "512Mi")
+		p.Spec.Placement.Host = hostS.Name
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		key := client.ObjectKeyFromObject(p)
+		space := regexp.MustCompile(`(?i)no space|space left|ENOSPC|not enough space|insufficient`)
+		var imgMsg string
+		Eventually(func(ctx context.Context) error {
+			img := &crawlv1.KVMImage{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(objs.Image), img); err != nil {
+				return err
+			}
+			hs := img.Status.HostStatus(hostS.Name)
+			if hs == nil || hs.Message == "" {
+				return errors.New("no attempt on the small pool yet")
+			}
+			imgMsg = hs.Message
+			if !space.MatchString(hs.Message) {
+				return fmt.Errorf("the KVMImage's reason does not say the pool is full: %s %q", hs.Phase, hs.Message)
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.Detect = time.Since(created)
+		row.DetectNote = "KVMHost created → KVMImage says the pool is full"
+		row.note("KVMImage on the small pool: %q", imgMsg)
+		got := getProxy(ctx, key)
+		row.note("Proxy: %s, %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+		Expect(got.Status.ProviderID).To(BeEmpty())
+		// Every KVMImage tries every Ready host, each retrying every 30 s:
+		// between their attempts the pool must be empty again.
+		Eventually(func(ctx context.Context) ([]string, error) {
+			return e2eutil.Volumes(ctx, hv, "small")
+		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(500*time.Millisecond).Should(BeEmpty(), "nothing is left in the full pool")
+
+		_, err := lh.TmpfsPool(ctx, "small", 1200)
+		Expect(err).NotTo(HaveOccurred())
+		freed := time.Now()
+		Eventually(func(ctx context.Context) error {
+			got := getProxy(ctx, key)
+			if got.Status.ProviderID == "" {
+				return errors.New("no instance yet: " + e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
+		row.Recover = time.Since(freed)
+		row.RecoverNote = "space returned → domain created"
+		Eventually(func(ctx context.Context) error {
+			_, err := e2eutil.ImageVerified(ctx, k8s, objs.Image.Name, hostS.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		deleteAndWait(ctx, getProxy(ctx, key))
+	}, NodeTimeout(15*time.Minute))
+
+	It("12: two installs sharing the hypervisor: over three sweep intervals neither touches the other's domains", func(ctx SpecContext) {
+		Expect(mainProxy).NotTo(BeNil())
+		begin(ctx, 12, "Two installs (two control planes, two managers, same instance tag and names) sharing the hypervisor",
+			"over three orphan-sweep intervals of both managers no domain or volume of the other install is touched; install B's image prune (one of its KVMImages deleted) leaves install A's cached images; each install deletes only its own Proxy's domain")
+		Expect(cfg.GCInterval).To(BeNumerically(">", 0), "the fault suite sets E2E_GC_INTERVAL (test/e2e/run.sh)")
+		dir := filepath.Join(artifacts, "install-b")
+		keyDir := filepath.Join(dir, "empty-ssh-key-dir")
+		Expect(os.MkdirAll(keyDir, 0o700)).To(Succeed())
+		tag := "pxe2e-" + runID
+		// Install A's objects on the host before install B exists: its
+		// volumes (the cached images among them) must all outlive B.
+		beforeB, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		b, err := e2eutil.StartLocal(ctx, dir, lop.Bin(), e2eutil.ManagerArgs(cfg, keyDir, tag, tag))
+		Expect(err).NotTo(HaveOccurred())
+		installB = b
+		kb := b.Client()
+		objsB, err := e2eutil.NewObjects(cfg, tag, b.SecretNamespace(), imgSrv.URL, imgSrv.Checksum)
+		Expect(err).NotTo(HaveOccurred())
+		for _, o := range []client.Object{objsB.Namespace, objsB.Secret, objsB.Host, objsB.Image} {
+			Expect(kb.Create(ctx, o)).To(Succeed())
+		}
+		pB := objsB.NewProxy("squid-install-b", 1, "512Mi")
+		Expect(kb.Create(ctx, pB)).To(Succeed())
+		domB := domxml.DomainName(pB.Namespace, pB.Name)
+		Eventually(func(ctx context.Context) error {
+			got := &crawlv1.Proxy{}
+			if err := kb.Get(ctx, client.ObjectKeyFromObject(pB), got); err != nil {
+				return err
+			}
+			if got.Status.ProviderID == "" {
+				return errors.New("install B's Proxy has no instance yet: " + e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
+
+		before, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		watched := []string{mainDomain(), domB}
+		for _, d := range watched {
+			Expect(before.Domains).To(HaveKey(d))
+		}
+		Expect(before.Domains[mainDomain()]).To(Equal(beforeB.Domains[mainDomain()]), "install A's domain as it was before install B started")
+		listsA, listsB := domainLists(ctx, op), domainLists(ctx, b)
+		start := time.Now()
+		window := 3*cfg.GCInterval + 5*time.Second
+		touched := map[string]bool{}
+		for time.Since(start) < window {
+			inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+			Expect(err).NotTo(HaveOccurred())
+			for _, d := range watched {
+				if now, was := inv.Domains[d], before.Domains[d]; now.UUID != was.UUID || now.State != was.State {
+					touched[fmt.Sprintf("domain %s: %s %s, was %s %s", d, now.UUID, orGone(now.State), was.UUID, was.State)] = true
+				}
+			}
+			for _, v := range beforeB.Volumes[cfg.Pool] {
+				if !slices.Contains(inv.Volumes[cfg.Pool], v) {
+					touched["install A's volume "+v+" deleted"] = true
+				}
+			}
+			time.Sleep(2 * time.Second)
+		}
+		for t := range touched {
+			row.Touched = append(row.Touched, t)
+		}
+		slices.Sort(row.Touched)
+		sweepsA, sweepsB := domainLists(ctx, op)-listsA, domainLists(ctx, b)-listsB
+		row.note("over %s: install A listed all domains %.0f times, install B %.0f times (sweeps and health checks)", e2eutil.Seconds(window), sweepsA, sweepsB)
+		Expect(sweepsA).To(BeNumerically(">=", 3))
+		Expect(sweepsB).To(BeNumerically(">=", 3))
+		for _, l := range []string{lop.LogPath(), b.LogPath()} {
+			Expect(countMatches(l, 0, "deleted orphan")).To(BeZero(), "no orphan deleted in %s", l)
+		}
+		Expect(row.Touched).To(BeEmpty(), "neither install touched the other's domains or volumes")
+		// Each install deletes its own, and only its own.
+		Expect(kb.Delete(ctx, pB)).To(Succeed())
+		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, kb, pB.DeepCopy()) }).
+			WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
+		after, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(after.Domains).NotTo(HaveKey(domB))
+		Expect(after.Domains[mainDomain()].UUID).To(Equal(before.Domains[mainDomain()].UUID))
+		Expect(e2eutil.ProxyReady(ctx, k8s, mainKey(), objs.Host.Name)).Error().NotTo(HaveOccurred())
+
+		// Install B deletes a KVMImage of its own, so it prunes the shared
+		// pool: install A's cached images must stay (A's image of fault 4
+		// is verified and used by no VM, as a pre-cached next version is).
+		vB, err := imgSrv.Variant("install-b")
+		Expect(err).NotTo(HaveOccurred())
+		imgB := objsB.Image.DeepCopy()
+		imgB.ObjectMeta = metav1.ObjectMeta{Name: objsB.Image.Name + "-b-only"}
+		imgB.Spec.URL, imgB.Spec.Checksum = vB.URL, vB.Checksum
+		Expect(kb.Create(ctx, imgB)).To(Succeed())
+		Eventually(func(ctx context.Context) error {
+			_, err := e2eutil.ImageVerified(ctx, kb, imgB.Name, objsB.Host.Name)
+			return err
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		cached, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(kb.Delete(ctx, imgB)).To(Succeed())
+		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, kb, imgB.DeepCopy()) }).
+			WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		pruned, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+		Expect(err).NotTo(HaveOccurred())
+		for _, v := range beforeB.Volumes[cfg.Pool] {
+			if strings.HasPrefix(v, "image-") && slices.Contains(cached.Volumes[cfg.Pool], v) && !slices.Contains(pruned.Volumes[cfg.Pool], v) {
+				row.Touched = append(row.Touched, "install A's volume "+v+" deleted by install B's image prune")
+			}
+		}
+		Expect(row.Touched).To(BeEmpty(), "install B's prune left install A's cached images alone")
+
+		b.Stop()
+		installB = nil
+	}, NodeTimeout(15*time.Minute))
+})
+
+// eventSlack bounds how long after a domain goes down (libvirt's event
+// reaches the manager at once) Ready may stay True: one Get and one status
+// write, on a loaded machine.
+const eventSlack = 5 * time.Second
+
+// faultRow is one line of faults.md.
+type faultRow struct {
+	N                       int
+	Fault, Invariant        string
+	Survived                bool
+	Detect, Recover         time.Duration
+	DetectNote, RecoverNote string
+	ProxiesLost             []string
+	Audit                   e2eutil.Audit
+	AuditErr                string
+	// Touched lists objects of another install the fault changed.
+	Touched   []string
+	Notes     []string
+	extraPool string
+}
+
+func (r *faultRow) note(format string, args ...any) {
+	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
+}
+
+const faultsHeader = "| # | fault | invariant checked | survived | time to detect | time to recover | Proxies lost | instances / volumes / NVRAM leaked | foreign objects touched | notes |\n" +
+	"| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+
+func (r *faultRow) markdown() string {
+	dur := func(d time.Duration, note string) string {
+		if d == 0 {
+			return "n/a"
+		}
+		s := e2eutil.Seconds(d)
+		if note != "" {
+			s += " (" + note + ")"
+		}
+		return s
+	}
+	survived := "yes"
+	if !r.Survived {
+		survived = "**no**"
+	}
+	lost := fmt.Sprint(len(r.ProxiesLost))
+	if len(r.ProxiesLost) > 0 {
+		lost += " (" + strings.Join(r.ProxiesLost, ", ") + ")"
+	}
+	leaked, touched := r.Audit.String(), r.Audit.ForeignString()
+	if r.AuditErr != "" {
+		leaked, touched = "not audited: "+r.AuditErr, "not audited"
+	}
+	if len(r.Touched) > 0 {
+		touched = fmt.Sprintf("%s; other install's: %d (%s)", touched, len(r.Touched), strings.Join(r.Touched, "; "))
+	}
+	cell := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "|", `\|`), "\n", " ") }
+	return "| " + strings.Join([]string{fmt.Sprint(r.N), cell(r.Fault), cell(r.Invariant), survived,
+		cell(dur(r.Detect, r.DetectNote)), cell(dur(r.Recover, r.RecoverNote)), cell(lost), cell(leaked), cell(touched),
+		cell(strings.Join(r.Notes, "; "))}, " | ") + " |\n"
+}
+
+// writeFaultRow appends r to E2E_ARTIFACTS/faults.md (with the header
+// first).
+func writeFaultRow(r *faultRow) error {
+	path := filepath.Join(artifacts, "faults.md")
+	_, err := os.Stat(path)
+	f, ferr := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if ferr != nil {
+		return ferr
+	}
+	defer f.Close()
+	if errors.Is(err, os.ErrNotExist) {
+		if _, err := f.WriteString(faultsHeader); err != nil {
+			return err
+		}
+	}
+	_, err = f.WriteString(r.markdown())
+	return err
+}
+
+func orGone(state string) string {
+	if state == "" {
+		return "gone"
+	}
+	return state
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return s
+}
+
+// observe starts the independent observer of Proxy p and waits until its
+// libvirt connection has looked once (its lifecycle events are subscribed
+// by then), so no event of the domain is missed.
+func observe(p *crawlv1.Proxy) *e2eutil.Observer {
+	o := e2eutil.Observe(context.Background(), e2eutil.ObserverConfig{
+		Client: k8s, Proxy: client.ObjectKeyFromObject(p), Target: cfg.ProbeURL,
+		LibvirtSocket: libvirtSocket(), Domain: domxml.DomainName(p.Namespace, p.Name),
+	})
+	Eventually(func() bool { return len(o.Timeline().Series[e2eutil.SigDomain]) > 0 }).
+		WithTimeout(time.Minute).WithPolling(50*time.Millisecond).Should(BeTrue(), "the observer's libvirt connection")
+	return o
+}
+
+// recordTimeline writes an observer's whole timeline to the artifacts.
+func recordTimeline(name string, o *e2eutil.Observer) {
+	f, err := os.Create(filepath.Join(artifacts, "timeline-"+name+".txt"))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	o.Timeline().Write(f)
+}
+
+// waitTimeline waits for the first change of sig accepted by pred at or
+// after from, as the observer saw it.
+func waitTimeline(ctx context.Context, o *e2eutil.Observer, sig string, from time.Time, timeout time.Duration, pred func(e2eutil.Change) bool) e2eutil.Change {
+	var got e2eutil.Change
+	Eventually(func() error {
+		c, ok := o.Timeline().First(sig, from, pred)
+		if !ok {
+			return fmt.Errorf("observer has not seen the %s change yet (now %q)", sig, o.Timeline().ValueAt(sig, time.Now()))
+		}
+		got = c
+		return nil
+	}).WithContext(ctx).WithTimeout(timeout).WithPolling(20 * time.Millisecond).Should(Succeed())
+	return got
+}
+
+// waitEvent waits for the domain's libvirt lifecycle event (e.g.
+// "defined") at or after from and returns when the observer got it.
+func waitEvent(ctx context.Context, o *e2eutil.Observer, event string, from time.Time, timeout time.Duration) time.Time {
+	return waitTimeline(ctx, o, e2eutil.SigEvent, from, timeout, func(c e2eutil.Change) bool { return c.Value == event }).At
+}
+
+// waitDownThenNotReady waits for the main domain to be seen down (its state
+// polled, or its "stopped" event, whichever came first) after from, and
+// then for Ready=False; it notes how the time splits between libvirt's
+// event delivery and the manager.
+func waitDownThenNotReady(ctx context.Context, o *e2eutil.Observer, from time.Time, r *faultRow) (down, event time.Time, notReady e2eutil.Change) {
+	ev := waitEvent(ctx, o, "stopped", from, time.Minute)
+	polled, ok := o.Timeline().First(e2eutil.SigDomain, from, func(c e2eutil.Change) bool { return c.Value != "running" })
+	down = ev
+	if ok && polled.At.Before(ev) {
+		down = polled.At
+	}
+	notReady = waitTimeline(ctx, o, e2eutil.SigReady, from, 2*time.Minute, func(c e2eutil.Change) bool { return c.Value != "True" })
+	tl := o.Timeline()
+	restarted, _ := tl.FirstValue(e2eutil.SigEvent, "started", ev)
+	since := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return "+" + e2eutil.Seconds(t.Sub(from))
+	}
+	r.note("after the fault: domain seen down %s (polled %q at %s, stopped event %s), started again (event) %s, Ready=False %s",
+		since(down), polled.Value, since(polled.At), since(ev), since(restarted), since(notReady.At))
+	return down, ev, notReady
+}
+
+// waitBack waits until the observer has seen the Proxy Ready and serving
+// at once after from (its status read back Ready and its own request
+// answered), and returns that moment: a Ready the proxy did not live up
+// to does not count as recovered.
+func waitBack(ctx context.Context, o *e2eutil.Observer, from time.Time) time.Time {
+	var back time.Time
+	Eventually(func() error {
+		at, ok := o.Timeline().FirstBoth(e2eutil.SigReady, "True", e2eutil.SigServing, "ok", from)
+		if !ok {
+			return errors.New("the observer has not seen the Proxy Ready and serving at once yet")
+		}
+		back = at
+		return nil
+	}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(250 * time.Millisecond).Should(Succeed())
+	return back
+}
+
+// readyBeforeServing is how long, after from, the Proxy was Ready while
+// the test's requests through it still failed, up to the first success:
+// Ready must not be announced for a proxy that does not serve yet.
+func readyBeforeServing(o *e2eutil.Observer, from time.Time) time.Duration {
+	tl := o.Timeline()
+	served, ok := tl.FirstValue(e2eutil.SigServing, "ok", from)
+	if !ok {
+		served = time.Now()
+	}
+	return tl.Overlap(e2eutil.SigReady, "True", e2eutil.SigServing, "fail", from, served)
+}
+
+// servingSlack absorbs the observer's sampling: its requests start every
+// 250 ms and count from their start.
+const servingSlack = time.Second
+
+// waitServing waits until the observer's latest request through the main
+// proxy succeeded, so a fault starts from a serving proxy.
+func waitServing(ctx context.Context, o *e2eutil.Observer) {
+	Eventually(func() string {
+		return o.Timeline().ValueAt(e2eutil.SigServing, time.Now())
+	}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(250 * time.Millisecond).Should(Equal("ok"))
+}
+
+// waitReadyAgain waits for the Proxy to be Ready (as the manager checks
+// it) after the moment it went not Ready.
+func waitReadyAgain(ctx context.Context, key client.ObjectKey, since time.Time) *crawlv1.Proxy {
+	var ready *crawlv1.Proxy
+	Eventually(func(ctx context.Context) (err error) {
+		ready, err = e2eutil.ProxyReady(ctx, k8s, key, objs.Host.Name)
+		return err
+	}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(250 * time.Millisecond).Should(Succeed())
+	return ready
+}
+
+// checkServedThrough notes how long, between from and to, the main proxy
+// failed the test's requests and was not Ready: a fault of the host's
+// management plane must cost the running proxy nothing.
+func checkServedThrough(ctx context.Context, o *e2eutil.Observer, from, to time.Time, r *faultRow) {
+	tl := o.Timeline()
+	failing := tl.Held(e2eutil.SigServing, "fail", from, to)
+	notReady := tl.Held(e2eutil.SigReady, "False", from, to)
+	r.note("running proxy during the fault: requests failing %s, Ready=False %s", e2eutil.Seconds(failing), e2eutil.Seconds(notReady))
+	Expect(failing).To(BeZero(), "the running proxy kept serving")
+	Expect(notReady).To(BeZero(), "the running proxy stayed Ready")
+}
+
+func getProxy(ctx context.Context, key client.ObjectKey) *crawlv1.Proxy {
+	p := &crawlv1.Proxy{}
+	Expect(k8s.Get(ctx, key, p)).To(Succeed())
+	return p
+}
+
+// deleteAndWait deletes p and waits until it is gone (its instance
+// deleted by the manager).
+func deleteAndWait(ctx context.Context, p *crawlv1.Proxy) {
+	Expect(client.IgnoreNotFound(k8s.Delete(ctx, p))).To(Succeed())
+	Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, p.DeepCopy()) }).
+		WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(500 * time.Millisecond).Should(Succeed())
+}
+
+// deleteHost deletes a KVMHost and waits (bounded) for it to go.
+func deleteHost(ctx context.Context, name string) {
+	h := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := k8s.Delete(ctx, h); err != nil && !apierrors.IsNotFound(err) {
+		GinkgoWriter.Printf("deleting KVMHost %s: %v\n", name, err)
+		return
+	}
+	if err := e2eutil.Poll(ctx, 2*time.Minute, time.Second, func(ctx context.Context) error {
+		return e2eutil.Gone(ctx, k8s, h.DeepCopy())
+	}); err != nil {
+		GinkgoWriter.Printf("KVMHost %s: %v\n", name, err)
+	}
+}
+
+// waitHostReason waits for the KVMHost's Ready condition to satisfy pred
+// and returns when the test saw it, and the condition.
+func waitHostReason(ctx context.Context, name string, timeout time.Duration, pred func(*metav1.Condition) bool) (time.Time, *metav1.Condition) {
+	var c *metav1.Condition
+	Eventually(func(ctx context.Context) error {
+		h := &crawlv1.KVMHost{}
+		if err := k8s.Get(ctx, client.ObjectKey{Name: name}, h); err != nil {
+			return err
+		}
+		c = conditions.Get(h, crawlv1.ReadyCondition)
+		if c == nil || !pred(c) {
+			return fmt.Errorf("KVMHost %s Ready is %s", name, e2eutil.CondString(h, crawlv1.ReadyCondition))
+		}
+		return nil
+	}).WithContext(ctx).WithTimeout(timeout).WithPolling(100 * time.Millisecond).Should(Succeed())
+	return time.Now(), c
+}
+
+// readyProxies names the Proxies that are Ready now.
+func readyProxies(ctx context.Context, c client.Client) []string {
+	var list crawlv1.ProxyList
+	if err := c.List(ctx, &list); err != nil {
+		return nil
+	}
+	var out []string
+	for _, p := range list.Items {
+		if conditions.IsTrue(&p, crawlv1.ReadyCondition) {
+			out = append(out, p.Namespace+"/"+p.Name)
+		}
+	}
+	return out
+}
+
+// foreignIntact fails when a foreign object changed.
+func foreignIntact(ctx context.Context, f e2eutil.Foreign) error {
+	inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+	if err != nil {
+		return err
+	}
+	if a := inv.Audit(nil, f); len(a.ForeignTouched) > 0 {
+		return fmt.Errorf("foreign objects touched: %s", a.ForeignString())
+	}
+	return nil
+}
+
+// domainsOf names the domains whose metadata carries uid.
+func domainsOf(inv e2eutil.Inventory, uid string) []string {
+	var out []string
+	for name, d := range inv.Domains {
+		if d.Metadata != nil && d.Metadata.UID == uid {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// volumesOf lists pool's volumes named for uid.
+func volumesOf(inv e2eutil.Inventory, pool, uid string) []string {
+	var out []string
+	for _, v := range inv.Volumes[pool] {
+		if u, ok := domxml.VolumeOwnerUID(v); ok && u == uid {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// domainLists is how many times the manager listed every domain of a host
+// (the orphan sweep does, per pass; so does the volume sweep).
+func domainLists(ctx context.Context, o e2eutil.Operator) float64 {
+	m, err := o.Metrics(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	return e2eutil.CounterSum(m, "proxy_operator_libvirt_rpc_duration_seconds_count", `rpc="virConnectListAllDomains"`)
+}
+
+func poolPath(ctx context.Context) string {
+	p, err := e2eutil.PoolPath(ctx, hv, cfg.Pool)
+	Expect(err).NotTo(HaveOccurred())
+	return p
+}
+
+// fileSize is the size of a local file, -1 when it does not exist.
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return -1
+	}
+	return st.Size()
+}
+
+func fileSHA256(path string) string {
+	f, err := os.Open(path)
+	Expect(err).NotTo(HaveOccurred())
+	defer f.Close()
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	Expect(err).NotTo(HaveOccurred())
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+func mustRead(path string) []byte {
+	b, err := os.ReadFile(path)
+	Expect(err).NotTo(HaveOccurred())
+	return b
+}
+
+// fingerprint is the SHA256 fingerprint of an authorized_keys-format key.
+func fingerprint(pub []byte) string {
+	k, _, _, _, err := ssh.ParseAuthorizedKey(pub)
+	Expect(err).NotTo(HaveOccurred())
+	return ssh.FingerprintSHA256(k)
+}
+
+// countMatches counts the lines of path from byte offset on that match the
+// regular expression expr.
+func countMatches(path string, offset int64, expr string) int {
+	b, err := os.ReadFile(path)
+	if err != nil || offset > int64(len(b)) {
+		return 0
+	}
+	re := regexp.MustCompile(expr)
+	n := 0
+	for _, line := range strings.Split(string(b[max(offset, 0):]), "\n") {
+		if re.MatchString(line) {
+			n++
+		}
+	}
+	return n
+}
+
+// fakeSSHPort is a loopback port the test controls, as a KVMHost address:
+// refused until Answer, then a server that is not SSH (so a dial fails at
+// the handshake).
+type fakeSSHPort struct {
+	addr string
+	ln   net.Listener
+}
+
+func newFakeSSHPort() *fakeSSHPort {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	addr := ln.Addr().String()
+	Expect(ln.Close()).To(Succeed())
+	return &fakeSSHPort{addr: addr}
+}
+
+func (f *fakeSSHPort) Addr() string { return f.addr }
+
+// Answer starts accepting: each connection gets a line that is not an SSH
+// banner and is closed.
+func (f *fakeSSHPort) Answer() error {
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return err
+	}
+	f.ln = ln
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("HTTP/1.0 400 not ssh\r\n\r\n"))
+			_ = c.Close()
+		}
+	}()
+	return nil
+}
+
+func (f *fakeSSHPort) Close() {
+	if f.ln != nil {
+		_ = f.ln.Close()
+	}
+}
