@@ -17,6 +17,7 @@ import (
 
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -94,7 +95,7 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, Label("pool"), func(
 		sc := &autoscalingv1.Scale{}
 		Expect(k8s.SubResource("scale").Get(ctx, pool.DeepCopy(), sc)).To(Succeed())
 		Expect(sc.Spec.Replicas).To(Equal(from))
-		Expect(sc.Status.Selector).To(ContainSubstring(crawlv1.PoolNameLabel+"="+poolName), "the scale subresource's selector (status.selector)")
+		Expect(sc.Status.Selector).To(Equal(metav1.FormatLabelSelector(&pool.Spec.Selector)), "the scale subresource's selector (status.selector)")
 		sc.Spec.Replicas = to
 		Expect(k8s.SubResource("scale").Update(ctx, pool.DeepCopy(), client.WithSubResourceBody(sc))).To(Succeed())
 	}
