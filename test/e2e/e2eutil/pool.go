@@ -192,7 +192,7 @@ type Crawler struct {
 	// Target answers 204 (the probe server).
 	Target                        string
 	ReadInterval, RequestInterval time.Duration
-	// RequestTimeout bounds one request (default 5 s).
+	// RequestTimeout bounds one request (default 10 s).
 	RequestTimeout time.Duration
 
 	mu       sync.Mutex
@@ -216,6 +216,10 @@ type CrawlerStats struct {
 	ShortestList, LongestList int
 	// DistinctEntries is how many different proxies requests went through.
 	DistinctEntries int
+	// Refused counts failures where the proxy's address refused or reset
+	// the connection (a replica gone or not serving), TimedOut those that
+	// ran out of time (a slow proxy or a loaded machine).
+	Refused, TimedOut int
 	// Failures describes the first failed requests (passwords masked).
 	Failures []string
 	// Latencies of the requests that succeeded, sorted.
@@ -319,7 +323,7 @@ func (cr *Crawler) request(ctx context.Context) {
 		if via, err = ViaURL(line); err == nil {
 			via.Timeout = cr.RequestTimeout
 			if via.Timeout == 0 {
-				via.Timeout = 5 * time.Second
+				via.Timeout = 10 * time.Second
 			}
 			var code int
 			code, took, err = via.Get(ctx, cr.Target)
@@ -342,8 +346,14 @@ func (cr *Crawler) request(ctx context.Context) {
 		return
 	}
 	cr.stats.Failed++
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection reset") || strings.Contains(msg, "no route to host"):
+		cr.stats.Refused++
+	case errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "Timeout") || strings.Contains(msg, "deadline exceeded"):
+		cr.stats.TimedOut++
+	}
 	if len(cr.stats.Failures) < 20 {
-		msg := err.Error()
 		if via, verr := ViaURL(line); verr == nil && via.Credentials != nil {
 			if pass, ok := via.Credentials.Password(); ok && pass != "" {
 				msg = strings.ReplaceAll(msg, pass, "xxxxx")
@@ -356,9 +366,13 @@ func (cr *Crawler) request(ctx context.Context) {
 // PoolWatch is an observer of one pool's replicas independent of the
 // manager: a watch of the namespace's Proxies straight from the API server
 // that checks, after every event once armed, the pool's disruption budget:
-// at least replicas-maxUnavailable replicas available (Ready, not draining,
-// not being deleted) and at most replicas+maxSurge in existence (draining
-// and deleting ones included).
+// whenever the pool takes a replica out of service (drains or deletes it),
+// at least replicas-maxUnavailable replicas are still available (Ready, not
+// draining, not being deleted), and at every event at most
+// replicas+maxSurge exist (draining and deleting ones included). It also
+// records the lowest availability from any cause and the replicas that lost
+// Ready while in service (a failed probe, e.g. a timeout on a loaded
+// machine), which the pool does not control.
 type PoolWatch struct {
 	pool string
 
@@ -370,6 +384,9 @@ type PoolWatch struct {
 	violations                []string
 	events                    int
 	seen                      map[string]ProxyRef
+	disruptions               int
+	minAtDisruption           int
+	readyLost                 []string
 	err                       error
 	cancel                    context.CancelFunc
 	done                      chan struct{}
@@ -460,6 +477,7 @@ func (w *PoolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.events++
+	prev, existed := w.objs[p.Name]
 	if t == watch.Deleted {
 		delete(w.objs, p.Name)
 	} else {
@@ -468,16 +486,37 @@ func (w *PoolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 	if !w.armed {
 		return
 	}
+	// The pool's own disruptions: it drains a replica, deletes it, or (a
+	// replica it never drained) it disappears.
+	disrupted := existed && inService(prev) && (t == watch.Deleted || !inService(p))
+	// Ready lost by a replica the pool left in service: the manager's
+	// probe failed (under load, a timeout), not a decision of the pool.
+	flapped := existed && t != watch.Deleted && inService(prev) && inService(p) &&
+		conditions.IsTrue(prev, crawlv1.ReadyCondition) && !conditions.IsTrue(p, crawlv1.ReadyCondition)
 	existing, available := w.counts()
 	w.minAvailable = min(w.minAvailable, available)
 	w.mostExisted = max(w.mostExisted, existing)
 	at := time.Now().UTC().Format("15:04:05.000")
-	if available < w.replicas-w.unavail {
-		w.violations = append(w.violations, fmt.Sprintf("%s %s %s: %d available, fewer than %d", at, t, p.Name, available, w.replicas-w.unavail))
+	if flapped {
+		w.readyLost = append(w.readyLost, fmt.Sprintf("%s %s: %s", at, p.Name, CondString(p, crawlv1.ReadyCondition)))
+	}
+	if disrupted {
+		w.disruptions++
+		w.minAtDisruption = min(w.minAtDisruption, available)
+		if available < w.replicas-w.unavail {
+			w.violations = append(w.violations, fmt.Sprintf("%s the pool took %s out of service (%s) leaving %d available, fewer than %d",
+				at, p.Name, t, available, w.replicas-w.unavail))
+		}
 	}
 	if existing > w.replicas+w.surge {
 		w.violations = append(w.violations, fmt.Sprintf("%s %s %s: %d exist, more than %d", at, t, p.Name, existing, w.replicas+w.surge))
 	}
+}
+
+// inService: not draining and not being deleted.
+func inService(p *crawlv1.Proxy) bool {
+	_, draining := p.Annotations[crawlv1.DrainingAnnotation]
+	return !draining && p.DeletionTimestamp.IsZero()
 }
 
 func (w *PoolWatch) add(p *crawlv1.Proxy) {
@@ -499,8 +538,7 @@ func (w *PoolWatch) Seen() []ProxyRef {
 
 func (w *PoolWatch) counts() (existing, available int) {
 	for _, o := range w.objs {
-		_, draining := o.Annotations[crawlv1.DrainingAnnotation]
-		if !draining && o.DeletionTimestamp.IsZero() && conditions.IsTrue(o, crawlv1.ReadyCondition) {
+		if inService(o) && conditions.IsTrue(o, crawlv1.ReadyCondition) {
 			available++
 		}
 	}
@@ -513,9 +551,9 @@ func (w *PoolWatch) Arm(replicas, surge, unavailable int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.armed, w.replicas, w.surge, w.unavail = true, replicas, surge, unavailable
-	w.violations = nil
+	w.violations, w.readyLost, w.disruptions = nil, nil, 0
 	existing, available := w.counts()
-	w.minAvailable, w.mostExisted = available, existing
+	w.minAvailable, w.mostExisted, w.minAtDisruption = available, existing, available
 }
 
 // Disarm stops checking (the budget changes with replicas).
@@ -527,8 +565,20 @@ func (w *PoolWatch) Disarm() {
 
 // PoolBudget is what the watch saw while armed.
 type PoolBudget struct {
-	MinAvailable, MostExisted, Events int
-	Violations                        []string
+	// MinAvailable is the fewest replicas available at any event, whatever
+	// the cause; MinAtDisruption the fewest left available when the pool
+	// itself took a replica out of service (drained or deleted it), which
+	// is what the budget bounds.
+	MinAvailable, MinAtDisruption, MostExisted, Events int
+	// Disruptions counts the replicas the pool took out of service.
+	Disruptions int
+	// Violations of the budget by the pool: a replica taken out of service
+	// leaving fewer than replicas-maxUnavailable available, or more than
+	// replicas+maxSurge in existence.
+	Violations []string
+	// ReadyLost lists replicas in service that lost Ready (the manager's
+	// probe failed): not the pool's doing, but a crawler's loss.
+	ReadyLost []string
 	// Err is set when the watch broke: the budget was not observed
 	// throughout.
 	Err error
@@ -538,8 +588,8 @@ type PoolBudget struct {
 func (w *PoolWatch) Budget() PoolBudget {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return PoolBudget{MinAvailable: w.minAvailable, MostExisted: w.mostExisted, Events: w.events,
-		Violations: append([]string(nil), w.violations...), Err: w.err}
+	return PoolBudget{MinAvailable: w.minAvailable, MinAtDisruption: w.minAtDisruption, MostExisted: w.mostExisted, Events: w.events,
+		Disruptions: w.disruptions, Violations: append([]string(nil), w.violations...), ReadyLost: append([]string(nil), w.readyLost...), Err: w.err}
 }
 
 // Stop ends the watch.
