@@ -366,9 +366,10 @@ func (cr *Crawler) request(ctx context.Context) {
 // PoolWatch is an observer of one pool's replicas independent of the
 // manager: a watch of the namespace's Proxies straight from the API server
 // that checks, after every event once armed, the pool's disruption budget:
-// whenever the pool takes a replica out of service (drains or deletes it),
-// at least replicas-maxUnavailable replicas are still available (Ready, not
-// draining, not being deleted), and at every event at most
+// whenever the pool takes an available replica out of service (drains or
+// deletes it), at least replicas-maxUnavailable replicas are still
+// available (Ready, not draining, not being deleted), and at every event at
+// most
 // replicas+maxSurge exist (draining and deleting ones included). It also
 // records the lowest availability from any cause and the replicas that lost
 // Ready while in service (a failed probe, e.g. a timeout on a loaded
@@ -487,8 +488,12 @@ func (w *PoolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 		return
 	}
 	// The pool's own disruptions: it drains a replica, deletes it, or (a
-	// replica it never drained) it disappears.
+	// replica it never drained) it disappears. Only taking out a replica
+	// that was available (Ready) lowers availability: replacing one that
+	// is not Ready first is what the pool should do, and the budget allows
+	// it even when availability is already below the bound.
 	disrupted := existed && inService(prev) && (t == watch.Deleted || !inService(p))
+	tookAvailable := disrupted && conditions.IsTrue(prev, crawlv1.ReadyCondition)
 	// Ready lost by a replica the pool left in service: the manager's
 	// probe failed (under load, a timeout), not a decision of the pool.
 	flapped := existed && t != watch.Deleted && inService(prev) && inService(p) &&
@@ -502,6 +507,8 @@ func (w *PoolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 	}
 	if disrupted {
 		w.disruptions++
+	}
+	if tookAvailable {
 		w.minAtDisruption = min(w.minAtDisruption, available)
 		if available < w.replicas-w.unavail {
 			w.violations = append(w.violations, fmt.Sprintf("%s the pool took %s out of service (%s) leaving %d available, fewer than %d",
@@ -567,14 +574,14 @@ func (w *PoolWatch) Disarm() {
 type PoolBudget struct {
 	// MinAvailable is the fewest replicas available at any event, whatever
 	// the cause; MinAtDisruption the fewest left available when the pool
-	// itself took a replica out of service (drained or deleted it), which
-	// is what the budget bounds.
+	// itself took an available replica out of service (drained or deleted
+	// it), which is what the budget bounds.
 	MinAvailable, MinAtDisruption, MostExisted, Events int
 	// Disruptions counts the replicas the pool took out of service.
 	Disruptions int
-	// Violations of the budget by the pool: a replica taken out of service
-	// leaving fewer than replicas-maxUnavailable available, or more than
-	// replicas+maxSurge in existence.
+	// Violations of the budget by the pool: an available replica taken out
+	// of service leaving fewer than replicas-maxUnavailable available, or
+	// more than replicas+maxSurge in existence.
 	Violations []string
 	// ReadyLost lists replicas in service that lost Ready (the manager's
 	// probe failed): not the pool's doing, but a crawler's loss.

@@ -110,6 +110,16 @@ func TestPoolWatchBudget(t *testing.T) {
 		},
 		lost: 1, minAvailable: 2, minAtDisrupt: 3,
 	}, {
+		name: "replacing a replica that lost Ready first is within the budget",
+		events: []ev{
+			{watch.Added, replica("new", false, false, false)},
+			{watch.Modified, replica("c", false, false, false)},
+			{watch.Modified, replica("c", false, true, false)},
+			{watch.Modified, replica("c", true, true, false)},
+			{watch.Deleted, replica("c", true, true, true)},
+		},
+		lost: 1, disrupts: 1, minAvailable: 2, minAtDisrupt: 3,
+	}, {
 		name: "deleting a replica in service with one lost Ready breaks it",
 		events: []ev{
 			{watch.Modified, replica("b", false, false, false)},
