@@ -76,6 +76,10 @@ test-e2e: build ## Real end to end (root): a hypervisor in a netns, a Proxy VM b
 test-faults: build ## Fault suite on the real test hypervisor (root): twelve faults, their invariants and figures (docs/reliability.md).
 	E2E_SUITE=faults test/e2e/run.sh
 
+.PHONY: test-e2e-pool
+test-e2e-pool: build ## ProxyPool e2e on the real test hypervisor (root): scale, rollout and scale-down under a crawler-like client; failed requests counted.
+	E2E_SUITE=pool test/e2e/run.sh
+
 .PHONY: test-integration-kvm
 test-integration-kvm: ## KVM provider alone against a real host (root; brings up the test hypervisor unless KVM_TEST_ADDRESS is set).
 	test/integration/run.sh
@@ -123,7 +127,7 @@ run-local: build ## Start a local control plane (envtest) + the manager with TLS
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS)" go run ./hack/localcp -manager $(LOCALBIN)/manager
 
 .PHONY: demo
-demo: build ## A squid VM on a local test hypervisor, end to end (root). DEMO_ONCE=1 (or CI=true) cleans up and exits.
+demo: build ## A pool of two squid VMs on a local test hypervisor, end to end (root). DEMO_ONCE=1 (or CI=true) cleans up and exits.
 	hack/demo/demo.sh
 
 .PHONY: demo-down

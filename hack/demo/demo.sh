@@ -9,10 +9,12 @@
 #      sshd, libvirtd, NAT network "e2e" and a 204 server, all in a network
 #      namespace of its own;
 #   3. hack/demo (a control plane + the manager, one KVMHost, KVMImage and
-#      Proxy) inside that namespace, until the Proxy is Ready and a request
-#      went through it; then Ctrl-C deletes the Proxy and stops.
-#   With DEMO_ONCE=1 (or CI=true) it deletes the Proxy at once, checks its
-#   VM is gone, and tears the hypervisor down itself. Otherwise the
+#      a ProxyPool of two) inside that namespace, until the pool is
+#      Available, its published proxies.txt is printed (passwords masked)
+#      and a request went through each entry; then Ctrl-C deletes the pool
+#      and stops.
+#   With DEMO_ONCE=1 (or CI=true) it deletes the pool at once, checks its
+#   VMs are gone, and tears the hypervisor down itself. Otherwise the
 #   hypervisor stays up until `make demo-down`.
 # down: stops the hypervisor and checks nothing is left.
 set -uo pipefail
@@ -68,7 +70,7 @@ e2e_log "set-up took $(e2e_since "$T0") s; starting the demo inside netns $KVM_T
 
 ONCE_FLAG=-once=false
 [ "$ONCE" = 1 ] && ONCE_FLAG=-once
-# The demo catches Ctrl-C itself (it deletes the Proxy first); this shell
+# The demo catches Ctrl-C itself (it deletes the pool first); this shell
 # waits for it.
 trap ':' INT
 ip netns exec "$KVM_TEST_NETNS" "$OUT/demo" "$ONCE_FLAG" -dir "$OUT/run" -manager "$E2E_ROOT/bin/manager"

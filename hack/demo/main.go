@@ -1,12 +1,13 @@
 // Command demo shows the operator end to end on the local test hypervisor
 // (test/e2e/infra/hypervisor.sh): a local control plane with the manager
-// binary, one KVMHost, one KVMImage and one Proxy; it waits for the Proxy to
-// be Ready, prints its endpoint and proves it with a request through it.
+// binary, one KVMHost, one KVMImage and a ProxyPool of two; it waits for the
+// pool to be Available, prints what it publishes for crawlers (proxies.txt,
+// passwords masked) and proves each entry with a request through it.
 //
 // Run it with hack/demo/demo.sh (`make demo`), which prepares the hypervisor
 // and starts this program inside the hypervisor's network namespace, where
 // the guests' addresses are. With -once (DEMO_ONCE=1 or CI=true) it deletes
-// the Proxy, checks its VM is gone and exits; otherwise it keeps running
+// the pool, checks its VMs are gone and exits; otherwise it keeps running
 // until interrupted, then does the same.
 package main
 
@@ -39,7 +40,7 @@ func main() {
 	manager := flag.String("manager", filepath.Join(root, "bin", "manager"), "Manager binary.")
 	dir := flag.String("dir", filepath.Join(root, "bin", "demo", "run"), "Directory for the kubeconfig and the manager log.")
 	once := flag.Bool("once", os.Getenv("DEMO_ONCE") == "1" || os.Getenv("CI") == "true",
-		"Delete the Proxy and exit once it has served a request (default with DEMO_ONCE=1 or CI=true).")
+		"Delete the ProxyPool and exit once each of its proxies has served a request (default with DEMO_ONCE=1 or CI=true).")
 	flag.Parse()
 	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.WarnLevel)))
 	if err := run(*manager, *dir, *once); err != nil {
@@ -137,27 +138,37 @@ func run(manager, dir string, once bool) (reterr error) {
 	}
 	say("KVMImage verified (sha256) and cached on the host after %s", e2eutil.Seconds(time.Since(t)))
 
-	if err := c.Create(ctx, objs.Proxy); err != nil {
-		return err
+	pool := objs.NewPool("crawl", 2)
+	if err := c.Create(ctx, pool); err != nil {
+		return fmt.Errorf("create ProxyPool: %w", err)
 	}
-	key := client.ObjectKeyFromObject(objs.Proxy)
-	say("created Proxy %s; a %s guest boots (minutes under TCG)", key, cfg.DomainType)
+	key := client.ObjectKeyFromObject(pool)
+	say("created ProxyPool %s: 2 replicas of %d vCPU, %s, rolled with maxSurge 1 / maxUnavailable 0; %s guests boot (minutes under TCG)",
+		key, e2eutil.PoolReplicaCPUs, e2eutil.PoolReplicaMemory, cfg.DomainType)
+	var seen []e2eutil.ProxyRef
 	defer func() {
-		// Interrupted or done: the Proxy goes, and with it the VM.
-		if err := deleteProxy(op, hv, objs); err != nil {
+		// Interrupted or done: the pool goes, and with it its VMs.
+		if err := deletePool(op, hv, cfg.Pool, pool, seen); err != nil {
 			reterr = errors.Join(reterr, err)
 		}
 	}()
 
 	t = time.Now()
-	var p *crawlv1.Proxy
+	var replicas []crawlv1.Proxy
+	var lines []string
 	last := ""
-	if err := e2eutil.Poll(ctx, cfg.ProxyReadyTimeout, time.Second, func(ctx context.Context) (err error) {
-		p, err = e2eutil.ProxyReady(ctx, c, key, objs.Host.Name)
-		if p != nil && p.Status.Phase != "" {
-			if s := string(p.Status.Phase) + " " + conditions.GetReason(p, crawlv1.ReadyCondition); s != last {
+	if err := e2eutil.Poll(ctx, cfg.ProxyReadyTimeout+time.Minute, time.Second, func(ctx context.Context) (err error) {
+		var got *crawlv1.ProxyPool
+		got, replicas, lines, err = e2eutil.PoolServing(ctx, c, key, 2, objs.Host.Name)
+		if reps, lerr := e2eutil.PoolReplicas(ctx, c, pool); lerr == nil {
+			seen = remember(seen, reps)
+		}
+		if got != nil {
+			st := got.Status
+			if s := fmt.Sprintf("%d replicas, %d ready, %d available; Available %s", st.Replicas, st.ReadyReplicas, st.AvailableReplicas,
+				conditions.GetReason(got, crawlv1.PoolAvailableCondition)); s != last {
 				last = s
-				say("  [+%s] %s: %s", e2eutil.Seconds(time.Since(t)), p.Status.Phase, e2eutil.CondString(p, crawlv1.ReadyCondition))
+				say("  [+%s] %s", e2eutil.Seconds(time.Since(t)), s)
 			}
 		}
 		return err
@@ -166,38 +177,42 @@ func run(manager, dir string, once bool) (reterr error) {
 	}
 	ttr := time.Since(t)
 
-	var took time.Duration
-	if err := e2eutil.Poll(ctx, time.Minute, 2*time.Second, func(ctx context.Context) (err error) {
-		via, err := e2eutil.ProxyVia(ctx, c, p)
+	fmt.Printf("\ndemo: ProxyPool %s is Available after %s: every replica Ready and published\n", key, e2eutil.Seconds(ttr))
+	for _, p := range replicas {
+		fmt.Printf("demo:   replica %-14s %-9s %s (from the %s) on %s\n", p.Name, p.Status.Phase, p.Status.Endpoint,
+			sourceName(p.Status.AddressSource), p.Status.Host)
+	}
+	fmt.Printf("demo: Secret %s/%s, %s (what a crawler reads; passwords masked here):\n", key.Namespace, crawlv1.PublishedName(key.Name), crawlv1.ProxiesTextKey)
+	for _, l := range lines {
+		fmt.Printf("demo:   %s\n", e2eutil.MaskURL(l))
+	}
+	for _, l := range lines {
+		via, err := e2eutil.ViaURL(l)
 		if err != nil {
 			return err
 		}
-		took, err = e2eutil.Want204(ctx, via, cfg.ProbeURL)
-		return err
-	}); err != nil {
-		return err
+		var took time.Duration
+		if err := e2eutil.Poll(ctx, time.Minute, 2*time.Second, func(ctx context.Context) (err error) {
+			took, err = e2eutil.Want204(ctx, via, cfg.ProbeURL)
+			return err
+		}); err != nil {
+			return err
+		}
+		fmt.Printf("demo:   proven: GET %s through %s → 204 in %s\n", cfg.ProbeURL, via.Endpoint, took.Round(time.Millisecond))
 	}
-	fmt.Printf(`
-demo: Proxy %s is Ready after %s
-demo:   provider ID  %s
-demo:   address      %s (from the %s)
-demo:   endpoint     %s
-demo:   proven       GET %s through it → 204 in %s
-demo:   health       %s
-
-`, key, e2eutil.Seconds(ttr), p.Status.ProviderID, p.Status.Address, sourceName(p.Status.AddressSource),
-		p.Status.Endpoint, cfg.ProbeURL, took.Round(time.Millisecond), e2eutil.CondString(p, crawlv1.ProxyHealthyCondition))
+	fmt.Println()
 
 	if once {
-		say("DEMO_ONCE: deleting the Proxy and exiting")
+		say("DEMO_ONCE: deleting the ProxyPool and exiting")
 		return nil
 	}
 	fmt.Printf(`demo: try it (the guest network exists only in the hypervisor's namespace):
-demo:   ip netns exec %s curl -sS -o /dev/null -w '%%{http_code}\n' -x %s %s
-demo:   ip netns exec %s kubectl --kubeconfig %s get kvmhosts,kvmimages,proxies -A
-demo: running; Ctrl-C deletes the Proxy (and its VM) and stops the control plane.
+demo:   ip netns exec %[1]s kubectl --kubeconfig %[2]s -n %[3]s get proxypools,proxies
+demo:   ip netns exec %[1]s kubectl --kubeconfig %[2]s -n %[3]s get secret %[4]s -o jsonpath='{.data.proxies\.txt}' | base64 -d
+demo:   ip netns exec %[1]s kubectl --kubeconfig %[2]s -n %[3]s scale proxypool %[5]s --replicas=3
+demo: running; Ctrl-C deletes the ProxyPool (and its VMs) and stops the control plane.
 demo: afterwards, `+"`make demo-down`"+` stops the test hypervisor.
-`, cfg.NetNS, p.Status.Endpoint, cfg.ProbeURL, cfg.NetNS, op.Kubeconfig())
+`, cfg.NetNS, op.Kubeconfig(), key.Namespace, crawlv1.PublishedName(key.Name), key.Name)
 	select {
 	case <-ctx.Done():
 		say("interrupted: cleaning up")
@@ -207,31 +222,62 @@ demo: afterwards, `+"`make demo-down`"+` stops the test hypervisor.
 	return nil
 }
 
-// deleteProxy deletes the Proxy, waits for the manager to release it, and
-// checks the VM is gone from the hypervisor. It runs after an interrupt, so
-// it has its own bounded context.
-func deleteProxy(op *e2eutil.LocalOperator, hv e2eutil.Host, objs *e2eutil.Objects) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+// remember adds the replicas not seen yet, so the check after deletion
+// covers every VM the pool ever had.
+func remember(seen []e2eutil.ProxyRef, reps []crawlv1.Proxy) []e2eutil.ProxyRef {
+	for _, p := range reps {
+		r := e2eutil.ProxyRef{Domain: domxml.DomainName(p.Namespace, p.Name), UID: string(p.UID)}
+		if !slices.Contains(seen, r) {
+			seen = append(seen, r)
+		}
+	}
+	return seen
+}
+
+// deletePool deletes the pool, waits for it and its replicas to go, and
+// checks the hypervisor holds no domain, volume or NVRAM file of any
+// replica seen. It runs after an interrupt, so it has its own bounded
+// context.
+func deletePool(op *e2eutil.LocalOperator, hv e2eutil.Host, storagePool string, pool *crawlv1.ProxyPool, seen []e2eutil.ProxyRef) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	c := op.Client()
+	if reps, err := e2eutil.PoolReplicas(ctx, c, pool); err == nil {
+		seen = remember(seen, reps)
+	}
 	t := time.Now()
-	if err := client.IgnoreNotFound(c.Delete(ctx, objs.Proxy.DeepCopy())); err != nil {
-		return fmt.Errorf("delete Proxy: %w", err)
+	if err := client.IgnoreNotFound(c.Delete(ctx, pool.DeepCopy())); err != nil {
+		return fmt.Errorf("delete ProxyPool: %w", err)
 	}
-	if err := e2eutil.Poll(ctx, 3*time.Minute, time.Second, func(ctx context.Context) error {
-		return e2eutil.Gone(ctx, c, objs.Proxy.DeepCopy())
+	if err := e2eutil.Poll(ctx, time.Minute, time.Second, func(ctx context.Context) error {
+		return e2eutil.Gone(ctx, c, pool.DeepCopy())
 	}); err != nil {
-		return fmt.Errorf("Proxy deletion: %w (manager log: %s)", err, op.LogPath())
+		return fmt.Errorf("ProxyPool deletion: %w (manager log: %s)", err, op.LogPath())
 	}
-	dom := domxml.DomainName(objs.Proxy.Namespace, objs.Proxy.Name)
-	doms, err := e2eutil.Domains(ctx, hv)
+	// The local control plane has no garbage collector: what a cluster's
+	// would delete (the replicas, owned by the pool), the demo deletes.
+	n, err := e2eutil.CollectPoolGarbage(ctx, c, pool)
 	if err != nil {
-		return fmt.Errorf("listing domains: %w", err)
+		return fmt.Errorf("deleting what the ProxyPool owned: %w", err)
 	}
-	if slices.Contains(doms, dom) {
-		return fmt.Errorf("domain %s still exists after its Proxy was deleted", dom)
+	say("ProxyPool deleted; %d objects it owned deleted in its garbage collector's stead (the local control plane runs none)", n)
+	if err := e2eutil.Poll(ctx, 4*time.Minute, time.Second, func(ctx context.Context) error {
+		reps, err := e2eutil.PoolReplicas(ctx, c, pool)
+		if err == nil && len(reps) > 0 {
+			return fmt.Errorf("%d replicas still exist", len(reps))
+		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("replicas' deletion: %w (manager log: %s)", err, op.LogPath())
 	}
-	say("Proxy deleted in %s; domain %s is gone from the hypervisor", e2eutil.Seconds(time.Since(t)), dom)
+	left, audit, err := e2eutil.PoolLeftovers(ctx, hv, c, storagePool, seen)
+	if err != nil {
+		return fmt.Errorf("inventory of the hypervisor: %w", err)
+	}
+	if len(left) > 0 || audit.Leaks() > 0 {
+		return fmt.Errorf("after the ProxyPool's deletion the hypervisor still holds %v; audit: %s", left, audit)
+	}
+	say("ProxyPool and its %d replicas deleted in %s; none of their domains, volumes or NVRAM files is left on the hypervisor", len(seen), e2eutil.Seconds(time.Since(t)))
 	return nil
 }
 

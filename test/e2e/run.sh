@@ -3,7 +3,7 @@
 # end-to-end suite and the fault suite on the real test hypervisor (root).
 # E2E_SUITE picks the specs by Ginkgo label: e2e (default), faults (with
 # the manager's orphan sweep every E2E_GC_INTERVAL, default 10s, and its
-# debug log), or agent-ab (two guest images booted side by side;
+# debug log), pool (a ProxyPool under a crawler-like client), or agent-ab (two guest images booted side by side;
 # KVM_TEST_IMAGE_B is the one to compare with).
 #
 #   1. builds the manager, the envtest binaries (once) and the guest image
@@ -24,7 +24,8 @@
 # failure.txt, the host's libvirt/qemu logs) and $E2E_OUT/hv/logs/ (sshd,
 # forwarder, probe server, guest serial console).
 #
-# Environment: E2E_OUT (default bin/e2e), E2E_TEST_TIMEOUT (40m; faults 60m),
+# Environment: E2E_OUT (default bin/e2e), E2E_TEST_TIMEOUT (40m; faults and
+# pool 60m),
 # E2E_GINKGO_FLAGS (extra flags, e.g. -ginkgo.focus=...), and the suite's
 # E2E_* tunables (test/e2e/e2eutil/config.go).
 set -uo pipefail
@@ -47,13 +48,20 @@ faults)
 	# Debug: the manager logs every libvirt event it receives.
 	export E2E_MANAGER_LOG_LEVEL=${E2E_MANAGER_LOG_LEVEL:-debug}
 	;;
+pool)
+	# A ProxyPool scaled, rolled and scaled down under a crawler-like
+	# client (pool_test.go): six TCG boots, four of them in sequence.
+	LABELS='pool'
+	RUN_PREFIX=pool
+	TIMEOUT=60m
+	;;
 agent-ab)
 	# Two guest images booted side by side (KVM_TEST_IMAGE_B: the other one).
 	LABELS='agent-ab'
 	RUN_PREFIX=agent-ab
 	TIMEOUT=90m
 	;;
-*) e2e_die "E2E_SUITE=$SUITE: want e2e, faults or agent-ab" ;;
+*) e2e_die "E2E_SUITE=$SUITE: want e2e, faults, pool or agent-ab" ;;
 esac
 OUT=${E2E_OUT:-$E2E_ROOT/bin/e2e}
 mkdir -p "$OUT"

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -45,6 +46,9 @@ type Objects struct {
 	Proxy     *crawlv1.Proxy
 
 	access *crawlv1.ProxyAccess
+	// proxyReadyTimeout is the run's bound on a boot (NewPool's
+	// startupTimeout).
+	proxyReadyTimeout time.Duration
 }
 
 // RunID returns a short random id; cluster-scoped names carry it so runs
@@ -65,8 +69,9 @@ func NewObjects(c Config, prefix, secretNamespace, imageURL, imageChecksum strin
 	}
 	ns := prefix
 	o := &Objects{
-		access:    access,
-		Namespace: &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		access:            access,
+		proxyReadyTimeout: c.ProxyReadyTimeout,
+		Namespace:         &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
 		Secret: &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: prefix + "-ssh", Namespace: secretNamespace},
 			Data: map[string][]byte{

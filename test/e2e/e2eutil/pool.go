@@ -1,0 +1,731 @@
+package e2eutil
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
+)
+
+// Pool replicas are small: TCG guests on a shared machine boot one vCPU
+// each, two or three at a time (docs/testing.md).
+const (
+	PoolReplicaCPUs   = 1
+	PoolReplicaMemory = "768Mi"
+	// PoolDrainSeconds: the pool's drain before deleting a replaced
+	// replica. The suite's crawler re-reads the list every half second
+	// through the API, so a few seconds is what it needs to stop using a
+	// replica; a crawler reading a mounted file needs about 90 s.
+	PoolDrainSeconds = 5
+	// PoolLabel is the template label that selects a pool's replicas.
+	PoolLabel = "e2e-pool"
+)
+
+// NewPool is a ProxyPool of replicas in the run's namespace, its template
+// the spec NewProxy gives (the run's KVMHost and KVMImage, the managed
+// squid, Access), with 1 vCPU and 768Mi guests; it rolls with maxSurge 1
+// and maxUnavailable 0 and drains PoolDrainSeconds. A replica not Ready
+// within the run's ProxyReadyTimeout is replaced (TCG boots are slow).
+func (o *Objects) NewPool(name string, replicas int32) *crawlv1.ProxyPool {
+	labels := map[string]string{PoolLabel: name}
+	return &crawlv1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: o.Namespace.Name},
+		Spec: crawlv1.ProxyPoolSpec{
+			Replicas: ptr.To(replicas),
+			Selector: metav1.LabelSelector{MatchLabels: labels},
+			Template: crawlv1.ProxyTemplate{
+				Metadata: crawlv1.ProxyTemplateMeta{Labels: labels},
+				Spec:     o.NewProxy(name, PoolReplicaCPUs, PoolReplicaMemory).Spec,
+			},
+			Rollout: crawlv1.ProxyPoolRollout{
+				Type:           crawlv1.RollingUpdateStrategy,
+				MaxSurge:       ptr.To(intstr.FromInt32(1)),
+				MaxUnavailable: ptr.To(intstr.FromInt32(0)),
+				DrainSeconds:   ptr.To(int32(PoolDrainSeconds)),
+			},
+			Remediation: crawlv1.ProxyPoolRemediation{
+				StartupTimeout: &metav1.Duration{Duration: o.proxyReadyTimeout},
+			},
+		},
+	}
+}
+
+// PoolReplicas lists the Proxies of a pool, by name.
+func PoolReplicas(ctx context.Context, c client.Reader, pool *crawlv1.ProxyPool) ([]crawlv1.Proxy, error) {
+	list := &crawlv1.ProxyList{}
+	if err := c.List(ctx, list, client.InNamespace(pool.Namespace), client.MatchingLabels{crawlv1.PoolNameLabel: pool.Name}); err != nil {
+		return nil, err
+	}
+	sort.Slice(list.Items, func(i, j int) bool { return list.Items[i].Name < list.Items[j].Name })
+	return list.Items, nil
+}
+
+// ReadPublished reads proxies.txt from the pool's Secret <pool>-proxies,
+// as a crawler reading it through the API does: one URL a line.
+func ReadPublished(ctx context.Context, c client.Reader, namespace, pool string) ([]string, error) {
+	sec := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: crawlv1.PublishedName(pool)}, sec); err != nil {
+		return nil, err
+	}
+	var lines []string
+	for _, l := range strings.Split(string(sec.Data[crawlv1.ProxiesTextKey]), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines, nil
+}
+
+// ViaURL is how a request reaches the proxy of one proxies.txt line
+// (http://user:password@address:port).
+func ViaURL(line string) (Via, error) {
+	u, err := url.Parse(line)
+	if err != nil {
+		// url's error quotes the line, credential included.
+		return Via{}, errors.New("a proxies.txt line is not a URL")
+	}
+	if u.Scheme != "http" || u.Host == "" || u.Path != "" && u.Path != "/" {
+		return Via{}, fmt.Errorf("proxies.txt line %s is not http://[user:password@]address:port", MaskURL(line))
+	}
+	return Via{Endpoint: u.Scheme + "://" + u.Host, Credentials: u.User}, nil
+}
+
+// MaskURL is a proxies.txt line with its password replaced, fit to print.
+func MaskURL(line string) string {
+	u, err := url.Parse(line)
+	if err != nil {
+		return "(unparsable line)"
+	}
+	return u.Redacted()
+}
+
+// PoolServing: the pool has observed its spec, status reports replicas
+// replicas, all Ready, available and up to date, Available is True, every
+// replica is a Ready KVM Proxy on host (CheckReadyProxy), and proxies.txt
+// lists exactly their endpoints. It returns the pool, its replicas and the
+// published lines.
+func PoolServing(ctx context.Context, c client.Reader, key client.ObjectKey, replicas int32, host string) (*crawlv1.ProxyPool, []crawlv1.Proxy, []string, error) {
+	pool := &crawlv1.ProxyPool{}
+	if err := c.Get(ctx, key, pool); err != nil {
+		return nil, nil, nil, err
+	}
+	st := pool.Status
+	if st.ObservedGeneration != pool.Generation {
+		return pool, nil, nil, fmt.Errorf("ProxyPool %s: observedGeneration %d, generation %d", key, st.ObservedGeneration, pool.Generation)
+	}
+	if st.Replicas != replicas || st.ReadyReplicas != replicas || st.AvailableReplicas != replicas || st.UpToDateReplicas != replicas {
+		return pool, nil, nil, fmt.Errorf("ProxyPool %s: %d replicas, %d ready, %d available, %d up to date, want %d of each (Available %s)",
+			key, st.Replicas, st.ReadyReplicas, st.AvailableReplicas, st.UpToDateReplicas, replicas, CondString(pool, crawlv1.PoolAvailableCondition))
+	}
+	if !conditions.IsTrue(pool, crawlv1.PoolAvailableCondition) {
+		return pool, nil, nil, fmt.Errorf("ProxyPool %s: Available is %s", key, CondString(pool, crawlv1.PoolAvailableCondition))
+	}
+	reps, err := PoolReplicas(ctx, c, pool)
+	if err != nil {
+		return pool, nil, nil, err
+	}
+	if len(reps) != int(replicas) {
+		return pool, reps, nil, fmt.Errorf("ProxyPool %s: %d Proxies exist, want %d", key, len(reps), replicas)
+	}
+	var want []string
+	for i := range reps {
+		p := &reps[i]
+		if p.Status.Phase != crawlv1.ProxyReady {
+			return pool, reps, nil, fmt.Errorf("replica %s is %s: %s", p.Name, p.Status.Phase, CondString(p, crawlv1.ReadyCondition))
+		}
+		if err := CheckReadyProxy(p, host); err != nil {
+			return pool, reps, nil, fmt.Errorf("replica %s: %w", p.Name, err)
+		}
+		want = append(want, strings.TrimPrefix(p.Status.Endpoint, "http://"))
+	}
+	lines, err := ReadPublished(ctx, c, key.Namespace, key.Name)
+	if err != nil {
+		return pool, reps, nil, fmt.Errorf("published list: %w", err)
+	}
+	var got []string
+	for _, l := range lines {
+		via, err := ViaURL(l)
+		if err != nil {
+			return pool, reps, lines, err
+		}
+		if via.Credentials == nil {
+			return pool, reps, lines, fmt.Errorf("proxies.txt line %s has no credential", MaskURL(l))
+		}
+		got = append(got, strings.TrimPrefix(via.Endpoint, "http://"))
+	}
+	sort.Strings(want)
+	sort.Strings(got)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		return pool, reps, lines, fmt.Errorf("proxies.txt lists %v, the Ready replicas are %v", got, want)
+	}
+	return pool, reps, lines, nil
+}
+
+// Crawler behaves like a crawler using a pool: it re-reads proxies.txt
+// from the Secret every ReadInterval and sends a request through the next
+// listed proxy (round robin) every RequestInterval, counting what failed.
+type Crawler struct {
+	Client          client.Reader
+	Namespace, Pool string
+	// Target answers 204 (the probe server).
+	Target                        string
+	ReadInterval, RequestInterval time.Duration
+	// RequestTimeout bounds one request (default 10 s).
+	RequestTimeout time.Duration
+
+	mu       sync.Mutex
+	list     []string
+	next     int
+	stats    CrawlerStats
+	used     map[string]bool
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+}
+
+// CrawlerStats is what the crawler saw.
+type CrawlerStats struct {
+	Sent, Failed int
+	// Reads of the Secret and how many failed.
+	Reads, ReadErrors int
+	// ListChanges counts reads that found a list different from the last.
+	ListChanges int
+	// ShortestList and LongestList are the list lengths seen.
+	ShortestList, LongestList int
+	// DistinctEntries is how many different proxies requests went through.
+	DistinctEntries int
+	// Refused counts failures where the proxy's address refused or reset
+	// the connection (a replica gone or not serving), TimedOut those that
+	// ran out of time (a slow proxy or a loaded machine).
+	Refused, TimedOut int
+	// Failures describes the first failed requests (passwords masked).
+	Failures []string
+	// Latencies of the requests that succeeded, sorted.
+	Latencies []time.Duration
+}
+
+// Start runs the crawler until Stop.
+func (cr *Crawler) Start(ctx context.Context) {
+	ctx, cr.cancel = context.WithCancel(ctx)
+	cr.used = map[string]bool{}
+	cr.stats.ShortestList = -1
+	cr.read(ctx)
+	cr.wg.Add(2)
+	go func() {
+		defer cr.wg.Done()
+		every(ctx, cr.ReadInterval, func() { cr.read(ctx) })
+	}()
+	go func() {
+		defer cr.wg.Done()
+		every(ctx, cr.RequestInterval, func() { cr.request(ctx) })
+	}()
+}
+
+// Stop ends the crawler and returns its figures.
+func (cr *Crawler) Stop() CrawlerStats {
+	cr.stopOnce.Do(func() { cr.cancel(); cr.wg.Wait() })
+	cr.mu.Lock()
+	defer cr.mu.Unlock()
+	s := cr.stats
+	s.Failures = append([]string(nil), s.Failures...)
+	s.Latencies = append([]time.Duration(nil), s.Latencies...)
+	sort.Slice(s.Latencies, func(i, j int) bool { return s.Latencies[i] < s.Latencies[j] })
+	s.DistinctEntries = len(cr.used)
+	return s
+}
+
+// Stats returns the figures so far (without the latencies).
+func (cr *Crawler) Stats() CrawlerStats {
+	cr.mu.Lock()
+	defer cr.mu.Unlock()
+	s := cr.stats
+	s.DistinctEntries = len(cr.used)
+	s.Failures = append([]string(nil), s.Failures...)
+	s.Latencies = nil
+	return s
+}
+
+func every(ctx context.Context, d time.Duration, f func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f()
+		}
+	}
+}
+
+func (cr *Crawler) read(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lines, err := ReadPublished(rctx, cr.Client, cr.Namespace, cr.Pool)
+	cr.mu.Lock()
+	defer cr.mu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
+	cr.stats.Reads++
+	if err != nil {
+		// The crawler keeps the last list it read.
+		cr.stats.ReadErrors++
+		return
+	}
+	if strings.Join(lines, "\n") != strings.Join(cr.list, "\n") {
+		cr.stats.ListChanges++
+	}
+	cr.list = lines
+	if cr.stats.ShortestList < 0 || len(lines) < cr.stats.ShortestList {
+		cr.stats.ShortestList = len(lines)
+	}
+	cr.stats.LongestList = max(cr.stats.LongestList, len(lines))
+}
+
+func (cr *Crawler) request(ctx context.Context) {
+	cr.mu.Lock()
+	var line string
+	if len(cr.list) > 0 {
+		line = cr.list[cr.next%len(cr.list)]
+		cr.next++
+	}
+	cr.mu.Unlock()
+
+	var err error
+	var took time.Duration
+	if line == "" {
+		err = errors.New("the published list is empty")
+	} else {
+		var via Via
+		if via, err = ViaURL(line); err == nil {
+			via.Timeout = cr.RequestTimeout
+			if via.Timeout == 0 {
+				via.Timeout = 10 * time.Second
+			}
+			var code int
+			code, took, err = via.Get(ctx, cr.Target)
+			if err == nil && code != http.StatusNoContent {
+				err = fmt.Errorf("status %d, want 204", code)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return // stopped mid-request: not the proxy's failure
+	}
+	cr.mu.Lock()
+	defer cr.mu.Unlock()
+	cr.stats.Sent++
+	if line != "" {
+		cr.used[MaskURL(line)] = true
+	}
+	if err == nil {
+		cr.stats.Latencies = append(cr.stats.Latencies, took)
+		return
+	}
+	cr.stats.Failed++
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection reset") || strings.Contains(msg, "no route to host"):
+		cr.stats.Refused++
+	case errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "Timeout") || strings.Contains(msg, "deadline exceeded"):
+		cr.stats.TimedOut++
+	}
+	if len(cr.stats.Failures) < 20 {
+		if via, verr := ViaURL(line); verr == nil && via.Credentials != nil {
+			if pass, ok := via.Credentials.Password(); ok && pass != "" {
+				msg = strings.ReplaceAll(msg, pass, "xxxxx")
+			}
+		}
+		cr.stats.Failures = append(cr.stats.Failures, fmt.Sprintf("%s via %s: %s", time.Now().UTC().Format("15:04:05.000"), MaskURL(line), msg))
+	}
+}
+
+// PoolWatch is an observer of one pool's replicas independent of the
+// manager: a watch of the namespace's Proxies straight from the API server
+// that checks, after every event once armed, the pool's disruption budget:
+// whenever the pool takes an available replica out of service (drains or
+// deletes it), at least replicas-maxUnavailable replicas are still
+// available (Ready, not draining, not being deleted), and at every event at
+// most
+// replicas+maxSurge exist (draining and deleting ones included). It also
+// records the lowest availability from any cause and the replicas that lost
+// Ready while in service (a failed probe, e.g. a timeout on a loaded
+// machine), which the pool does not control.
+type PoolWatch struct {
+	pool string
+
+	mu                        sync.Mutex
+	objs                      map[string]*crawlv1.Proxy
+	armed                     bool
+	replicas, surge, unavail  int
+	minAvailable, mostExisted int
+	violations                []string
+	events                    int
+	seen                      map[string]ProxyRef
+	disruptions               int
+	minAtDisruption           int
+	readyLost                 []string
+	err                       error
+	cancel                    context.CancelFunc
+	done                      chan struct{}
+}
+
+// WatchPool starts watching the Proxies of pool in namespace, through a
+// client of its own made from kubeconfig.
+func WatchPool(ctx context.Context, kubeconfig, namespace, pool string) (*PoolWatch, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+	}
+	wc, err := client.NewWithWatch(rc, client.Options{Scheme: Scheme})
+	if err != nil {
+		return nil, err
+	}
+	list := &crawlv1.ProxyList{}
+	sel := client.MatchingLabels{crawlv1.PoolNameLabel: pool}
+	if err := wc.List(ctx, list, client.InNamespace(namespace), sel); err != nil {
+		return nil, err
+	}
+	w := &PoolWatch{pool: pool, objs: map[string]*crawlv1.Proxy{}, seen: map[string]ProxyRef{}, minAvailable: 1 << 30, done: make(chan struct{})}
+	for i := range list.Items {
+		w.add(&list.Items[i])
+	}
+	ctx, w.cancel = context.WithCancel(ctx)
+	rv := list.ResourceVersion
+	go func() {
+		defer close(w.done)
+		for ctx.Err() == nil {
+			wi, err := wc.Watch(ctx, &crawlv1.ProxyList{}, client.InNamespace(namespace), sel,
+				&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv, AllowWatchBookmarks: true}})
+			if err != nil {
+				if ctx.Err() == nil {
+					w.fail(fmt.Errorf("watch Proxies: %w", err))
+				}
+				return
+			}
+			if !w.consume(ctx, wi, &rv) {
+				return
+			}
+		}
+	}()
+	return w, nil
+}
+
+// consume handles the events of one watch until it closes (true: watch
+// again from rv) or ctx ends or it fails (false).
+func (w *PoolWatch) consume(ctx context.Context, wi watch.Interface, rv *string) bool {
+	defer wi.Stop()
+	for {
+		var ev watch.Event
+		var open bool
+		select {
+		case <-ctx.Done():
+			return false
+		case ev, open = <-wi.ResultChan():
+		}
+		if !open {
+			return true
+		}
+		if ev.Type == watch.Error {
+			// An expired resourceVersion: the budget cannot be checked
+			// across the gap, so the observation ends.
+			w.fail(fmt.Errorf("watch Proxies: %v", ev.Object))
+			return false
+		}
+		p, ok := ev.Object.(*crawlv1.Proxy)
+		if !ok {
+			continue
+		}
+		*rv = p.ResourceVersion
+		if ev.Type != watch.Bookmark {
+			w.observe(ev.Type, p)
+		}
+	}
+}
+
+func (w *PoolWatch) fail(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil {
+		w.err = err
+	}
+}
+
+func (w *PoolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.events++
+	prev, existed := w.objs[p.Name]
+	if t == watch.Deleted {
+		delete(w.objs, p.Name)
+	} else {
+		w.add(p)
+	}
+	if !w.armed {
+		return
+	}
+	// The pool's own disruptions: it drains a replica, deletes it, or (a
+	// replica it never drained) it disappears. Only taking out a replica
+	// that was available (Ready) lowers availability: replacing one that
+	// is not Ready first is what the pool should do, and the budget allows
+	// it even when availability is already below the bound.
+	disrupted := existed && inService(prev) && (t == watch.Deleted || !inService(p))
+	tookAvailable := disrupted && conditions.IsTrue(prev, crawlv1.ReadyCondition)
+	// Ready lost by a replica the pool left in service: the manager's
+	// probe failed (under load, a timeout), not a decision of the pool.
+	flapped := existed && t != watch.Deleted && inService(prev) && inService(p) &&
+		conditions.IsTrue(prev, crawlv1.ReadyCondition) && !conditions.IsTrue(p, crawlv1.ReadyCondition)
+	existing, available := w.counts()
+	w.minAvailable = min(w.minAvailable, available)
+	w.mostExisted = max(w.mostExisted, existing)
+	at := time.Now().UTC().Format("15:04:05.000")
+	if flapped {
+		w.readyLost = append(w.readyLost, fmt.Sprintf("%s %s: %s", at, p.Name, CondString(p, crawlv1.ReadyCondition)))
+	}
+	if disrupted {
+		w.disruptions++
+	}
+	if tookAvailable {
+		w.minAtDisruption = min(w.minAtDisruption, available)
+		if available < w.replicas-w.unavail {
+			w.violations = append(w.violations, fmt.Sprintf("%s the pool took %s out of service (%s) leaving %d available, fewer than %d",
+				at, p.Name, t, available, w.replicas-w.unavail))
+		}
+	}
+	if existing > w.replicas+w.surge {
+		w.violations = append(w.violations, fmt.Sprintf("%s %s %s: %d exist, more than %d", at, t, p.Name, existing, w.replicas+w.surge))
+	}
+}
+
+// inService: not draining and not being deleted.
+func inService(p *crawlv1.Proxy) bool {
+	_, draining := p.Annotations[crawlv1.DrainingAnnotation]
+	return !draining && p.DeletionTimestamp.IsZero()
+}
+
+func (w *PoolWatch) add(p *crawlv1.Proxy) {
+	w.objs[p.Name] = p
+	w.seen[string(p.UID)] = ProxyRef{Domain: domxml.DomainName(p.Namespace, p.Name), UID: string(p.UID)}
+}
+
+// Seen lists every replica the watch saw, deleted ones included.
+func (w *PoolWatch) Seen() []ProxyRef {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]ProxyRef, 0, len(w.seen))
+	for _, r := range w.seen {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Domain < out[j].Domain })
+	return out
+}
+
+func (w *PoolWatch) counts() (existing, available int) {
+	for _, o := range w.objs {
+		if inService(o) && conditions.IsTrue(o, crawlv1.ReadyCondition) {
+			available++
+		}
+	}
+	return len(w.objs), available
+}
+
+// Arm checks the budget of replicas, maxSurge surge and maxUnavailable
+// unavailable from now on, starting from the state now.
+func (w *PoolWatch) Arm(replicas, surge, unavailable int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.armed, w.replicas, w.surge, w.unavail = true, replicas, surge, unavailable
+	w.violations, w.readyLost, w.disruptions = nil, nil, 0
+	existing, available := w.counts()
+	w.minAvailable, w.mostExisted, w.minAtDisruption = available, existing, available
+}
+
+// Disarm stops checking (the budget changes with replicas).
+func (w *PoolWatch) Disarm() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.armed = false
+}
+
+// PoolBudget is what the watch saw while armed.
+type PoolBudget struct {
+	// MinAvailable is the fewest replicas available at any event, whatever
+	// the cause; MinAtDisruption the fewest left available when the pool
+	// itself took an available replica out of service (drained or deleted
+	// it), which is what the budget bounds.
+	MinAvailable, MinAtDisruption, MostExisted, Events int
+	// Disruptions counts the replicas the pool took out of service.
+	Disruptions int
+	// Violations of the budget by the pool: an available replica taken out
+	// of service leaving fewer than replicas-maxUnavailable available, or
+	// more than replicas+maxSurge in existence.
+	Violations []string
+	// ReadyLost lists replicas in service that lost Ready (the manager's
+	// probe failed): not the pool's doing, but a crawler's loss.
+	ReadyLost []string
+	// Err is set when the watch broke: the budget was not observed
+	// throughout.
+	Err error
+}
+
+// Budget returns what the watch saw since it was armed.
+func (w *PoolWatch) Budget() PoolBudget {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return PoolBudget{MinAvailable: w.minAvailable, MinAtDisruption: w.minAtDisruption, MostExisted: w.mostExisted, Events: w.events,
+		Disruptions: w.disruptions, Violations: append([]string(nil), w.violations...), ReadyLost: append([]string(nil), w.readyLost...), Err: w.err}
+}
+
+// Stop ends the watch.
+func (w *PoolWatch) Stop() {
+	w.cancel()
+	<-w.done
+}
+
+// PoolLeftovers is what is left on the host of the replicas named (their
+// domains, per-VM volumes and NVRAM files), and the audit of the whole
+// inventory against the Proxies that still exist: both empty once a
+// deleted pool has cleaned up.
+func PoolLeftovers(ctx context.Context, h Host, c client.Client, storagePool string, replicas []ProxyRef) (left []string, audit Audit, err error) {
+	inv, err := TakeInventory(ctx, h, storagePool)
+	if err != nil {
+		return nil, Audit{}, err
+	}
+	refs, err := ProxyRefs(ctx, c)
+	if err != nil {
+		return nil, Audit{}, err
+	}
+	uids := map[string]bool{}
+	for _, r := range replicas {
+		uids[r.UID] = true
+		if _, ok := inv.Domains[r.Domain]; ok {
+			left = append(left, "domain "+r.Domain)
+		}
+		for _, f := range inv.NVRAM {
+			if f == r.Domain+"_VARS.fd" {
+				left = append(left, "NVRAM "+f)
+			}
+		}
+	}
+	for _, v := range inv.Volumes[storagePool] {
+		if uid, ok := domxml.VolumeOwnerUID(v); ok && uids[uid] {
+			left = append(left, "volume "+storagePool+"/"+v)
+		}
+	}
+	sort.Strings(left)
+	return left, inv.Audit(refs, Foreign{}), nil
+}
+
+// DumpPool writes a pool as the API server has it, each replica's state and
+// the published list with passwords masked (never a credential).
+func DumpPool(ctx context.Context, w io.Writer, c client.Reader, key client.ObjectKey) {
+	pool := &crawlv1.ProxyPool{}
+	fmt.Fprintf(w, "\n===== ProxyPool %s =====\n", key)
+	if err := c.Get(ctx, key, pool); err != nil {
+		fmt.Fprintln(w, err)
+		return
+	}
+	pool.SetManagedFields(nil)
+	b, _ := yaml.Marshal(pool)
+	fmt.Fprint(w, string(b))
+	fmt.Fprintf(w, "\n===== replicas of %s =====\n", key)
+	reps, err := PoolReplicas(ctx, c, pool)
+	if err != nil {
+		fmt.Fprintln(w, err)
+	}
+	for _, p := range reps {
+		fmt.Fprintf(w, "%s uid=%s hash=%s phase=%s address=%s deleting=%v draining=%q\n  Ready %s\n  ProxyHealthy %s\n",
+			p.Name, p.UID, p.Labels[crawlv1.TemplateHashLabel], p.Status.Phase, p.Status.Address, !p.DeletionTimestamp.IsZero(),
+			p.Annotations[crawlv1.DrainingAnnotation], CondString(&p, crawlv1.ReadyCondition), CondString(&p, crawlv1.ProxyHealthyCondition))
+	}
+	fmt.Fprintf(w, "\n===== %s of Secret %s (passwords masked) =====\n", crawlv1.ProxiesTextKey, crawlv1.PublishedName(key.Name))
+	lines, err := ReadPublished(ctx, c, key.Namespace, key.Name)
+	if err != nil {
+		fmt.Fprintln(w, err)
+	}
+	for _, l := range lines {
+		fmt.Fprintln(w, MaskURL(l))
+	}
+}
+
+// CollectPoolGarbage deletes what a deleted pool owned (its replicas, and
+// the Secret, Service and EndpointSlices it published), as the garbage
+// collector of kube-controller-manager does in a real cluster: the local
+// control plane (envtest's kube-apiserver and etcd) runs none, so without
+// this a deleted pool's replicas, and their VMs, would stay. Only objects
+// whose owner reference names the pool's UID are deleted. It returns how
+// many it deleted.
+func CollectPoolGarbage(ctx context.Context, c client.Client, pool *crawlv1.ProxyPool) (int, error) {
+	if pool.UID == "" {
+		return 0, fmt.Errorf("ProxyPool %s/%s: no UID (read it from the API server first)", pool.Namespace, pool.Name)
+	}
+	ns := client.InNamespace(pool.Namespace)
+	var owned []client.Object
+	proxies := &crawlv1.ProxyList{}
+	if err := c.List(ctx, proxies, ns, client.MatchingLabels{crawlv1.PoolNameLabel: pool.Name}); err != nil {
+		return 0, err
+	}
+	for i := range proxies.Items {
+		owned = append(owned, &proxies.Items[i])
+	}
+	slices := &discoveryv1.EndpointSliceList{}
+	if err := c.List(ctx, slices, ns, client.MatchingLabels{discoveryv1.LabelServiceName: crawlv1.PublishedName(pool.Name)}); err != nil {
+		return 0, err
+	}
+	for i := range slices.Items {
+		owned = append(owned, &slices.Items[i])
+	}
+	key := client.ObjectKey{Namespace: pool.Namespace, Name: crawlv1.PublishedName(pool.Name)}
+	for _, o := range []client.Object{&corev1.Secret{}, &corev1.Service{}} {
+		if err := c.Get(ctx, key, o); err == nil {
+			owned = append(owned, o)
+		} else if !apierrors.IsNotFound(err) {
+			return 0, err
+		}
+	}
+	n := 0
+	var errs []error
+	for _, o := range owned {
+		if !ownedBy(o, pool.UID) || !o.GetDeletionTimestamp().IsZero() {
+			continue
+		}
+		if err := c.Delete(ctx, o, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+func ownedBy(o client.Object, uid types.UID) bool {
+	for _, r := range o.GetOwnerReferences() {
+		if r.UID == uid {
+			return true
+		}
+	}
+	return false
+}
