@@ -58,12 +58,12 @@ const (
 	ProxyNotProbedReason          = "PortOpenProxyNotProbed"
 	// ProxyNotYetProbedReason (ProxyHealthy): the instance was rebuilt or
 	// its address changed; health is judged anew there.
-	ProxyNotYetProbedReason = "NotYetProbed"
-	ProxyProbeSucceededReason     = "ProbeSucceeded"
-	ProxyProbeFailedReason        = "ProbeFailed"
-	ProxyPortClosedReason         = "PortClosed"
-	ProxyForeignInstanceReason    = "ForeignInstance"
-	ProxyDeletingReason           = "Deleting"
+	ProxyNotYetProbedReason    = "NotYetProbed"
+	ProxyProbeSucceededReason  = "ProbeSucceeded"
+	ProxyProbeFailedReason     = "ProbeFailed"
+	ProxyPortClosedReason      = "PortClosed"
+	ProxyForeignInstanceReason = "ForeignInstance"
+	ProxyDeletingReason        = "Deleting"
 	// ProxyProbeAuthFailedReason (ProxyHealthy): squid refused the
 	// manager's credentials with 407.
 	ProxyProbeAuthFailedReason = "ProbeAuthFailed"

@@ -249,18 +249,14 @@ func deletePool(op *e2eutil.LocalOperator, hv e2eutil.Host, storagePool string, 
 	if err := client.IgnoreNotFound(c.Delete(ctx, pool.DeepCopy())); err != nil {
 		return fmt.Errorf("delete ProxyPool: %w", err)
 	}
-	if err := e2eutil.Poll(ctx, time.Minute, time.Second, func(ctx context.Context) error {
+	// The pool unpublishes, deletes its replicas (each its VM) and goes
+	// last: no garbage collector needed.
+	if err := e2eutil.Poll(ctx, 4*time.Minute, time.Second, func(ctx context.Context) error {
 		return e2eutil.Gone(ctx, c, pool.DeepCopy())
 	}); err != nil {
 		return fmt.Errorf("ProxyPool deletion: %w (manager log: %s)", err, op.LogPath())
 	}
-	// The local control plane has no garbage collector: what a cluster's
-	// would delete (the replicas, owned by the pool), the demo deletes.
-	n, err := e2eutil.CollectPoolGarbage(ctx, c, pool)
-	if err != nil {
-		return fmt.Errorf("deleting what the ProxyPool owned: %w", err)
-	}
-	say("ProxyPool deleted; %d objects it owned deleted in its garbage collector's stead (the local control plane runs none)", n)
+	say("ProxyPool deleted: its list unpublished, then its replicas and their VMs")
 	if err := e2eutil.Poll(ctx, 4*time.Minute, time.Second, func(ctx context.Context) error {
 		reps, err := e2eutil.PoolReplicas(ctx, c, pool)
 		if err == nil && len(reps) > 0 {

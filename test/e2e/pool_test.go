@@ -16,7 +16,9 @@ import (
 	. "github.com/onsi/gomega"
 
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -178,11 +180,6 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		if pool != nil {
 			if err := client.IgnoreNotFound(k8s.Delete(ctx, pool.DeepCopy())); err != nil {
 				GinkgoWriter.Printf("cleanup: %v\n", err)
-			}
-			if _, local := op.(*e2eutil.LocalOperator); local && pool.UID != "" {
-				if _, err := e2eutil.CollectPoolGarbage(ctx, k8s, pool); err != nil {
-					GinkgoWriter.Printf("cleanup: %v\n", err)
-				}
 			}
 			if err := e2eutil.Poll(ctx, cfg.DeleteTimeout, 2*time.Second, func(ctx context.Context) error {
 				reps, err := e2eutil.PoolReplicas(ctx, k8s, pool)
@@ -350,15 +347,12 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 				return fmt.Errorf("ProxyPool %s still exists", poolKey())
 			}
 			return client.IgnoreNotFound(err)
-		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
-		gc := "the cluster's garbage collector deleted the replicas"
-		if _, local := op.(*e2eutil.LocalOperator); local {
-			// envtest runs no kube-controller-manager: the test deletes
-			// what the pool owned, as its garbage collector would.
-			n, err := e2eutil.CollectPoolGarbage(ctx, k8s, pool)
-			Expect(err).NotTo(HaveOccurred())
-			gc = fmt.Sprintf("the test deleted the %d objects the pool owned in the garbage collector's stead", n)
-		}
+		}).WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
+		// The pool holds its finalizer until it has unpublished and its
+		// replicas are gone; no garbage collector runs here.
+		gc := "the pool unpublished and deleted its replicas before it went"
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: crawlv1.PublishedName(pool.Name)}, &corev1.Secret{})).
+			To(Satisfy(apierrors.IsNotFound), "the published Secret after the pool went")
 		Eventually(func(ctx context.Context) error {
 			reps, err := e2eutil.PoolReplicas(ctx, k8s, pool)
 			if err == nil && len(reps) > 0 {

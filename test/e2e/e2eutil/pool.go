@@ -13,10 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/clientcmd"
@@ -669,63 +666,4 @@ func DumpPool(ctx context.Context, w io.Writer, c client.Reader, key client.Obje
 	for _, l := range lines {
 		fmt.Fprintln(w, MaskURL(l))
 	}
-}
-
-// CollectPoolGarbage deletes what a deleted pool owned (its replicas, and
-// the Secret, Service and EndpointSlices it published), as the garbage
-// collector of kube-controller-manager does in a real cluster: the local
-// control plane (envtest's kube-apiserver and etcd) runs none, so without
-// this a deleted pool's replicas, and their VMs, would stay. Only objects
-// whose owner reference names the pool's UID are deleted. It returns how
-// many it deleted.
-func CollectPoolGarbage(ctx context.Context, c client.Client, pool *crawlv1.ProxyPool) (int, error) {
-	if pool.UID == "" {
-		return 0, fmt.Errorf("ProxyPool %s/%s: no UID (read it from the API server first)", pool.Namespace, pool.Name)
-	}
-	ns := client.InNamespace(pool.Namespace)
-	var owned []client.Object
-	proxies := &crawlv1.ProxyList{}
-	if err := c.List(ctx, proxies, ns, client.MatchingLabels{crawlv1.PoolNameLabel: pool.Name}); err != nil {
-		return 0, err
-	}
-	for i := range proxies.Items {
-		owned = append(owned, &proxies.Items[i])
-	}
-	slices := &discoveryv1.EndpointSliceList{}
-	if err := c.List(ctx, slices, ns, client.MatchingLabels{discoveryv1.LabelServiceName: crawlv1.PublishedName(pool.Name)}); err != nil {
-		return 0, err
-	}
-	for i := range slices.Items {
-		owned = append(owned, &slices.Items[i])
-	}
-	key := client.ObjectKey{Namespace: pool.Namespace, Name: crawlv1.PublishedName(pool.Name)}
-	for _, o := range []client.Object{&corev1.Secret{}, &corev1.Service{}} {
-		if err := c.Get(ctx, key, o); err == nil {
-			owned = append(owned, o)
-		} else if !apierrors.IsNotFound(err) {
-			return 0, err
-		}
-	}
-	n := 0
-	var errs []error
-	for _, o := range owned {
-		if !ownedBy(o, pool.UID) || !o.GetDeletionTimestamp().IsZero() {
-			continue
-		}
-		if err := c.Delete(ctx, o, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
-			errs = append(errs, err)
-			continue
-		}
-		n++
-	}
-	return n, errors.Join(errs...)
-}
-
-func ownedBy(o client.Object, uid types.UID) bool {
-	for _, r := range o.GetOwnerReferences() {
-		if r.UID == uid {
-			return true
-		}
-	}
-	return false
 }
