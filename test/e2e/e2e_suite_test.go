@@ -13,6 +13,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -114,4 +115,21 @@ func record(name string, d time.Duration, detail string) {
 		fmt.Fprintln(f, line)
 		_ = f.Close()
 	}
+}
+
+// createHostAndImage creates the run's Namespace, SSH Secret, KVMHost and
+// KVMImage, and waits until the host is Ready and the image verified on
+// it: the starting point of the suites that do not measure these steps.
+func createHostAndImage(ctx context.Context) {
+	for _, o := range []client.Object{objs.Namespace, objs.Secret, objs.Host, objs.Image} {
+		Expect(k8s.Create(ctx, o)).To(Succeed())
+	}
+	Eventually(func(ctx context.Context) error {
+		_, err := e2eutil.HostReady(ctx, k8s, objs.Host.Name)
+		return err
+	}).WithContext(ctx).WithTimeout(cfg.HostReadyTimeout).WithPolling(time.Second).Should(Succeed())
+	Eventually(func(ctx context.Context) error {
+		_, err := e2eutil.ImageVerified(ctx, k8s, objs.Image.Name, objs.Host.Name)
+		return err
+	}).WithContext(ctx).WithTimeout(cfg.ImageTimeout).WithPolling(2 * time.Second).Should(Succeed())
 }

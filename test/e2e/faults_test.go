@@ -75,17 +75,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(ok).To(BeTrue(), "the fault suite kills and restarts the manager: it needs the local one, not %T", op)
 		Expect(imgSrv).NotTo(BeNil(), "the fault suite serves the image and its variants itself (KVM_TEST_IMAGE)")
 
-		for _, o := range []client.Object{objs.Namespace, objs.Secret, objs.Host, objs.Image} {
-			Expect(k8s.Create(ctx, o)).To(Succeed())
-		}
-		Eventually(func(ctx context.Context) error {
-			_, err := e2eutil.HostReady(ctx, k8s, objs.Host.Name)
-			return err
-		}).WithContext(ctx).WithTimeout(cfg.HostReadyTimeout).WithPolling(time.Second).Should(Succeed())
-		Eventually(func(ctx context.Context) error {
-			_, err := e2eutil.ImageVerified(ctx, k8s, objs.Image.Name, objs.Host.Name)
-			return err
-		}).WithContext(ctx).WithTimeout(cfg.ImageTimeout).WithPolling(2 * time.Second).Should(Succeed())
+		createHostAndImage(ctx)
 
 		// Foreign objects, put on the host by hand before any fault: a
 		// paused domain named like a Proxy (fault 11 creates that Proxy),

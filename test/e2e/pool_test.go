@@ -138,17 +138,7 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 	}
 
 	BeforeAll(func(ctx SpecContext) {
-		for _, o := range []client.Object{objs.Namespace, objs.Secret, objs.Host, objs.Image} {
-			Expect(k8s.Create(ctx, o)).To(Succeed())
-		}
-		Eventually(func(ctx context.Context) error {
-			_, err := e2eutil.HostReady(ctx, k8s, objs.Host.Name)
-			return err
-		}).WithContext(ctx).WithTimeout(cfg.HostReadyTimeout).WithPolling(time.Second).Should(Succeed())
-		Eventually(func(ctx context.Context) error {
-			_, err := e2eutil.ImageVerified(ctx, k8s, objs.Image.Name, objs.Host.Name)
-			return err
-		}).WithContext(ctx).WithTimeout(cfg.ImageTimeout).WithPolling(2 * time.Second).Should(Succeed())
+		createHostAndImage(ctx)
 		pool = objs.NewPool(poolName, 2)
 		var err error
 		watch, err = e2eutil.WatchPool(context.Background(), op.Kubeconfig(), pool.Namespace, pool.Name)
