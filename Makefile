@@ -106,11 +106,7 @@ FUZZ_TARGETS = \
 
 .PHONY: fuzz
 fuzz: test-deps ## Run every fuzz target for FUZZTIME (default 30s) each.
-	@set -e; for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; fn=$${t##*:}; \
-		echo "fuzz: $$fn ($$pkg, $(FUZZTIME))"; \
-		go test -run='^$$' -fuzz="^$$fn\$$" -fuzztime=$(FUZZTIME) $$pkg; \
-	done
+	FUZZTIME=$(FUZZTIME) hack/fuzz.sh $(FUZZ_TARGETS)
 
 .PHONY: bench
 bench: ## Benchmarks; figures go to docs/performance.md.
