@@ -3,7 +3,6 @@ package proxyprobe
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,75 +11,21 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/squid"
+	"crawl.example.com/proxy-operator/pkg/squid/squidtest"
 )
-
-const netnsEnv = "PKG_PROXYPROBE_TEST_NETNS"
 
 // TestMain runs the package's tests in a network namespace holding only
 // lo (as pkg/squid's do): the real squid below is asked for a name that
 // must never be looked up and would refuse private destinations; if a
 // regression made it try, nothing leaves the machine. Needs root.
-func TestMain(m *testing.M) {
-	if os.Getenv(netnsEnv) == "" {
-		os.Exit(reexecInNetns())
-	}
-	if err := loopbackUp(); err != nil {
-		fmt.Fprintln(os.Stderr, "bringing lo up in the test network namespace:", err)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
-}
-
-func reexecInNetns() int {
-	exe, err := os.Executable()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	cmd := exec.Command(exe, os.Args[1:]...)
-	cmd.Env = append(os.Environ(), netnsEnv+"=1")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	runtime.LockOSThread() // Pdeathsig follows the forking thread
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
-	err = cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &exit):
-		return exit.ExitCode()
-	default:
-		fmt.Fprintln(os.Stderr, "pkg/proxyprobe tests run in a network namespace of their own (needs root):", err)
-		return 1
-	}
-}
-
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return err
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
-}
+func TestMain(m *testing.M) { squidtest.Main(m) }
 
 // startSquid runs Debian's squid with the operator's rendered config for
 // c on 127.0.0.1 and returns its port. The origin at originPort (on
