@@ -116,8 +116,9 @@ func (s spec) label() string {
 // existed is served unclaimed. Otherwise it opens the source, claims the
 // image, deletes whatever unverified volume or orphaned marker holds the
 // names, uploads the image and verifies it; an unverified volume that backs
-// an overlay is marked again instead (see remark). A failed upload leaves
-// only the claim, which Prune removes once the image is no longer wanted.
+// an overlay is marked again instead (see remark). A failed attempt leaves
+// nothing behind: its partial volume is deleted and its claim taken back
+// (see unclaimFailed).
 // progress, if not nil, is called with the bytes uploaded so far and the
 // total (-1 when unknown), from the goroutine streaming the
 // upload; it must return quickly.
@@ -126,7 +127,7 @@ func (s spec) label() string {
 // missing pool are permanent; network, server and most libvirt trouble are
 // transient, as is "upload in progress" when another call is already
 // uploading the same volume.
-func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.StoragePool, img provider.Image, progress func(done, total int64)) (Result, error) {
+func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.StoragePool, img provider.Image, progress func(done, total int64)) (_ Result, err error) {
 	s, err := newSpec(img)
 	if err != nil {
 		return Result{}, err
@@ -146,6 +147,13 @@ func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.Storage
 		return Result{}, provider.Transientf("image %s: upload of volume %s to pool %s is in progress", s.label(), s.volume, pool.Name)
 	}
 	defer release()
+	// Runs before release: the slot still keeps this process's other
+	// callers away from the names.
+	defer func() {
+		if err != nil {
+			c.unclaimFailed(log, lv, pool, s)
+		}
+	}()
 	// A call that held the slot may have finished since the lookup; its
 	// fresh volume must not be taken for a stale one.
 	if st, err = c.lookupHeld(lv, pool, s); err != nil {
@@ -160,6 +168,27 @@ func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.Storage
 		}
 	}
 	return c.fetch(ctx, log, lv, pool, s, st, progress)
+}
+
+// unclaimFailed takes back c.Holder's claim after an attempt that failed
+// without a verified image, so a pool that keeps refusing the image (full,
+// say) holds nothing of it between attempts. The claim only ever protected
+// that attempt's upload; a volume another install is uploading has its own
+// claim. When the image is verified after all (the failure came later) or
+// the pool cannot be read, the claim stays: the next attempt or Prune
+// settles it.
+func (c *Cache) unclaimFailed(log logr.Logger, lv virt.Client, pool libvirt.StoragePool, s spec) {
+	st, err := lookup(lv, pool, s)
+	if err != nil || st.ready() {
+		return
+	}
+	claim, err := find(lv, pool, claimName(s.volume, c.Holder))
+	if err != nil || claim == nil {
+		return
+	}
+	if err := deleteVolume(lv, *claim); err != nil {
+		log.Error(err, "Taking back the claim of a failed upload failed; Prune or the next attempt removes it", "claim", claim.Name)
+	}
 }
 
 // remark makes the marker of an image volume that lost it but backs an

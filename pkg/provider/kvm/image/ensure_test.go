@@ -75,16 +75,11 @@ func (e *env) assertCached(img provider.Image, want []byte) {
 	}
 }
 
-// assertEmpty checks that nothing is left in the pool but this Cache's
-// claims: an empty volume recording that this install still wants the
-// image, which Prune removes once it does not.
+// assertEmpty checks that a failed attempt left nothing in the pool, not
+// even its claim: a full pool must be empty between attempts (fault 10).
 func (e *env) assertEmpty() {
 	e.t.Helper()
-	v := slices.DeleteFunc(e.volumes(), func(n string) bool {
-		p, ok := parseName(n)
-		return ok && p.holder == holderName(e.cache.Holder)
-	})
-	if len(v) != 0 {
+	if v := e.volumes(); len(v) != 0 {
 		e.t.Errorf("volumes left in pool: %v", v)
 	}
 }
@@ -543,6 +538,24 @@ func TestEnsureProgressInterval(t *testing.T) {
 	// The first read, then nothing until the final report.
 	if len(calls) != 2 || calls[1] != [2]int64{int64(len(b)), int64(len(b))} {
 		t.Errorf("progress calls = %v, want the first read and the final total", calls)
+	}
+}
+
+// A failure after the image was verified (here: its path cannot be read)
+// keeps the claim: the verified volume is this install's, and another
+// install's Prune must keep seeing that.
+func TestEnsureFailureAfterVerificationKeepsTheClaim(t *testing.T) {
+	e := newEnv(t)
+	b := genBytes(20, 1<<20)
+	img := provider.Image{Name: "gp", URL: e.srv.bytes("/gp", b), Checksum: checksumOf(b), Format: FormatRaw}
+	e.host.FailNext(virt.RPCStorageVolGetPath, libvirt.ErrInterrupted)
+	if _, err := e.ensure(img); provider.Class(err) != provider.ClassTransient {
+		t.Fatalf("err = %v, want transient", err)
+	}
+	e.assertCached(img, b)
+	vol, marker := e.names(img)
+	if got, want := e.volumes(), []string{vol, e.claim(img), marker}; !slices.Equal(got, want) {
+		t.Errorf("volumes = %v, want the image, its claim and its marker", got)
 	}
 }
 

@@ -326,6 +326,11 @@ func TestEnsureReplacesAnUnverifiedSharedVolumeOnlyAsFirstClaimant(t *testing.T)
 				if _, size, ok := e.host.volumeSHA256(poolName, vol); !ok || size != 100 {
 					t.Fatalf("the other install's upload was replaced")
 				}
+				// The waiting install takes its claim back; the uploader's
+				// stays with its upload.
+				if got, want := e.volumes(), []string{vol, claimName(vol, tc.uploader)}; !slices.Equal(got, want) {
+					t.Errorf("volumes = %v, want %v", got, want)
+				}
 				return
 			}
 			if err != nil {
