@@ -922,8 +922,10 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			row.Touched = append(row.Touched, t)
 		}
 		slices.Sort(row.Touched)
-		sweepsA, sweepsB := domainLists(ctx, op)-listsA, domainLists(ctx, b)-listsB
-		row.note("over %s: install A listed all domains %.0f times, install B %.0f times (sweeps and health checks)", e2eutil.Seconds(window), sweepsA, sweepsB)
+		endA, endB := domainLists(ctx, op), domainLists(ctx, b)
+		sweepsA, sweepsB := endA-listsA, endB-listsB
+		row.note("over %s: install A listed all domains %.0f times (counter %.0f → %.0f, manager pid %d), install B %.0f times (%.0f → %.0f) (sweeps and health checks)",
+			e2eutil.Seconds(window), sweepsA, listsA, endA, lop.PID(), sweepsB, listsB, endB)
 		Expect(sweepsA).To(BeNumerically(">=", 3))
 		Expect(sweepsB).To(BeNumerically(">=", 3))
 		for _, l := range []string{lop.LogPath(), b.LogPath()} {
