@@ -364,7 +364,15 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 			// Found not running (stopped, crashed, destroyed): the proxy
 			// is down now, whatever the last probes said. The probe
 			// threshold is for noise on a running instance.
+			wasHealthy := conditions.IsTrue(p, crawlv1.ProxyHealthyCondition)
 			r.instanceDown(p, inst.State)
+			if wasHealthy {
+				// Say so before repairing it: starting the instance and
+				// probing it again take seconds (a VM's start under load,
+				// a probe to an address nothing answers yet), and clients
+				// must stop using it now. The next reconcile starts it.
+				return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+			}
 		}
 		if wait, err := r.resolveForCreate(ctx, p, m); wait != nil || err != nil {
 			if err != nil {

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -232,13 +233,23 @@ func TestInstanceFoundStoppedTurnsReadyFalseAtOnce(t *testing.T) {
 		t.Fatalf("not Ready after create: %+v", conditions.Get(got, crawlv1.ReadyCondition))
 	}
 
-	// virsh destroy: the operator sees it stopped and starts it again; squid
-	// is not up yet.
+	// virsh destroy: the operator sees it stopped and says so before it
+	// does anything else; the next reconcile starts it again, and squid is
+	// not up yet.
 	hp.setState("hv1", "ns.p", provider.StateStopped)
 	prober.down.Store(true)
 	hp.takeCalls()
 	mustReconcile(t, r, key)
 	got := storedProxy(t, r, key)
+	if calls := hp.takeCalls(); !slices.Equal(calls, []string{"Get hv1"}) {
+		t.Fatalf("provider calls %v, want only the Get that found it stopped", calls)
+	}
+	if conditions.IsTrue(got, crawlv1.ReadyCondition) || conditions.IsTrue(got, crawlv1.ProxyHealthyCondition) {
+		t.Fatalf("an instance found stopped is still Ready: %+v / %+v",
+			conditions.Get(got, crawlv1.ReadyCondition), conditions.Get(got, crawlv1.ProxyHealthyCondition))
+	}
+	mustReconcile(t, r, key)
+	got = storedProxy(t, r, key)
 	if calls := hp.takeCalls(); len(calls) < 2 || calls[1] != "Create hv1" {
 		t.Fatalf("provider calls %v, want the stopped instance started", calls)
 	}

@@ -228,6 +228,35 @@ func TestProxyStateMachine(t *testing.T) {
 		steps: []step{{wantCalls: []string{"Get", "Create", "Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
 			wantReason: crawlv1.ProxyReadyReason, wantRequeue: time.Second}},
 	}, {
+		// The outage is published before the repair: Ready=False is
+		// written by a reconcile that returns at once, and the next one
+		// starts the instance (fault 1: Ready stayed True through the
+		// start and a probe to an address nothing answered yet).
+		name: "Ready instance found stopped: Ready=False written first, started by the next reconcile",
+		setup: func(p *crawlv1.Proxy) {
+			recorded(p)
+			p.Status.Address, p.Status.Endpoint = stateAddress, stateEndpoint
+			p.Status.Probe = &crawlv1.ProxyProbeStatus{}
+			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
+			conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
+			conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
+		},
+		prov: &scriptedProvider{create: running(stateAddress), get: func() func(*provider.Machine) (*provider.Instance, error) {
+			n := 0
+			return func(m *provider.Machine) (*provider.Instance, error) {
+				if n++; n <= 2 {
+					return stopped(m)
+				}
+				return running(stateAddress)(m)
+			}
+		}()},
+		steps: []step{
+			{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyProvisioning, wantReady: metav1.ConditionFalse,
+				wantReason: crawlv1.ProxyInstanceNotRunningReason, wantMsg: "instance was found Stopped; starting it", wantRequeue: time.Millisecond},
+			{wantCalls: []string{"Get", "Create", "Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+				wantReason: crawlv1.ProxyReadyReason, wantRequeue: time.Second},
+		},
+	}, {
 		name:  "recorded instance NotFound: forgotten and rebuilt",
 		setup: recorded,
 		prov: &scriptedProvider{create: running(stateAddress), get: func() func(*provider.Machine) (*provider.Instance, error) {
