@@ -741,7 +741,41 @@ type uploadReader struct {
 
 var errFinished = errors.New("image upload stream already finished")
 
+// StreamChunk is the most one Read of the upload stream returns, and so the
+// largest libvirt stream message an upload sends: go-libvirt sends each Read
+// as one message, up to 4 MiB. libvirtd takes a message of 4 MiB several
+// times slower per byte than one of 1 MiB or less (docs/performance.md §1,
+// measured on the test hypervisor); 256 KiB is what libvirt's own clients
+// send (virStreamSendAll).
+const StreamChunk = 256 << 10
+
+// Read fills p up to StreamChunk bytes, reading the source as often as that
+// takes: an HTTP body hands over whatever the socket holds (up to all of
+// p when the download runs ahead, a few KiB on a slow link), and neither
+// very large nor very small messages suit libvirtd. Each read of the source
+// is accounted for (hash, count, progress) as it arrives.
 func (u *uploadReader) Read(p []byte) (int, error) {
+	p = p[:min(len(p), StreamChunk)]
+	n := 0
+	for n < len(p) {
+		k, err := u.readSource(p[n:])
+		n += k
+		switch {
+		case errors.Is(err, errFinished):
+			return 0, err
+		case err != nil:
+			return n, err
+		case k == 0:
+			// A source returning nothing and no error: hand over what
+			// there is rather than spin here.
+			return n, nil
+		}
+	}
+	return n, nil
+}
+
+// readSource is one read of the source.
+func (u *uploadReader) readSource(p []byte) (int, error) {
 	u.mu.Lock()
 	finished, err := u.finished, u.err
 	u.mu.Unlock()

@@ -781,3 +781,78 @@ func TestURLCredentialsNeverReachErrorsOrLogs(t *testing.T) {
 		})
 	}
 }
+
+// streamHost reads the upload stream as go-libvirt does (one Read per
+// stream message, into a buffer of 4 MiB less the header) and records each
+// upload's message sizes before the fake stores the bytes.
+type streamHost struct {
+	*fakeHost
+	uploads [][]int
+}
+
+func (h *streamHost) StorageVolUpload(v libvirt.StorageVol, body io.Reader, offset, length uint64, flags libvirt.StorageVolUploadFlags) error {
+	var all bytes.Buffer
+	buf := make([]byte, 4<<20-28)
+	h.uploads = append(h.uploads, nil)
+	messages := &h.uploads[len(h.uploads)-1]
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			*messages = append(*messages, n)
+			all.Write(buf[:n])
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return h.fakeHost.StorageVolUpload(v, &all, offset, length, flags)
+}
+
+// trickle hands out at most max bytes per Read, like an HTTP body on a
+// slow link.
+type trickle struct {
+	r   io.Reader
+	max int
+}
+
+func (t trickle) Read(p []byte) (int, error) { return t.r.Read(p[:min(len(p), t.max)]) }
+
+// The upload is sent in libvirt stream messages of StreamChunk bytes (the
+// last one shorter) whatever the source's reads are: a download that runs
+// ahead must not make 4 MiB messages, which libvirtd takes several times
+// slower, nor a slow one thousands of tiny ones.
+func TestEnsureStreamsFullChunks(t *testing.T) {
+	b := genBytes(21, 5*StreamChunk+12345)
+	for _, tc := range []struct {
+		name string
+		body func() io.Reader
+	}{
+		{"source runs ahead", func() io.Reader { return bytes.NewReader(b) }},
+		{"source trickles", func() io.Reader { return trickle{bytes.NewReader(b), 1000} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.cache.Fetch = func(context.Context, string) (io.ReadCloser, int64, error) {
+				return io.NopCloser(tc.body()), int64(len(b)), nil
+			}
+			h := &streamHost{fakeHost: e.host}
+			img := provider.Image{Name: "c", URL: "https://example.com/c.img", Checksum: checksumOf(b), Format: FormatRaw}
+			var last int64
+			if _, err := e.cache.Ensure(e.ctx, h, e.pool, img, func(done, _ int64) { last = done }); err != nil {
+				t.Fatal(err)
+			}
+			e.assertCached(img, b)
+			// The image's upload; the marker's content follows it.
+			want := []int{StreamChunk, StreamChunk, StreamChunk, StreamChunk, StreamChunk, 12345}
+			if got := h.uploads[0]; !slices.Equal(got, want) {
+				t.Errorf("%d stream messages of %v bytes, want %v", len(got), got[:min(len(got), 8)], want)
+			}
+			if last != int64(len(b)) {
+				t.Errorf("last progress %d, want %d", last, len(b))
+			}
+		})
+	}
+}
