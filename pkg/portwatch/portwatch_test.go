@@ -341,3 +341,31 @@ func settledGoroutines() int {
 	}
 	return n
 }
+
+// BenchmarkDialClosedPort is what one look of a watch costs while the
+// guest's squid is not up: a dial to a loopback port that refuses. cpu-us/dial
+// is the process's user+system CPU (wall time moves with the machine's load).
+func BenchmarkDialClosedPort(b *testing.B) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	w := New(context.Background(), Options{}, func(string) {})
+	before := cpuTime(b)
+	for b.Loop() {
+		if w.dial(context.Background(), addr) {
+			b.Fatal("the closed port accepted")
+		}
+	}
+	b.ReportMetric(float64((cpuTime(b)-before).Microseconds())/float64(b.N), "cpu-us/dial")
+}
+
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
