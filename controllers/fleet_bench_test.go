@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"slices"
@@ -33,6 +34,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
@@ -540,6 +542,9 @@ func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 		Proxy: ProxyOptions{
 			ProbeInterval: t.probe, ProvisionPollInterval: t.provisionPoll,
 			AddressTimeout: 10 * time.Minute, ResyncInterval: t.resync,
+			// Never dials: every probe succeeds, so no Proxy is watched;
+			// the fake addresses must not be dialed for real regardless.
+			PortWatch: portwatch.Options{Dial: benchProber{}.dial},
 		},
 		Sweep: SweepOptions{Interval: time.Hour},
 		KVM: &KVMDeps{
@@ -611,6 +616,13 @@ type benchProber struct {
 func (p benchProber) Probe(context.Context, proxyprobe.Target) proxyprobe.Result {
 	p.count.Add(1)
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
+}
+
+// dial agrees with Probe: every port accepts.
+func (benchProber) dial(context.Context, string, string) (net.Conn, error) {
+	c, other := net.Pipe()
+	_ = other.Close()
+	return c, nil
 }
 
 // guestBooter gives every new domain of namespace ns an agent address, as a

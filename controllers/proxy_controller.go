@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -34,6 +35,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/internal/proxyaccess"
+	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 	"crawl.example.com/proxy-operator/pkg/squid"
@@ -80,6 +82,12 @@ type ProxyReconciler struct {
 	ProviderCallTimeout time.Duration
 	// Events from providers (e.g. libvirt lifecycle) that requeue a Proxy.
 	Events <-chan event.GenericEvent
+	// PortWatch, when set, watches the port of each Proxy in its first-probe
+	// backoff and sends the Proxy on PortOpen when the port accepts, so the
+	// real probe runs at once instead of at the next backoff step. Setup
+	// wires both (newPortWatch).
+	PortWatch *portwatch.Watcher[types.NamespacedName]
+	PortOpen  <-chan event.GenericEvent
 
 	memMu sync.Mutex
 	// synced: when each Proxy's instance was last read from its provider.
@@ -117,6 +125,9 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Opt
 		Named("proxy")
 	if r.Events != nil {
 		b = b.WatchesRawSource(source.Channel(r.Events, &handler.EnqueueRequestForObject{}))
+	}
+	if r.PortOpen != nil {
+		b = b.WatchesRawSource(source.Channel(r.PortOpen, &handler.EnqueueRequestForObject{}))
 	}
 	return b.Complete(r)
 }
@@ -190,6 +201,11 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res 
 
 	p := &crawlv1.Proxy{}
 	if err := r.Client.Get(ctx, req.NamespacedName, p); err != nil {
+		if apierrors.IsNotFound(err) {
+			// Gone without our finalizer's release (it was removed by
+			// hand): nothing of it is worth keeping, a port watch least.
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if p.DeletionTimestamp.IsZero() && !controllerutil.ContainsFinalizer(p, crawlv1.ProxyFinalizer) {
@@ -437,6 +453,7 @@ func (r *ProxyReconciler) rebuild(ctx context.Context, p *crawlv1.Proxy) (ctrl.R
 	p.Status.ProviderID, p.Status.Address, p.Status.Endpoint = "", "", ""
 	r.setNotProvisioned(p, crawlv1.ProxyInstanceMissingReason, "instance not found; rebuilding")
 	forgetHealth(p, "instance not found; rebuilding")
+	r.forgetPort(client.ObjectKeyFromObject(p))
 	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 }
 
@@ -478,7 +495,8 @@ func (r *ProxyReconciler) instanceDown(p *crawlv1.Proxy, state provider.State) {
 // one check per probe interval.
 func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy, creds *credentials) (ctrl.Result, error) {
 	key := client.ObjectKeyFromObject(p)
-	neverProbed := p.Status.Probe == nil
+	// Read before this probe's verdict changes the conditions.
+	booting := p.Status.Probe == nil || notReadySinceProvisioned(p) || startedAgain(p)
 	target := proxyprobe.Target{Address: p.Status.Address, Port: p.Spec.Port}
 	if creds != nil {
 		target.Username, target.Password = creds.Username, creds.Password
@@ -532,10 +550,38 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy,
 	if wasHealthy {
 		// It served before: a failing proxy is re-read from the provider.
 		r.MarkDirty(key)
-	} else if after, ok := r.nextProbeBackoff(key, neverProbed); ok {
+	} else if after, ok := r.nextProbeBackoff(key, booting); ok {
+		// The backoff soon reaches the poll interval, long before a
+		// guest's squid starts; the watch notices the port opening
+		// without a probe or a status write per look.
+		r.watchPort(ctx, key, target)
 		return ctrl.Result{RequeueAfter: after}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.ProvisionPollInterval}, nil
+}
+
+// notReadySinceProvisioned: the Proxy has not been Ready since its
+// instance was last provisioned, so a closed port means it is still
+// booting, not broken. Unlike the probe backoff's memory this survives a
+// manager restart: Ready has been False since before InstanceProvisioned
+// turned True (both times are whole seconds; a tie counts as booting).
+func notReadySinceProvisioned(p *crawlv1.Proxy) bool {
+	prov, ready := conditions.Get(p, crawlv1.InstanceProvisionedCondition), conditions.Get(p, crawlv1.ReadyCondition)
+	if prov == nil || prov.Status != metav1.ConditionTrue {
+		return false
+	}
+	if ready == nil {
+		return true
+	}
+	return ready.Status != metav1.ConditionTrue && !ready.LastTransitionTime.After(prov.LastTransitionTime.Time)
+}
+
+// startedAgain: the instance was found not running and has been started
+// again since (instanceDown's verdict stands until a probe replaces it), so
+// it boots like a new one.
+func startedAgain(p *crawlv1.Proxy) bool {
+	c := conditions.Get(p, crawlv1.ProxyHealthyCondition)
+	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == crawlv1.ProxyInstanceNotRunningReason
 }
 
 // probeStatusHint says what a refusal of the probe means for p.
@@ -622,9 +668,9 @@ func (r *ProxyReconciler) checkSecure(ctx context.Context, p *crawlv1.Proxy, tar
 const firstProbeBackoff = 500 * time.Millisecond
 
 // nextProbeBackoff returns the requeue after a failed probe of a Proxy that
-// has never been healthy: start says this was its first probe ever, which
-// begins the backoff; false means the Proxy is not backing off (it was
-// healthy before, or this manager did not see its first probe).
+// has never been healthy: start says it is booting (first probe, or not
+// Ready since provisioned), which begins the backoff if it has not begun;
+// false means the Proxy is not backing off (it was healthy before).
 func (r *ProxyReconciler) nextProbeBackoff(key types.NamespacedName, start bool) (time.Duration, bool) {
 	r.memMu.Lock()
 	defer r.memMu.Unlock()
@@ -642,8 +688,26 @@ func (r *ProxyReconciler) nextProbeBackoff(key types.NamespacedName, start bool)
 
 func (r *ProxyReconciler) endProbeBackoff(key types.NamespacedName) {
 	r.memMu.Lock()
-	defer r.memMu.Unlock()
 	delete(r.probeBackoff, key)
+	r.memMu.Unlock()
+	r.forgetPort(key)
+}
+
+// watchPort watches target's port for key (one watch per Proxy; see
+// portwatch.Watcher.Watch).
+func (r *ProxyReconciler) watchPort(ctx context.Context, key types.NamespacedName, target proxyprobe.Target) {
+	if r.PortWatch == nil {
+		return
+	}
+	if r.PortWatch.Watch(key, net.JoinHostPort(target.Address, strconv.Itoa(int(target.Port)))) {
+		logf.FromContext(ctx).V(1).Info("watching the proxy port until it opens", "address", target.Address, "port", target.Port)
+	}
+}
+
+func (r *ProxyReconciler) forgetPort(key types.NamespacedName) {
+	if r.PortWatch != nil {
+		r.PortWatch.Forget(key)
+	}
 }
 
 // reconcileDelete removes the instance and releases the finalizer; the
@@ -742,8 +806,10 @@ func (r *ProxyReconciler) recordInstance(p *crawlv1.Proxy, inst *provider.Instan
 	switch prevID, prevAddr := p.Status.ProviderID, p.Status.Address; {
 	case prevID != "" && inst.ProviderID != "" && inst.ProviderID != prevID:
 		forgetHealth(p, fmt.Sprintf("a new instance %s replaced %s", inst.ProviderID, prevID))
+		r.forgetPort(client.ObjectKeyFromObject(p))
 	case prevAddr != "" && inst.Address != "" && inst.Address != prevAddr:
 		forgetHealth(p, fmt.Sprintf("address changed from %s to %s", prevAddr, inst.Address))
+		r.forgetPort(client.ObjectKeyFromObject(p))
 	}
 	if inst.ProviderID != "" {
 		p.Status.ProviderID = inst.ProviderID
@@ -788,6 +854,7 @@ func (r *ProxyReconciler) forget(key types.NamespacedName) {
 	delete(r.synced, key)
 	delete(r.waiting, key)
 	delete(r.probeBackoff, key)
+	r.forgetPort(key)
 }
 
 func (r *ProxyReconciler) stopWaiting(key types.NamespacedName) {

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -23,6 +24,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/testutil"
+	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
@@ -482,7 +485,9 @@ func TestProxyPhaseFollowsConditions(t *testing.T) {
 // TestFirstProbeBacksOff: until a Proxy is first healthy its probe is
 // retried after 500ms, doubling up to ProvisionPollInterval; once healthy it
 // probes every ProbeInterval, and a healthy Proxy's failures keep the
-// threshold and the poll interval.
+// threshold and the poll interval. A restarted manager (nothing in memory)
+// tells the two apart by the conditions: a Proxy not Ready since it was
+// provisioned is booting.
 func TestFirstProbeBacksOff(t *testing.T) {
 	ok := proxyprobe.Result{OK: true, Through: true, Latency: time.Millisecond}
 	closed := proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
@@ -495,13 +500,29 @@ func TestFirstProbeBacksOff(t *testing.T) {
 		// empty) after this many probes; 0 = never.
 		forgetAfter int
 		want        []time.Duration
+		// restartAfter: the manager restarts (memory lost, status kept)
+		// after this many probes; 0 = never.
+		restartAfter int
+		// downAfter: the instance is found stopped (and started again)
+		// after this many probes; 0 = never.
+		downAfter int
 	}{
 		{"port opens late", []proxyprobe.Result{closed, closed, closed, closed, closed, closed, ok, ok},
-			0, []time.Duration{500 * ms, time.Second, 2 * time.Second, 4 * time.Second, poll, poll, probe, probe}},
+			0, []time.Duration{500 * ms, time.Second, 2 * time.Second, 4 * time.Second, poll, poll, probe, probe}, 0, 0},
 		{"a healthy proxy's failure keeps the poll interval", []proxyprobe.Result{closed, ok, closed, closed, closed, closed},
-			0, []time.Duration{500 * ms, probe, poll, poll, poll, poll}},
+			0, []time.Duration{500 * ms, probe, poll, poll, poll, poll}, 0, 0},
 		{"forget restarts the backoff", []proxyprobe.Result{closed, closed, closed, closed},
-			2, []time.Duration{500 * ms, time.Second, 500 * ms, time.Second}},
+			2, []time.Duration{500 * ms, time.Second, 500 * ms, time.Second}, 0, 0},
+		// Fault 6 on the real hypervisor: the restarted manager polled a
+		// booting Proxy at the full interval.
+		{"a restarted manager backs off a booting proxy", []proxyprobe.Result{closed, closed, closed, closed},
+			0, []time.Duration{500 * ms, time.Second, 500 * ms, time.Second}, 2, 0},
+		{"a restarted manager keeps the poll interval for a proxy that was Ready", []proxyprobe.Result{closed, ok, closed, closed, closed, closed, closed},
+			0, []time.Duration{500 * ms, probe, poll, poll, poll, poll, poll}, 5, 0},
+		// Fault 1 on the real hypervisor: a domain destroyed and started
+		// again boots like a new one (lag 6 s at the poll interval).
+		{"an instance found stopped and started again backs off as it boots", []proxyprobe.Result{closed, ok, closed, closed, closed},
+			0, []time.Duration{500 * ms, probe, 500 * ms, time.Second, 2 * time.Second}, 0, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -510,7 +531,11 @@ func TestFirstProbeBacksOff(t *testing.T) {
 			newProxy := func() *crawlv1.Proxy {
 				p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
 					Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1", Endpoint: "http://192.0.2.1:3128"}}
-				conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
+				// Not Ready since its creation, provisioned a minute ago.
+				conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: crawlv1.ProxyProvisioningReason,
+					LastTransitionTime: metav1.NewTime(time.Now().Add(-2 * time.Minute))})
+				conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason,
+					LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))})
 				return p
 			}
 			p := newProxy()
@@ -520,10 +545,18 @@ func TestFirstProbeBacksOff(t *testing.T) {
 					r.forget(client.ObjectKeyFromObject(p))
 					p = newProxy()
 				}
+				if tc.restartAfter != 0 && i == tc.restartAfter {
+					r.forget(client.ObjectKeyFromObject(p))
+				}
+				if tc.downAfter != 0 && i == tc.downAfter {
+					r.instanceDown(p, provider.StateStopped)
+					summarize(p)
+				}
 				res, err := r.reconcileHealth(context.Background(), p, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
+				summarize(p) // as the deferred patch does
 				got = append(got, res.RequeueAfter)
 			}
 			if !slices.Equal(got, tc.want) {
@@ -595,6 +628,70 @@ func TestHealthDoesNotCarryOverToANewInstanceOrAddress(t *testing.T) {
 			if conditions.IsTrue(got, crawlv1.ReadyCondition) || conditions.IsTrue(got, crawlv1.ProxyHealthyCondition) {
 				t.Fatalf("Ready %+v, ProxyHealthy %+v: want both False until a probe succeeds at %s",
 					conditions.Get(got, crawlv1.ReadyCondition), conditions.Get(got, crawlv1.ProxyHealthyCondition), newAddress)
+			}
+		})
+	}
+}
+
+// TestBootingProxyPortIsWatched: a Proxy in its first-probe backoff gets
+// one port watch, dialing the address and port the probe uses; it ends when
+// the probe succeeds or the address changes, and a Proxy that was healthy
+// gets none (a broken proxy is the poll's).
+func TestBootingProxyPortIsWatched(t *testing.T) {
+	ok := proxyprobe.Result{OK: true, Through: true, Latency: time.Millisecond}
+	closed := proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
+	cases := []struct {
+		name   string
+		script []proxyprobe.Result
+		// newAddress: the instance is re-read with another address after
+		// the script.
+		newAddress bool
+		// wantRunning after the script: watches still dialing.
+		wantRunning int
+	}{
+		{name: "booting, port closed", script: []proxyprobe.Result{closed, closed, closed}, wantRunning: 1},
+		{name: "probe succeeded", script: []proxyprobe.Result{closed, closed, ok}, wantRunning: 0},
+		{name: "address changed", script: []proxyprobe.Result{closed}, newAddress: true, wantRunning: 0},
+		{name: "was healthy, now failing", script: []proxyprobe.Result{ok, closed, closed, closed, closed, closed}, wantRunning: 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var mu sync.Mutex
+			dialed := map[string]int{}
+			refuse := func(_ context.Context, _, addr string) (net.Conn, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				dialed[addr]++
+				return nil, errors.New("connection refused")
+			}
+			r := testReconciler(t, &scriptedProber{results: tc.script}, clocktesting.NewFakePassiveClock(time.Unix(1000, 0)))
+			r.PortWatch, r.PortOpen = newPortWatch(ctx, portwatch.Options{Interval: time.Millisecond, Dial: refuse})
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
+				Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1", Endpoint: "http://192.0.2.1:3128"}}
+			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason,
+				LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))})
+			for range tc.script {
+				if _, err := r.reconcileHealth(ctx, p, nil); err != nil {
+					t.Fatal(err)
+				}
+				summarize(p)
+				if n := r.PortWatch.Running(); n > 1 {
+					t.Fatalf("%d watches for one Proxy", n)
+				}
+			}
+			if tc.newAddress {
+				r.recordInstance(p, &provider.Instance{ProviderID: "id", State: provider.StateRunning, Address: "192.0.2.2"})
+			}
+			testutil.WaitFor(t, func() bool { return r.PortWatch.Running() == tc.wantRunning })
+			if tc.wantRunning == 1 {
+				testutil.WaitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return dialed["192.0.2.1:3128"] > 0 })
+				mu.Lock()
+				defer mu.Unlock()
+				if len(dialed) != 1 {
+					t.Fatalf("dialed %v, want only the probe's 192.0.2.1:3128", dialed)
+				}
 			}
 		})
 	}

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
@@ -111,6 +112,10 @@ type ProxyOptions struct {
 	// ranges as the proxies see them, admitted by every managed squid with
 	// Basic auth (still with the credential) so the probe gets through.
 	ProbeSourceCIDRs []string
+	// PortWatch watches the port of each booting Proxy between probes
+	// (zero: portwatch's defaults, dialing for real). A harness whose
+	// proxy addresses are not real sets Dial.
+	PortWatch portwatch.Options
 }
 
 // PoolOptions are the ProxyPool controller's workers and what tests
@@ -260,6 +265,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		ResyncInterval:        d.Proxy.ResyncInterval,
 		ProviderCallTimeout:   d.Proxy.ProviderCallTimeout,
 	}
+	w.Proxy.PortWatch, w.Proxy.PortOpen = newPortWatch(ctx, d.Proxy.PortWatch)
 
 	proxyWorkers := orDefaultInt(d.Proxy.Workers, 16)
 	if k := d.KVM; k != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/internal/logkeys"
+	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
@@ -156,20 +158,74 @@ func (f *fleet) secretData(h *testHost) map[string][]byte {
 	return map[string][]byte{crawlv1.SSHPrivateKeyKey: f.clientKey, crawlv1.KnownHostsKey: h.ssh.KnownHosts()}
 }
 
-// fakeProber stands in for the TCP/HTTP probe of the proxy port.
+// fakeProber stands in for the TCP/HTTP probe of the proxy port, and its
+// dial for the port watch's: the fake guests' addresses are never dialed
+// for real.
 type fakeProber struct {
 	requiresAuth
 	mu   sync.Mutex
 	down map[string]bool
+	// listener: an address whose port is a real loopback address (a spec's
+	// "squid"): probe and port watch both dial it and see what it does.
+	listener map[string]string
 }
 
-func (p *fakeProber) Probe(_ context.Context, t proxyprobe.Target) proxyprobe.Result {
+func (p *fakeProber) Probe(ctx context.Context, t proxyprobe.Target) proxyprobe.Result {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.down[t.Address] {
+	to, real := p.listener[t.Address]
+	down := p.down[t.Address]
+	p.mu.Unlock()
+	if real {
+		return proxyprobe.TCP{Timeout: time.Second}.Probe(ctx, proxyprobe.Target{Address: "127.0.0.1", Port: int32(portOf(to))})
+	}
+	if down {
 		return proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
 	}
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
+}
+
+func (p *fakeProber) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	to, real := p.listener[host]
+	down := p.down[host]
+	p.mu.Unlock()
+	if real {
+		return (&net.Dialer{}).DialContext(ctx, network, to)
+	}
+	if down {
+		return nil, errors.New("connection refused")
+	}
+	c, other := net.Pipe()
+	_ = other.Close()
+	return c, nil
+}
+
+// listenAt makes addr's proxy port the loopback address to; the cleanup
+// undoes it.
+func (p *fakeProber) listenAt(addr, to string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.listener == nil {
+		p.listener = map[string]string{}
+	}
+	p.listener[addr] = to
+	DeferCleanup(func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		delete(p.listener, addr)
+	})
+}
+
+func portOf(hostPort string) int {
+	_, port, err := net.SplitHostPort(hostPort)
+	Expect(err).NotTo(HaveOccurred())
+	n, err := strconv.Atoi(port)
+	Expect(err).NotTo(HaveOccurred())
+	return n
 }
 
 func (p *fakeProber) setDown(addr string, down bool) {
@@ -219,7 +275,8 @@ func startManagerLogging(log logr.Logger, tune ...func(*ProxyOptions)) *harness 
 	proxyOpts := ProxyOptions{
 		ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond,
 		AddressTimeout: time.Minute, ResyncInterval: 10 * time.Minute, // only events re-read a Ready proxy
-		Workers: 8,
+		Workers:   8,
+		PortWatch: portwatch.Options{Dial: prober.dial},
 	}
 	for _, t := range tune {
 		t(&proxyOpts)

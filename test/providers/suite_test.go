@@ -3,6 +3,7 @@ package providers
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"sync"
 	"testing"
@@ -25,6 +26,7 @@ import (
 
 	"crawl.example.com/proxy-operator/controllers"
 	"crawl.example.com/proxy-operator/internal/logkeys"
+	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp/gcptest"
@@ -125,6 +127,23 @@ func (p *fakeProber) Probe(_ context.Context, t proxyprobe.Target) proxyprobe.Re
 	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
 }
 
+// dial is the port watch's dialer, agreeing with Probe: the fake
+// addresses are never dialed for real.
+func (p *fakeProber) dial(_ context.Context, _, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed[host] {
+		return nil, errors.New("connection refused")
+	}
+	c, other := net.Pipe()
+	_ = other.Close()
+	return c, nil
+}
+
 // ProbeWithoutCredentials answers as squid with Basic auth does.
 func (p *fakeProber) ProbeWithoutCredentials(context.Context, proxyprobe.Target) proxyprobe.Result {
 	return proxyprobe.Result{OK: true, Through: true, StatusCode: http.StatusProxyAuthRequired, Latency: time.Millisecond}
@@ -197,6 +216,7 @@ func startManager(mc managerConfig) *harness {
 			AddressTimeout:        time.Minute,
 			ResyncInterval:        resyncInterval,
 			Workers:               4,
+			PortWatch:             portwatch.Options{Dial: prober.dial},
 		},
 		// The sweep never ticks during the suite; specs call Sweep directly.
 		Sweep: controllers.SweepOptions{Interval: time.Hour},
