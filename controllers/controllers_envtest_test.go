@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
@@ -395,15 +396,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 			l, err := net.Listen("tcp", squidAddr)
 			Expect(err).NotTo(HaveOccurred())
 			DeferCleanup(l.Close)
-			go func() {
-				for {
-					c, err := l.Accept()
-					if err != nil {
-						return
-					}
-					_ = c.Close()
-				}
-			}()
+			testutil.AcceptAndClose(l)
 			// Well before the next probe, with room for a loaded machine.
 			waitProxyPhase(ns, "booting", crawlv1.ProxyReady, 5*time.Second)
 			GinkgoWriter.Printf("port opened -> Ready in %v\n", time.Since(opened))

@@ -35,3 +35,17 @@ func FreePort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// AcceptAndClose closes every connection l accepts, until l is closed: a
+// port that is open and nothing more, as squid's is the moment it starts.
+func AcceptAndClose(l net.Listener) {
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+}

@@ -56,15 +56,7 @@ func listen(t *testing.T, addr string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.Close()
-		}
-	}()
+	testutil.AcceptAndClose(l)
 }
 
 // countingDial dials for real and counts the attempts per address.
