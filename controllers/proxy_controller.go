@@ -452,8 +452,7 @@ func (r *ProxyReconciler) rebuild(ctx context.Context, p *crawlv1.Proxy) (ctrl.R
 	r.Recorder.Eventf(p, "Warning", "InstanceMissing", "instance %s not found on its host; rebuilding", p.Status.ProviderID)
 	p.Status.ProviderID, p.Status.Address, p.Status.Endpoint = "", "", ""
 	r.setNotProvisioned(p, crawlv1.ProxyInstanceMissingReason, "instance not found; rebuilding")
-	forgetHealth(p, "instance not found; rebuilding")
-	r.forgetPort(client.ObjectKeyFromObject(p))
+	r.forgetHealth(p, "instance not found; rebuilding")
 	return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 }
 
@@ -792,11 +791,12 @@ func (r *ProxyReconciler) setNotProvisioned(p *crawlv1.Proxy, reason, msg string
 // forgetHealth drops the health verdict: it was about another instance or
 // address, and the failure threshold must not keep a proxy that has never
 // answered here Ready. The next probe starts from scratch (first-probe
-// backoff included).
-func forgetHealth(p *crawlv1.Proxy, why string) {
+// backoff and a new port watch included).
+func (r *ProxyReconciler) forgetHealth(p *crawlv1.Proxy, why string) {
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionFalse,
 		Reason: crawlv1.ProxyNotYetProbedReason, Message: why})
 	p.Status.Probe = nil
+	r.forgetPort(client.ObjectKeyFromObject(p))
 }
 
 func (r *ProxyReconciler) recordInstance(p *crawlv1.Proxy, inst *provider.Instance) {
@@ -805,11 +805,9 @@ func (r *ProxyReconciler) recordInstance(p *crawlv1.Proxy, inst *provider.Instan
 	}
 	switch prevID, prevAddr := p.Status.ProviderID, p.Status.Address; {
 	case prevID != "" && inst.ProviderID != "" && inst.ProviderID != prevID:
-		forgetHealth(p, fmt.Sprintf("a new instance %s replaced %s", inst.ProviderID, prevID))
-		r.forgetPort(client.ObjectKeyFromObject(p))
+		r.forgetHealth(p, fmt.Sprintf("a new instance %s replaced %s", inst.ProviderID, prevID))
 	case prevAddr != "" && inst.Address != "" && inst.Address != prevAddr:
-		forgetHealth(p, fmt.Sprintf("address changed from %s to %s", prevAddr, inst.Address))
-		r.forgetPort(client.ObjectKeyFromObject(p))
+		r.forgetHealth(p, fmt.Sprintf("address changed from %s to %s", prevAddr, inst.Address))
 	}
 	if inst.ProviderID != "" {
 		p.Status.ProviderID = inst.ProviderID
