@@ -13,11 +13,13 @@ import (
 
 // newPortWatch returns the Proxy controller's port watcher and the channel
 // on which it hands over each Proxy whose port opened (a raw source of the
-// controller). Its watches end with ctx. It only dials address:port, the
-// same endpoint the probe uses, so it serves every provider alike.
-func newPortWatch(ctx context.Context, opts portwatch.Options) (*portwatch.Watcher[types.NamespacedName], <-chan event.GenericEvent) {
+// controller), after telling opened where it opened. Its watches end with
+// ctx. It only dials address:port, the same endpoint the probe uses, so it
+// serves every provider alike.
+func newPortWatch(ctx context.Context, opts portwatch.Options, opened func(key types.NamespacedName, address string)) (*portwatch.Watcher[types.NamespacedName], <-chan event.GenericEvent) {
 	out := make(chan event.GenericEvent, 256)
-	w := portwatch.New(ctx, opts, func(key types.NamespacedName) {
+	w := portwatch.New(ctx, opts, func(key types.NamespacedName, address string) {
+		opened(key, address)
 		obj := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
 		select {
 		case out <- event.GenericEvent{Object: obj}:

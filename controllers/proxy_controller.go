@@ -97,6 +97,9 @@ type ProxyReconciler struct {
 	// probeBackoff: the next requeue of each Proxy probed but never yet
 	// healthy (see firstProbeBackoff).
 	probeBackoff map[types.NamespacedName]time.Duration
+	// portOpened: where (host:port) the port watch saw each Proxy's port
+	// accept, until the reconcile it woke takes it (portJustOpened).
+	portOpened map[types.NamespacedName]string
 }
 
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;update;patch
@@ -174,6 +177,9 @@ func (r *ProxyReconciler) complete() error {
 	r.synced = map[types.NamespacedName]time.Time{}
 	r.waiting = map[types.NamespacedName]time.Time{}
 	r.probeBackoff = map[types.NamespacedName]time.Duration{}
+	if r.portOpened == nil {
+		r.portOpened = map[types.NamespacedName]string{}
+	}
 	r.memMu.Unlock()
 	return nil
 }
@@ -337,8 +343,14 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	}
 
 	// A Ready proxy whose instance was read recently and has had no event
-	// since only needs its proxy probed.
-	fast := conditions.IsTrue(p, crawlv1.ReadyCondition) && r.recentlySynced(client.ObjectKeyFromObject(p))
+	// since only needs its proxy probed. So does a booting one whose port
+	// has just accepted at its recorded address: that says the instance runs
+	// there, and reading it again (the guest agent asked for its address
+	// takes a second under TCG) would only hold Ready back.
+	key := client.ObjectKeyFromObject(p)
+	portOpened := r.portJustOpened(p)
+	fast := r.recentlySynced(key) && (conditions.IsTrue(p, crawlv1.ReadyCondition) ||
+		portOpened && conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition))
 	creds, wait, err := r.reconcileCredentials(ctx, p, fast)
 	if err != nil {
 		return r.fail(p, reasonFor(err), err)
@@ -413,9 +425,9 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 		}
 	}
 	r.recordInstance(p, inst)
-	r.markSynced(client.ObjectKeyFromObject(p))
+	r.markSynced(key)
 	if inst.State == provider.StateRunning && inst.Address != "" {
-		r.stopWaiting(client.ObjectKeyFromObject(p))
+		r.stopWaiting(key)
 	}
 
 	if inst.State != provider.StateRunning || inst.Address == "" {
@@ -845,6 +857,29 @@ func (r *ProxyReconciler) waitingSince(key types.NamespacedName) time.Time {
 	return t
 }
 
+// notePortOpened is the port watch's report that key's port accepted at
+// address (host:port); it comes just before the reconcile it wakes.
+func (r *ProxyReconciler) notePortOpened(key types.NamespacedName, address string) {
+	r.memMu.Lock()
+	defer r.memMu.Unlock()
+	if r.portOpened == nil {
+		r.portOpened = map[types.NamespacedName]string{}
+	}
+	r.portOpened[key] = address
+}
+
+// portJustOpened takes the port watch's report for p: whether its port
+// accepted, since p's last reconcile, at the address and port in its
+// status now (a report about an address since replaced says nothing).
+func (r *ProxyReconciler) portJustOpened(p *crawlv1.Proxy) bool {
+	key := client.ObjectKeyFromObject(p)
+	r.memMu.Lock()
+	address, ok := r.portOpened[key]
+	delete(r.portOpened, key)
+	r.memMu.Unlock()
+	return ok && p.Status.Address != "" && address == net.JoinHostPort(p.Status.Address, strconv.Itoa(int(p.Spec.Port)))
+}
+
 // forget drops what the reconciler remembers of a Proxy.
 func (r *ProxyReconciler) forget(key types.NamespacedName) {
 	r.memMu.Lock()
@@ -852,6 +887,7 @@ func (r *ProxyReconciler) forget(key types.NamespacedName) {
 	delete(r.synced, key)
 	delete(r.waiting, key)
 	delete(r.probeBackoff, key)
+	delete(r.portOpened, key)
 	r.forgetPort(key)
 }
 

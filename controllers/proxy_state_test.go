@@ -667,7 +667,7 @@ func TestBootingProxyPortIsWatched(t *testing.T) {
 				return nil, errors.New("connection refused")
 			}
 			r := testReconciler(t, &scriptedProber{results: tc.script}, clocktesting.NewFakePassiveClock(time.Unix(1000, 0)))
-			r.PortWatch, r.PortOpen = newPortWatch(ctx, portwatch.Options{Interval: time.Millisecond, Dial: refuse})
+			r.PortWatch, r.PortOpen = newPortWatch(ctx, portwatch.Options{Interval: time.Millisecond, Dial: refuse}, r.notePortOpened)
 			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
 				Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1", Endpoint: "http://192.0.2.1:3128"}}
 			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason,
@@ -692,6 +692,75 @@ func TestBootingProxyPortIsWatched(t *testing.T) {
 				if len(dialed) != 1 {
 					t.Fatalf("dialed %v, want only the probe's 192.0.2.1:3128", dialed)
 				}
+			}
+		})
+	}
+}
+
+// TestPortOpeningSkipsTheProviderRead: the reconcile woken by a booting
+// Proxy's port opening at its recorded address probes at once and writes
+// Ready without reading the instance again (on the real hypervisor that
+// read, the guest agent asked for the address, held Ready about a second
+// behind the first request served). A report about another address, an
+// instance event since its last read, or no report at all re-read it as
+// before.
+func TestPortOpeningSkipsTheProviderRead(t *testing.T) {
+	ok := proxyprobe.Result{OK: true, Through: true, Latency: time.Millisecond}
+	closed := proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
+	cases := []struct {
+		name string
+		// opened: where the port watch saw the port accept ("" no report).
+		opened string
+		// event: a provider event for the Proxy came after its last read.
+		event     bool
+		wantCalls []string
+	}{
+		{name: "port opened at the recorded address", opened: stateAddress + ":3128", wantCalls: nil},
+		{name: "port opened at an address since replaced", opened: "10.0.0.4:3128", wantCalls: []string{"Get"}},
+		{name: "port opened, then an instance event", opened: stateAddress + ":3128", event: true, wantCalls: []string{"Get"}},
+		{name: "no report", wantCalls: []string{"Get"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &crawlv1.Proxy{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-1", Finalizers: []string{crawlv1.ProxyFinalizer}},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Port: 3128,
+					Placement: crawlv1.ProxyPlacement{Image: "registry.example/squid:6"}},
+			}
+			p.Status.ProviderID = stateProviderID
+			prov := &scriptedProvider{name: string(crawlv1.ProviderKubernetes), get: running(stateAddress)}
+			r := testReconciler(t, &scriptedProber{results: []proxyprobe.Result{closed, ok}}, clocktesting.NewFakePassiveClock(time.Unix(1000, 0)), p)
+			r.Registry.Add(prov)
+			key := client.ObjectKeyFromObject(p)
+			reconcile := func() *crawlv1.Proxy {
+				t.Helper()
+				if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: key}); err != nil {
+					t.Fatal(err)
+				}
+				got := &crawlv1.Proxy{}
+				if err := r.Client.Get(context.Background(), key, got); err != nil {
+					t.Fatal(err)
+				}
+				return got
+			}
+			// Booting: the instance runs at its address, squid is not up.
+			if got := reconcile(); conditions.IsTrue(got, crawlv1.ReadyCondition) || !conditions.IsTrue(got, crawlv1.InstanceProvisionedCondition) {
+				t.Fatalf("after the first probe: Ready %+v, InstanceProvisioned %+v; want booting",
+					conditions.Get(got, crawlv1.ReadyCondition), conditions.Get(got, crawlv1.InstanceProvisionedCondition))
+			}
+			if tc.opened != "" {
+				r.notePortOpened(key, tc.opened)
+			}
+			if tc.event {
+				r.MarkDirty(key)
+			}
+			before := len(prov.Calls())
+			got := reconcile()
+			if calls := prov.Calls()[before:]; !slices.Equal(calls, tc.wantCalls) {
+				t.Fatalf("provider calls %v, want %v", calls, tc.wantCalls)
+			}
+			if !conditions.IsTrue(got, crawlv1.ReadyCondition) {
+				t.Fatalf("Ready %+v, want True after the probe succeeded", conditions.Get(got, crawlv1.ReadyCondition))
 			}
 		})
 	}

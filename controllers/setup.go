@@ -265,7 +265,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		ResyncInterval:        d.Proxy.ResyncInterval,
 		ProviderCallTimeout:   d.Proxy.ProviderCallTimeout,
 	}
-	w.Proxy.PortWatch, w.Proxy.PortOpen = newPortWatch(ctx, d.Proxy.PortWatch)
+	w.Proxy.PortWatch, w.Proxy.PortOpen = newPortWatch(ctx, d.Proxy.PortWatch, w.Proxy.notePortOpened)
 
 	proxyWorkers := orDefaultInt(d.Proxy.Workers, 16)
 	if k := d.KVM; k != nil {

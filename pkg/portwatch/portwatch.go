@@ -82,7 +82,7 @@ func (o Options) withDefaults() Options {
 type Watcher[K comparable] struct {
 	opts Options
 	ctx  context.Context
-	open func(K)
+	open func(K, string)
 	// inFlight holds a token per dial under way.
 	inFlight chan struct{}
 	// gap between two dial starts, fleet-wide.
@@ -105,9 +105,9 @@ type watch struct {
 }
 
 // New returns a Watcher whose watches end when ctx does. open is called,
-// from a watch's goroutine, when the watched port of key accepted a
+// from a watch's goroutine, with key and the address whose port accepted a
 // connection; it should not block for long.
-func New[K comparable](ctx context.Context, opts Options, open func(K)) *Watcher[K] {
+func New[K comparable](ctx context.Context, opts Options, open func(key K, address string)) *Watcher[K] {
 	opts = opts.withDefaults()
 	return &Watcher[K]{
 		opts:     opts,
@@ -197,7 +197,7 @@ func (w *Watcher[K]) run(ctx context.Context, key K, wt *watch) {
 			current := w.watches[key] == wt && ctx.Err() == nil
 			w.mu.Unlock()
 			if current {
-				w.open(key)
+				w.open(key, wt.address)
 			}
 			return
 		}

@@ -17,16 +17,17 @@ import (
 	"crawl.example.com/proxy-operator/internal/testutil"
 )
 
-// opened records the keys Open was called with.
+// opened records the keys and addresses open was called with, as
+// "key@address".
 type opened struct {
 	mu   sync.Mutex
 	keys []string
 }
 
-func (o *opened) open(k string) {
+func (o *opened) open(k, address string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.keys = append(o.keys, k)
+	o.keys = append(o.keys, k+"@"+address)
 }
 
 func (o *opened) get() []string {
@@ -104,8 +105,8 @@ func TestWatchOpensOnceWhenAListenerAppears(t *testing.T) {
 	}
 	listen(t, addr)
 	testutil.WaitFor(t, func() bool { return w.Running() == 0 })
-	if k := got.get(); !slices.Equal(k, []string{"ns/p"}) {
-		t.Fatalf("opened %v, want [ns/p]", k)
+	if k := got.get(); !slices.Equal(k, []string{"ns/p@" + addr}) {
+		t.Fatalf("opened %v, want [ns/p@%s]", k, addr)
 	}
 	// Done with this address: watching it again does nothing (a port that
 	// accepts while the proxy does not serve yet is the probe's backoff's).
@@ -167,6 +168,9 @@ func TestWatchStops(t *testing.T) {
 			if tc.wantWatching == 1 {
 				listen(t, other)
 				testutil.WaitFor(t, func() bool { return len(got.get()) == 1 })
+				if k := got.get(); k[0] != "p@"+other {
+					t.Fatalf("opened %v, want the new address p@%s", k, other)
+				}
 			}
 		})
 	}
@@ -193,7 +197,7 @@ func TestMaxInFlightBoundsConcurrentDials(t *testing.T) {
 		return nil, ctx.Err()
 	}
 	const bound, watches = 3, 40
-	w := New(ctx, Options{Interval: time.Millisecond, DialTimeout: time.Hour, MaxInFlight: bound, Dial: hang}, func(string) {})
+	w := New(ctx, Options{Interval: time.Millisecond, DialTimeout: time.Hour, MaxInFlight: bound, Dial: hang}, func(string, string) {})
 	for i := range watches {
 		w.Watch(string(rune('a'+i)), "192.0.2.1:3128") // never dialed for real
 	}
@@ -269,7 +273,7 @@ func TestDialRate(t *testing.T) {
 			defer cancel()
 			clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 			d := &refusingDial{clk: clk}
-			w := New(ctx, Options{Interval: tc.interval, MaxDialsPerSecond: tc.rate, MaxDuration: time.Hour, Dial: d.dial, Clock: clk}, func(string) {})
+			w := New(ctx, Options{Interval: tc.interval, MaxDialsPerSecond: tc.rate, MaxDuration: time.Hour, Dial: d.dial, Clock: clk}, func(string, string) {})
 			for i := range tc.watches {
 				w.Watch(string(rune(0x4e00+i)), "192.0.2.1:3128")
 			}
@@ -300,7 +304,7 @@ func TestNoGoroutineLeft(t *testing.T) {
 		dials.Add(1)
 		return nil, errors.New("connection refused")
 	}
-	w := New(ctx, Options{Interval: time.Millisecond, MaxDialsPerSecond: 50, Dial: refuse}, func(string) {})
+	w := New(ctx, Options{Interval: time.Millisecond, MaxDialsPerSecond: 50, Dial: refuse}, func(string, string) {})
 	for i := range 200 {
 		w.Watch(string(rune(0x4e00+i)), "192.0.2.1:3128")
 	}
@@ -344,7 +348,7 @@ func BenchmarkDialClosedPort(b *testing.B) {
 	}
 	addr := l.Addr().String()
 	_ = l.Close()
-	w := New(context.Background(), Options{}, func(string) {})
+	w := New(context.Background(), Options{}, func(string, string) {})
 	before := cpuTime(b)
 	for b.Loop() {
 		if w.dial(context.Background(), addr) {
