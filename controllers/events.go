@@ -12,8 +12,9 @@ import (
 )
 
 // BridgeKVMEvents turns libvirt lifecycle events into Proxy reconcile
-// requests: the Proxy is marked dirty (its instance is re-read at once) and
-// requeued. It runs until ctx ends.
+// requests: the Proxy is marked dirty (its instance is re-read at once), a
+// probe of it under way is interrupted (the reconcile would otherwise wait
+// for it), and it is requeued. It runs until ctx ends.
 func BridgeKVMEvents(ctx context.Context, src <-chan kvm.DomainEvent, r *ProxyReconciler) <-chan event.GenericEvent {
 	out := make(chan event.GenericEvent, 256)
 	go func() {
@@ -23,7 +24,9 @@ func BridgeKVMEvents(ctx context.Context, src <-chan kvm.DomainEvent, r *ProxyRe
 			case <-ctx.Done():
 				return
 			case ev := <-src:
-				r.MarkDirty(types.NamespacedName{Namespace: ev.Namespace, Name: ev.Name})
+				key := types.NamespacedName{Namespace: ev.Namespace, Name: ev.Name}
+				r.MarkDirty(key)
+				r.InterruptProbe(key)
 				obj := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: ev.Name}}
 				select {
 				case out <- event.GenericEvent{Object: obj}:

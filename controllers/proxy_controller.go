@@ -100,6 +100,9 @@ type ProxyReconciler struct {
 	// portOpened: where (host:port) the port watch saw each Proxy's port
 	// accept, until the reconcile it woke takes it (portJustOpened).
 	portOpened map[types.NamespacedName]string
+	// probing: how to interrupt each Proxy's probe under way
+	// (InterruptProbe).
+	probing map[types.NamespacedName]context.CancelFunc
 }
 
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;update;patch
@@ -180,6 +183,7 @@ func (r *ProxyReconciler) complete() error {
 	if r.portOpened == nil {
 		r.portOpened = map[types.NamespacedName]string{}
 	}
+	r.probing = map[types.NamespacedName]context.CancelFunc{}
 	r.memMu.Unlock()
 	return nil
 }
@@ -512,7 +516,19 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy,
 	if creds != nil {
 		target.Username, target.Password = creds.Username, creds.Password
 	}
-	res := r.Prober.Probe(ctx, target)
+	probeCtx, probed := r.startProbe(ctx, key)
+	defer probed()
+	res := r.Prober.Probe(probeCtx, target)
+	if probeCtx.Err() != nil && ctx.Err() == nil {
+		// A provider event about the instance came during the probe
+		// (stopped, gone, started): whatever the probe got is about the
+		// instance as it was, and a probe of a guest being destroyed can
+		// take its whole timeout while the event's reconcile waits behind
+		// it. That reconcile re-reads the instance and probes afresh; the
+		// verdict stays as it was until then.
+		logf.FromContext(ctx).V(1).Info("probe interrupted by a provider event; the instance is read again")
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	}
 	now := metav1.NewTime(r.Clock.Now())
 	if p.Status.Probe == nil {
 		p.Status.Probe = &crawlv1.ProxyProbeStatus{}
@@ -531,7 +547,7 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy,
 		}
 		conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
 		r.recordEgress(p, res.EgressAddress)
-		r.checkSecure(ctx, p, target)
+		r.checkSecure(probeCtx, p, target)
 		return ctrl.Result{RequeueAfter: r.ProbeInterval}, nil
 	}
 
@@ -855,6 +871,32 @@ func (r *ProxyReconciler) waitingSince(key types.NamespacedName) time.Time {
 		r.waiting[key] = t
 	}
 	return t
+}
+
+// startProbe returns the context of key's probe, which InterruptProbe
+// cancels, and the func that ends it. One reconcile per Proxy runs at a
+// time, so there is at most one probe per key.
+func (r *ProxyReconciler) startProbe(ctx context.Context, key types.NamespacedName) (context.Context, func()) {
+	probeCtx, cancel := context.WithCancel(ctx)
+	r.memMu.Lock()
+	r.probing[key] = cancel
+	r.memMu.Unlock()
+	return probeCtx, func() {
+		r.memMu.Lock()
+		delete(r.probing, key)
+		r.memMu.Unlock()
+		cancel()
+	}
+}
+
+// InterruptProbe cancels key's probe under way, if any: a provider event
+// says its instance changed (see reconcileHealth).
+func (r *ProxyReconciler) InterruptProbe(key types.NamespacedName) {
+	r.memMu.Lock()
+	defer r.memMu.Unlock()
+	if cancel, ok := r.probing[key]; ok {
+		cancel()
+	}
 }
 
 // notePortOpened is the port watch's report that key's port accepted at

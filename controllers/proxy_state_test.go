@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/digitalocean/go-libvirt"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -27,6 +28,7 @@ import (
 	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
 
@@ -763,5 +765,81 @@ func TestPortOpeningSkipsTheProviderRead(t *testing.T) {
 				t.Fatalf("Ready %+v, want True after the probe succeeded", conditions.Get(got, crawlv1.ReadyCondition))
 			}
 		})
+	}
+}
+
+// hungProber: the proxy accepts the probe and never answers (a guest being
+// destroyed under it), until the probe's context ends. started is closed
+// when the first probe is under way.
+type hungProber struct {
+	requiresAuth
+	started chan struct{}
+	once    sync.Once
+}
+
+func (h *hungProber) Probe(ctx context.Context, _ proxyprobe.Target) proxyprobe.Result {
+	h.once.Do(func() { close(h.started) })
+	select {
+	case <-ctx.Done():
+		return proxyprobe.Result{Through: true, Err: ctx.Err()}
+	case <-time.After(time.Minute):
+		return proxyprobe.Result{Through: true, Err: errors.New("no answer in a minute")}
+	}
+}
+
+// TestProviderEventInterruptsTheProbe: a libvirt event for a Proxy whose
+// probe is under way ends that probe at once and leaves its health verdict
+// as it was; the event's reconcile re-reads the instance. Before, the
+// probe ran its timeout first (fault 2 on the real hypervisor: Ready=False
+// came up to 4.7 s after the domain's stopped event).
+func TestProviderEventInterruptsTheProbe(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	prober := &hungProber{started: make(chan struct{})}
+	r := testReconciler(t, prober, clocktesting.NewFakePassiveClock(time.Unix(1000, 0)))
+	src := make(chan kvm.DomainEvent)
+	requeued := BridgeKVMEvents(ctx, src, r)
+	p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
+		Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1", Endpoint: "http://192.0.2.1:3128",
+			Probe: &crawlv1.ProxyProbeStatus{}}}
+	conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
+	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
+	key := client.ObjectKeyFromObject(p)
+	r.markSynced(key)
+
+	type outcome struct {
+		res ctrl.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := r.reconcileHealth(ctx, p, nil)
+		done <- outcome{res, err}
+	}()
+	<-prober.started
+	src <- kvm.DomainEvent{Host: "hv1", Namespace: "ns", Name: "p", Event: libvirt.DomainEventStopped}
+	var got outcome
+	select {
+	case got = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the probe was not interrupted by the domain's stopped event")
+	}
+	if got.err != nil || got.res.RequeueAfter <= 0 || got.res.RequeueAfter > time.Second {
+		t.Fatalf("result %+v, %v: want a prompt requeue", got.res, got.err)
+	}
+	if !conditions.IsTrue(p, crawlv1.ProxyHealthyCondition) || p.Status.Probe.ConsecutiveFailures != 0 || p.Status.Probe.LastError != "" {
+		t.Fatalf("ProxyHealthy %+v, probe %+v: an interrupted probe is no verdict", conditions.Get(p, crawlv1.ProxyHealthyCondition), p.Status.Probe)
+	}
+	if r.recentlySynced(key) {
+		t.Fatal("the event did not mark the instance for a re-read")
+	}
+	if ev := <-requeued; ev.Object.GetName() != "p" {
+		t.Fatalf("requeued %s, want p", ev.Object.GetName())
+	}
+	// A probe after the event is not interrupted by it.
+	prober2 := &scriptedProber{results: []proxyprobe.Result{{OK: true, Through: true, Latency: time.Millisecond}}}
+	r.Prober = prober2
+	if res, err := r.reconcileHealth(ctx, p, nil); err != nil || res.RequeueAfter != r.ProbeInterval {
+		t.Fatalf("next probe: %+v, %v; want the probe interval", res, err)
 	}
 }
