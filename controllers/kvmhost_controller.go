@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -64,8 +63,10 @@ type KVMHostReconciler struct {
 // so hosts are checked concurrently up to opts.MaxConcurrentReconciles, each
 // bounded by its timeout.
 func (r *KVMHostReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
-	if r.Client == nil || r.Prober == nil || r.Recorder == nil {
-		return errors.New("KVMHostReconciler: Client, Prober and Recorder are required")
+	if err := requireDeps("KVMHostReconciler", map[string]bool{
+		"Client": r.Client != nil, "Prober": r.Prober != nil, "Recorder": r.Recorder != nil,
+	}); err != nil {
+		return err
 	}
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}

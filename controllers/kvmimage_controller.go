@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -93,8 +92,10 @@ func (r *KVMImageReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.
 }
 
 func (r *KVMImageReconciler) complete() error {
-	if r.Client == nil || r.Cacher == nil || r.Recorder == nil || r.JobContext == nil {
-		return errors.New("KVMImageReconciler: Client, Cacher, Recorder and JobContext are required")
+	if err := requireDeps("KVMImageReconciler", map[string]bool{
+		"Client": r.Client != nil, "Cacher": r.Cacher != nil, "Recorder": r.Recorder != nil, "JobContext": r.JobContext != nil,
+	}); err != nil {
+		return err
 	}
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -141,18 +140,11 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Opt
 // complete checks the required dependencies and fills the optional ones
 // once.
 func (r *ProxyReconciler) complete() error {
-	var missing []string
-	for name, ok := range map[string]bool{
+	if err := requireDeps("ProxyReconciler", map[string]bool{
 		"Client": r.Client != nil, "APIReader": r.APIReader != nil, "Recorder": r.Recorder != nil,
 		"Prober": r.Prober != nil, "Registry": r.Registry != nil,
-	} {
-		if !ok {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
-		return fmt.Errorf("ProxyReconciler: missing %s", strings.Join(missing, ", "))
+	}); err != nil {
+		return err
 	}
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}

@@ -158,10 +158,23 @@ func testReconciler(t *testing.T, prober proxyprobe.Prober, clk *clocktesting.Fa
 	return r
 }
 
-func TestProxyReconcilerRejectsMissingDependencies(t *testing.T) {
-	err := (&ProxyReconciler{Registry: provider.NewRegistry()}).complete()
-	if err == nil || !strings.Contains(err.Error(), "APIReader, Client, Prober, Recorder") {
-		t.Fatalf("complete() = %v, want the missing APIReader, Client, Prober, Recorder named", err)
+// TestReconcilersRejectMissingDependencies: a reconciler missing a
+// dependency refuses to start and names every one missing.
+func TestReconcilersRejectMissingDependencies(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		complete func() error
+		want     string
+	}{
+		{"Proxy", (&ProxyReconciler{Registry: provider.NewRegistry()}).complete, "ProxyReconciler: missing APIReader, Client, Prober, Recorder"},
+		{"ProxyPool", (&ProxyPoolReconciler{}).complete, "ProxyPoolReconciler: missing Client, Publisher, Recorder, Scheme"},
+		{"KVMImage", (&KVMImageReconciler{JobContext: context.Background()}).complete, "KVMImageReconciler: missing Cacher, Client, Recorder"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.complete(); err == nil || err.Error() != tc.want {
+				t.Fatalf("complete() = %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
 

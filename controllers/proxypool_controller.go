@@ -108,17 +108,10 @@ func (r *ProxyPoolReconciler) SetupWithManager(mgr ctrl.Manager, opts controller
 }
 
 func (r *ProxyPoolReconciler) complete() error {
-	var missing []string
-	for name, ok := range map[string]bool{
+	if err := requireDeps("ProxyPoolReconciler", map[string]bool{
 		"Client": r.Client != nil, "Scheme": r.Scheme != nil, "Recorder": r.Recorder != nil, "Publisher": r.Publisher != nil,
-	} {
-		if !ok {
-			missing = append(missing, name)
-		}
-	}
-	if len(missing) > 0 {
-		slices.Sort(missing)
-		return fmt.Errorf("ProxyPoolReconciler: missing %s", strings.Join(missing, ", "))
+	}); err != nil {
+		return err
 	}
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -390,6 +391,23 @@ func kvmCheckInterval(k *KVMDeps) time.Duration {
 		return 0
 	}
 	return k.CheckInterval
+}
+
+// requireDeps names, sorted, the dependencies of owner that are missing
+// (false in present), so a harness that forgot one fails at set-up, not in
+// some later Reconcile.
+func requireDeps(owner string, present map[string]bool) error {
+	var missing []string
+	for name, ok := range present {
+		if !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	slices.Sort(missing)
+	return fmt.Errorf("%s: missing %s", owner, strings.Join(missing, ", "))
 }
 
 func orDefaultInt(v, def int) int {
