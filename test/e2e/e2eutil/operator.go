@@ -64,6 +64,9 @@ func ManagerArgs(c Config, sshKeyDir, namespace, tag string) []string {
 		"--address-timeout=" + c.ProxyReadyTimeout.String(),
 		"--instance-tag=" + tag,
 		"--zap-log-level=" + orStr(c.ManagerLogLevel, "info"),
+		// Sub-second times: the Ready-lag figures are read against the
+		// observer's timeline from this log.
+		"--zap-time-encoding=rfc3339nano",
 	}
 	if c.GCInterval > 0 {
 		args = append(args, "--gc-interval="+c.GCInterval.String())
