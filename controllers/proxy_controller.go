@@ -74,7 +74,8 @@ type ProxyReconciler struct {
 	AddressTimeout time.Duration
 	// ResyncInterval: a Ready proxy's instance is re-read from the provider
 	// this often, or at once on a provider event. Between, only the proxy
-	// itself is probed.
+	// itself is probed. A booting one with an address is re-read every
+	// bootingResync (at most this).
 	ResyncInterval time.Duration
 	// ProviderCallTimeout bounds each provider call, so a wedged provider
 	// (e.g. libvirtd hung behind a live sshd) cannot pin a worker forever.
@@ -338,15 +339,23 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 		return ctrl.Result{RequeueAfter: wait.after}, nil
 	}
 
-	// A Ready proxy whose instance was read recently and has had no event
-	// since only needs its proxy probed. So does a booting one whose port
-	// has just accepted at its recorded address: that says the instance runs
-	// there, and reading it again (the guest agent asked for its address
-	// takes a second under TCG) would only hold Ready back.
+	// A proxy whose instance was read recently and has had no event since
+	// only needs its proxy probed (fast): a Ready one until ResyncInterval;
+	// a booting one, whose port is all that is missing, until
+	// bootingResync, or ResyncInterval once its port has just accepted at
+	// its recorded address (which says the instance runs there). Reading
+	// it asks the guest agent, which a booting TCG guest answers in up to
+	// 2 s, and the reconcile woken by the port opening waits behind it.
 	key := client.ObjectKeyFromObject(p)
-	portOpened := r.portJustOpened(p)
-	fast := r.recentlySynced(key) && (conditions.IsTrue(p, crawlv1.ReadyCondition) ||
-		portOpened && conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition))
+	provisioned := conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition) && p.Status.Address != ""
+	var readWithin time.Duration
+	switch portOpened := r.portJustOpened(p); {
+	case conditions.IsTrue(p, crawlv1.ReadyCondition), provisioned && portOpened:
+		readWithin = r.ResyncInterval
+	case provisioned && booting(p):
+		readWithin = min(bootingResync, r.ResyncInterval)
+	}
+	fast := readWithin > 0 && r.readWithin(key, readWithin)
 	creds, wait, err := r.reconcileCredentials(ctx, p, fast)
 	if err != nil {
 		return r.fail(p, reasonFor(err), err)
@@ -503,7 +512,7 @@ func (r *ProxyReconciler) instanceDown(p *crawlv1.Proxy, state provider.State) {
 func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy, creds *credentials) (ctrl.Result, error) {
 	key := client.ObjectKeyFromObject(p)
 	// Read before this probe's verdict changes the conditions.
-	booting := p.Status.Probe == nil || notReadySinceProvisioned(p) || startedAgain(p)
+	startsBackoff := booting(p)
 	target := proxyprobe.Target{Address: p.Status.Address, Port: p.Spec.Port}
 	if creds != nil {
 		target.Username, target.Password = creds.Username, creds.Password
@@ -569,7 +578,7 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy,
 	if wasHealthy {
 		// It served before: a failing proxy is re-read from the provider.
 		r.MarkDirty(key)
-	} else if after, ok := r.nextProbeBackoff(key, booting); ok {
+	} else if after, ok := r.nextProbeBackoff(key, startsBackoff); ok {
 		// The backoff soon reaches the poll interval, long before a
 		// guest's squid starts; the watch notices the port opening
 		// without a probe or a status write per look.
@@ -578,6 +587,18 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy,
 	}
 	return ctrl.Result{RequeueAfter: r.ProvisionPollInterval}, nil
 }
+
+// booting: the Proxy has not served since its instance was (re)started, so
+// a closed port means it is still coming up, not broken.
+func booting(p *crawlv1.Proxy) bool {
+	return p.Status.Probe == nil || notReadySinceProvisioned(p) || startedAgain(p)
+}
+
+// bootingResync bounds how long a booting Proxy with an address is only
+// probed between reads of its instance. Its address seldom changes once
+// leased, and a provider event (lifecycle, guest agent connected) or its
+// port opening wakes it at once; the read catches what comes without one.
+const bootingResync = 30 * time.Second
 
 // notReadySinceProvisioned: the Proxy has not been Ready since its
 // instance was last provisioned, so a closed port means it is still
@@ -841,11 +862,13 @@ func (r *ProxyReconciler) recordInstance(p *crawlv1.Proxy, inst *provider.Instan
 	}
 }
 
-func (r *ProxyReconciler) recentlySynced(key types.NamespacedName) bool {
+// readWithin: key's instance was read from its provider less than d ago
+// and no provider event about it came since.
+func (r *ProxyReconciler) readWithin(key types.NamespacedName, d time.Duration) bool {
 	r.memMu.Lock()
 	defer r.memMu.Unlock()
 	t, ok := r.synced[key]
-	return ok && r.Clock.Since(t) < r.ResyncInterval
+	return ok && r.Clock.Since(t) < d
 }
 
 func (r *ProxyReconciler) markSynced(key types.NamespacedName) {

@@ -712,67 +712,83 @@ func TestBootingProxyPortIsWatched(t *testing.T) {
 	}
 }
 
-// TestPortOpeningSkipsTheProviderRead: the reconcile woken by a booting
-// Proxy's port opening at its recorded address probes at once and writes
-// Ready without reading the instance again (on the real hypervisor that
-// read, the guest agent asked for the address, held Ready about a second
-// behind the first request served). A report about another address, an
-// instance event since its last read, or no report at all re-read it as
-// before.
-func TestPortOpeningSkipsTheProviderRead(t *testing.T) {
-	ok := proxyprobe.Result{OK: true, Through: true, Latency: time.Millisecond}
-	closed := proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
+// TestBootingProxyIsProbedWithoutRereads: a booting Proxy whose address is
+// known is only probed, without reading its instance again, for
+// bootingResync after the last read, and for ResyncInterval once its port
+// has opened at its recorded address. On the real hypervisor each read asked
+// the guest agent (up to 2 s while the guest boots), and the reconcile woken
+// by the port opening waited behind one, holding Ready 1.2-2.7 s behind the
+// first request served. A report about another address, a provider event,
+// an older read, or a Proxy that served before (broken, not booting) read
+// the instance again.
+func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
+	const resync = 10 * time.Minute
 	cases := []struct {
 		name string
+		// wasReady: the Proxy served before and broke (not booting).
+		wasReady bool
 		// opened: where the port watch saw the port accept ("" no report).
 		opened string
 		// event: a provider event for the Proxy came after its last read.
-		event     bool
+		event bool
+		// since: time since the instance was last read.
+		since     time.Duration
 		wantCalls []string
 	}{
+		{name: "booting, read 10s ago", since: 10 * time.Second, wantCalls: nil},
+		{name: "booting, read a minute ago", since: time.Minute, wantCalls: []string{"Get"}},
 		{name: "port opened at the recorded address", opened: stateAddress + ":3128", wantCalls: nil},
-		{name: "port opened at an address since replaced", opened: "10.0.0.4:3128", wantCalls: []string{"Get"}},
-		{name: "port opened, then an instance event", opened: stateAddress + ":3128", event: true, wantCalls: []string{"Get"}},
-		{name: "no report", wantCalls: []string{"Get"}},
+		{name: "port opened, read a minute ago", opened: stateAddress + ":3128", since: time.Minute, wantCalls: nil},
+		{name: "port opened, read longer ago than the resync", opened: stateAddress + ":3128", since: resync, wantCalls: []string{"Get"}},
+		{name: "port opened at an address since replaced, read a minute ago", opened: "10.0.0.4:3128", since: time.Minute, wantCalls: []string{"Get"}},
+		{name: "port opened, then a provider event", opened: stateAddress + ":3128", event: true, wantCalls: []string{"Get"}},
+		{name: "booting, then a provider event", event: true, wantCalls: []string{"Get"}},
+		{name: "served before, now failing", wasReady: true, since: 10 * time.Second, wantCalls: []string{"Get"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			now := time.Now()
 			p := &crawlv1.Proxy{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-1", Finalizers: []string{crawlv1.ProxyFinalizer}},
 				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Port: 3128,
 					Placement: crawlv1.ProxyPlacement{Image: "registry.example/squid:6"}},
 			}
-			p.Status.ProviderID = stateProviderID
+			p.Status.ProviderID, p.Status.Address, p.Status.Endpoint = stateProviderID, stateAddress, stateEndpoint
+			p.Status.Probe = &crawlv1.ProxyProbeStatus{ConsecutiveFailures: 3}
+			readyChanged := now.Add(-2 * time.Minute) // not Ready since before it was provisioned
+			if tc.wasReady {
+				readyChanged = now.Add(-time.Second)
+			}
+			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason,
+				LastTransitionTime: metav1.NewTime(now.Add(-time.Minute))})
+			conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionFalse, Reason: crawlv1.ProxyPortClosedReason,
+				LastTransitionTime: metav1.NewTime(readyChanged)})
+			conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: crawlv1.ProxyPortClosedReason,
+				LastTransitionTime: metav1.NewTime(readyChanged)})
+			conditions.Set(p, metav1.Condition{Type: crawlv1.SecureCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyAuthRequiredReason})
 			prov := &scriptedProvider{name: string(crawlv1.ProviderKubernetes), get: running(stateAddress)}
-			r := testReconciler(t, &scriptedProber{results: []proxyprobe.Result{closed, ok}}, clocktesting.NewFakePassiveClock(time.Unix(1000, 0)), p)
+			clk := clocktesting.NewFakePassiveClock(time.Unix(1000, 0))
+			r := testReconciler(t, nil, clk, p)
+			r.ResyncInterval = resync
 			r.Registry.Add(prov)
 			key := client.ObjectKeyFromObject(p)
-			reconcile := func() *crawlv1.Proxy {
-				t.Helper()
-				if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: key}); err != nil {
-					t.Fatal(err)
-				}
-				got := &crawlv1.Proxy{}
-				if err := r.Client.Get(context.Background(), key, got); err != nil {
-					t.Fatal(err)
-				}
-				return got
-			}
-			// Booting: the instance runs at its address, squid is not up.
-			if got := reconcile(); conditions.IsTrue(got, crawlv1.ReadyCondition) || !conditions.IsTrue(got, crawlv1.InstanceProvisionedCondition) {
-				t.Fatalf("after the first probe: Ready %+v, InstanceProvisioned %+v; want booting",
-					conditions.Get(got, crawlv1.ReadyCondition), conditions.Get(got, crawlv1.InstanceProvisionedCondition))
-			}
+			r.markSynced(key)
+			clk.SetTime(clk.Now().Add(tc.since))
 			if tc.opened != "" {
 				r.notePortOpened(key, tc.opened)
 			}
 			if tc.event {
 				r.MarkDirty(key)
 			}
-			before := len(prov.Calls())
-			got := reconcile()
-			if calls := prov.Calls()[before:]; !slices.Equal(calls, tc.wantCalls) {
+			if _, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: key}); err != nil {
+				t.Fatal(err)
+			}
+			if calls := prov.Calls(); !slices.Equal(calls, tc.wantCalls) {
 				t.Fatalf("provider calls %v, want %v", calls, tc.wantCalls)
+			}
+			got := &crawlv1.Proxy{}
+			if err := r.Client.Get(context.Background(), key, got); err != nil {
+				t.Fatal(err)
 			}
 			if !conditions.IsTrue(got, crawlv1.ReadyCondition) {
 				t.Fatalf("Ready %+v, want True after the probe succeeded", conditions.Get(got, crawlv1.ReadyCondition))
@@ -843,7 +859,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	if !conditions.IsTrue(p, crawlv1.ProxyHealthyCondition) || p.Status.Probe.ConsecutiveFailures != 0 || p.Status.Probe.LastError != "" {
 		t.Fatalf("ProxyHealthy %+v, probe %+v: an interrupted probe is no verdict", conditions.Get(p, crawlv1.ProxyHealthyCondition), p.Status.Probe)
 	}
-	if r.recentlySynced(key) {
+	if r.readWithin(key, r.ResyncInterval) {
 		t.Fatal("the event did not mark the instance for a re-read")
 	}
 	if ev := <-requeued; ev.Object.GetName() != "p" {
