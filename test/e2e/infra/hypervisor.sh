@@ -600,7 +600,19 @@ cmd_tmpfs_pool() {
 		in_host virsh -q pool-define-as "$name" dir --target "$dir" >/dev/null
 		in_host virsh -q pool-start "$name" >/dev/null
 	fi
-	in_host virsh -q pool-refresh "$name" >/dev/null
+	# libvirt refuses to refresh a pool while a volume upload into it runs
+	# (the operator retries its image upload whenever it likes): wait for
+	# the upload to end, up to two minutes.
+	local out tries=0
+	until out=$(in_host virsh -q pool-refresh "$name" 2>&1); do
+		case "$out" in
+		*"asynchronous jobs running"*) ;;
+		*) die "pool-refresh $name: $out" ;;
+		esac
+		tries=$((tries + 1))
+		[ "$tries" -lt 240 ] || die "pool-refresh $name: an upload was still running after 2 minutes: $out"
+		sleep 0.5
+	done
 	in_host df -m --output=size,avail "$dir" | tail -n1
 }
 
