@@ -6,6 +6,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/portwatch"
@@ -18,7 +19,9 @@ import (
 // serves every provider alike.
 func newPortWatch(ctx context.Context, opts portwatch.Options, opened func(key types.NamespacedName, address string)) (*portwatch.Watcher[types.NamespacedName], <-chan event.GenericEvent) {
 	out := make(chan event.GenericEvent, 256)
+	log := logf.FromContext(ctx)
 	w := portwatch.New(ctx, opts, func(key types.NamespacedName, address string) {
+		log.V(1).Info("proxy port accepts, probing at once", "proxy", key, "address", address)
 		opened(key, address)
 		obj := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
 		select {

@@ -530,6 +530,7 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy,
 		logf.FromContext(ctx).V(1).Info("probe interrupted by a provider event; the instance is read again")
 		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 	}
+	logf.FromContext(ctx).V(1).Info("probed", "ok", res.OK, "latency", res.Latency, "status", res.StatusCode, "err", res.Err)
 	now := metav1.NewTime(r.Clock.Now())
 	if p.Status.Probe == nil {
 		p.Status.Probe = &crawlv1.ProxyProbeStatus{}
