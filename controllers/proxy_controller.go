@@ -352,7 +352,7 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	switch portOpened := r.portJustOpened(p); {
 	case conditions.IsTrue(p, crawlv1.ReadyCondition), provisioned && portOpened:
 		readWithin = r.ResyncInterval
-	case provisioned && booting(p):
+	case provisioned && (booting(p) || r.inProbeBackoff(key)):
 		readWithin = min(bootingResync, r.ResyncInterval)
 	}
 	fast := readWithin > 0 && r.readWithin(key, readWithin)
@@ -725,6 +725,16 @@ func (r *ProxyReconciler) nextProbeBackoff(key types.NamespacedName, start bool)
 	d = min(d, r.ProvisionPollInterval)
 	r.probeBackoff[key] = min(2*d, r.ProvisionPollInterval)
 	return d, true
+}
+
+// inProbeBackoff: key is booting by this manager's memory, which outlasts
+// the conditions' evidence (an instance started again is booting, but its
+// first failed probe replaces the InstanceNotRunning verdict).
+func (r *ProxyReconciler) inProbeBackoff(key types.NamespacedName) bool {
+	r.memMu.Lock()
+	defer r.memMu.Unlock()
+	_, ok := r.probeBackoff[key]
+	return ok
 }
 
 func (r *ProxyReconciler) endProbeBackoff(key types.NamespacedName) {

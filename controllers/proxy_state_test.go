@@ -727,6 +727,10 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 		name string
 		// wasReady: the Proxy served before and broke (not booting).
 		wasReady bool
+		// backingOff: this manager began its first-probe backoff (an
+		// instance found stopped and started again, whose conditions no
+		// longer say so once a probe failed).
+		backingOff bool
 		// opened: where the port watch saw the port accept ("" no report).
 		opened string
 		// event: a provider event for the Proxy came after its last read.
@@ -744,6 +748,9 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 		{name: "port opened, then a provider event", opened: stateAddress + ":3128", event: true, wantCalls: []string{"Get"}},
 		{name: "booting, then a provider event", event: true, wantCalls: []string{"Get"}},
 		{name: "served before, now failing", wasReady: true, since: 10 * time.Second, wantCalls: []string{"Get"}},
+		// Fault 1 on the real hypervisor: every backoff step read the
+		// instance, the last one 2.6 s long as squid started.
+		{name: "started again, booting by the backoff", wasReady: true, backingOff: true, since: 10 * time.Second, wantCalls: nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -773,6 +780,9 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 			r.Registry.Add(prov)
 			key := client.ObjectKeyFromObject(p)
 			r.markSynced(key)
+			if tc.backingOff {
+				r.nextProbeBackoff(key, true)
+			}
 			clk.SetTime(clk.Now().Add(tc.since))
 			if tc.opened != "" {
 				r.notePortOpened(key, tc.opened)
