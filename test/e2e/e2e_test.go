@@ -565,9 +565,11 @@ func recordBoot(name string, obs *e2eutil.Observer, from time.Time) e2eutil.Boot
 	}
 	rec("to_lease", b.Lease, "(the test read the DHCP lease from libvirt)")
 	rec("to_status_address", b.Address, "(the manager published status.address)")
-	rec("to_first_served", b.FirstServed, "(the test's first 204 through the proxy)")
+	rec("to_first_served", b.FirstServed, "(the test's first 204 through the proxy, when that request was sent)")
+	rec("to_first_answer", b.FirstAnswer, "(when the test's first 204 came back)")
 	rec("to_ready", b.Ready, "(Ready=True, seen by the test)")
 	rec("ready_lag", b.Lag(), "(Ready − first served)")
+	rec("ready_lag_after_answer", b.AnswerLag(), "(Ready − first answer)")
 	rec("boot_to_agent", b.BootToAgent(), "(domain started → guest agent answers guest-ping)")
 	if b.Ready != 0 && b.FirstServed != 0 {
 		GinkgoWriter.Printf("%s: created→Ready / created→first served = %.2f\n", name, b.Ready.Seconds()/b.FirstServed.Seconds())

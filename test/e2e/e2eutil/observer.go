@@ -33,6 +33,11 @@ const (
 	// SigServing is the test's own request through the proxy: "ok" (204),
 	// "fail" (detail: the error or status), "no-address".
 	SigServing = "serving"
+	// SigAnswered is the same requests' outcomes at the moment each
+	// answer (or error) came back, in the order they came: "serving" says
+	// from when a request would have been served, "answered" from when a
+	// client could know it was.
+	SigAnswered = "answered"
 	// SigDomain is the domain's state read from libvirt ("running",
 	// "shutoff", "paused", ..., "missing"); detail is its UUID.
 	SigDomain = "domain"
@@ -95,7 +100,9 @@ type Observer struct {
 	// them into the SigServing series (requests overlap and end out of
 	// order).
 	served []Change
-	proxy  *crawlv1.Proxy // last read
+	// answered: the same outcomes at their ends (SigAnswered).
+	answered []Change
+	proxy    *crawlv1.Proxy // last read
 	lease  string
 	conn   net.Conn // the libvirt connection, closed by Stop
 }
@@ -170,16 +177,18 @@ func (o *Observer) Timeline() Timeline {
 	for k, v := range o.series {
 		t.Series[k] = slices.Clone(v)
 	}
-	served := slices.Clone(o.served)
-	slices.SortStableFunc(served, func(a, b Change) int { return a.At.Compare(b.At) })
-	var series []Change
-	for _, c := range served {
-		if len(series) == 0 || series[len(series)-1].Value != c.Value {
-			series = append(series, c)
+	for sig, outcomes := range map[string][]Change{SigServing: o.served, SigAnswered: o.answered} {
+		outcomes = slices.Clone(outcomes)
+		slices.SortStableFunc(outcomes, func(a, b Change) int { return a.At.Compare(b.At) })
+		var series []Change
+		for _, c := range outcomes {
+			if len(series) == 0 || series[len(series)-1].Value != c.Value {
+				series = append(series, c)
+			}
 		}
-	}
-	if len(series) > 0 {
-		t.Series[SigServing] = series
+		if len(series) > 0 {
+			t.Series[sig] = series
+		}
 	}
 	return t
 }
@@ -235,7 +244,7 @@ func (o *Observer) requestLoop(ctx context.Context) {
 		o.mu.Unlock()
 		now := time.Now()
 		if p == nil || addr == "" {
-			o.serve(Change{At: now, Value: "no-address"})
+			o.serve(Change{At: now, Value: "no-address"}, time.Time{})
 		} else {
 			select {
 			case slots <- struct{}{}:
@@ -251,11 +260,11 @@ func (o *Observer) requestLoop(ctx context.Context) {
 					switch {
 					case ctx.Err() != nil:
 					case err != nil:
-						o.serve(Change{At: now, Value: "fail", Detail: fmt.Sprintf("%s: %v", addr, err)})
+						o.serve(Change{At: now, Value: "fail", Detail: fmt.Sprintf("%s: %v", addr, err)}, time.Now())
 					case code != http.StatusNoContent:
-						o.serve(Change{At: now, Value: "fail", Detail: fmt.Sprintf("%s: status %d", addr, code)})
+						o.serve(Change{At: now, Value: "fail", Detail: fmt.Sprintf("%s: status %d", addr, code)}, time.Now())
 					default:
-						o.serve(Change{At: now, Value: "ok", Detail: addr})
+						o.serve(Change{At: now, Value: "ok", Detail: addr}, time.Now())
 					}
 				}()
 			default: // maxInFlight requests hang: this tick is skipped
@@ -267,10 +276,16 @@ func (o *Observer) requestLoop(ctx context.Context) {
 	}
 }
 
-func (o *Observer) serve(c Change) {
+// serve records a request's outcome c (At: when it was sent) and, for a
+// request that was sent, its outcome at end, when it came back (zero: no
+// request was sent).
+func (o *Observer) serve(c Change, end time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.served = append(o.served, c)
+	if !end.IsZero() {
+		o.answered = append(o.answered, Change{At: end, Value: c.Value, Detail: c.Detail})
+	}
 }
 
 // libvirtLoop keeps a libvirt connection of its own (redialing after the
@@ -598,8 +613,10 @@ type BootTimes struct {
 	// published by the manager.
 	Lease, Address time.Duration
 	// FirstServed: the test's first request through the proxy that got
-	// its 204. Ready: Ready=True, as the API server returned it.
-	FirstServed, Ready time.Duration
+	// its 204, when it was sent; FirstAnswer: when the first 204 came back
+	// (a freshly started squid in a TCG guest took seconds for its first
+	// answers). Ready: Ready=True, as the API server returned it.
+	FirstServed, FirstAnswer, Ready time.Duration
 }
 
 // Boot reads one boot from the timeline, everything at or after from.
@@ -630,6 +647,7 @@ func (t Timeline) Boot(from time.Time) BootTimes {
 	c, ok = t.First(SigAddress, from, nonEmpty)
 	b.Address = since(c.At, ok)
 	b.FirstServed = since(t.FirstValue(SigServing, "ok", from))
+	b.FirstAnswer = since(t.FirstValue(SigAnswered, "ok", from))
 	b.Ready = since(t.FirstValue(SigReady, "True", from))
 	return b
 }
@@ -644,11 +662,19 @@ func (b BootTimes) BootToAgent() time.Duration {
 
 // Lag is Ready − FirstServed: how long the proxy served before the
 // manager said so (negative: Ready came first); 0 when either is unseen.
-func (b BootTimes) Lag() time.Duration {
-	if b.Ready == 0 || b.FirstServed == 0 {
+// It includes the first answer's own latency, which no probe can avoid.
+func (b BootTimes) Lag() time.Duration { return lagAfter(b.Ready, b.FirstServed) }
+
+// AnswerLag is Ready − FirstAnswer: how long after a client could know the
+// proxy served the manager said so.
+func (b BootTimes) AnswerLag() time.Duration { return lagAfter(b.Ready, b.FirstAnswer) }
+
+// lagAfter is ready − since, 1ns for a tie and 0 when either is unseen.
+func lagAfter(ready, since time.Duration) time.Duration {
+	if ready == 0 || since == 0 {
 		return 0
 	}
-	if d := b.Ready - b.FirstServed; d != 0 {
+	if d := ready - since; d != 0 {
 		return d
 	}
 	return time.Nanosecond
@@ -662,6 +688,6 @@ func (b BootTimes) String() string {
 		}
 		return Seconds(d)
 	}
-	return fmt.Sprintf("defined +%s, started +%s, agent +%s (boot-to-agent %s), lease +%s, status.address +%s, first served +%s, Ready +%s, lag %s",
-		s(b.Defined), s(b.Started), s(b.Agent), s(b.BootToAgent()), s(b.Lease), s(b.Address), s(b.FirstServed), s(b.Ready), s(b.Lag()))
+	return fmt.Sprintf("defined +%s, started +%s, agent +%s (boot-to-agent %s), lease +%s, status.address +%s, first served +%s (answered +%s), Ready +%s, lag %s (after the answer %s)",
+		s(b.Defined), s(b.Started), s(b.Agent), s(b.BootToAgent()), s(b.Lease), s(b.Address), s(b.FirstServed), s(b.FirstAnswer), s(b.Ready), s(b.Lag()), s(b.AnswerLag()))
 }

@@ -62,11 +62,13 @@ func TestTimelineBoot(t *testing.T) {
 		SigAddress: {{At: at(0), Value: ""}, {At: at(21), Value: "10.77.0.150"}},
 		SigServing: {{At: at(0), Value: "no-address"}, {At: at(20), Value: "fail"}, {At: at(40), Value: "ok"}, {At: at(50), Value: "fail"}, {At: at(80), Value: "ok"}},
 		SigReady:   {{At: at(0), Value: "False"}, {At: at(40.6), Value: "True"}, {At: at(50.5), Value: "False"}, {At: at(81), Value: "True"}},
+		// The first 204 took 0.4 s to come back.
+		SigAnswered: {{At: at(20.1), Value: "fail"}, {At: at(40.4), Value: "ok"}, {At: at(50.1), Value: "fail"}, {At: at(80.2), Value: "ok"}},
 	}}
 	s := func(d float64) time.Duration { return time.Duration(d * float64(time.Second)) }
 
 	first := tl.Boot(t0)
-	want := BootTimes{From: t0, Defined: s(1), Started: s(2), Agent: s(25), Lease: s(20), Address: s(21), FirstServed: s(40), Ready: s(40.6)}
+	want := BootTimes{From: t0, Defined: s(1), Started: s(2), Agent: s(25), Lease: s(20), Address: s(21), FirstServed: s(40), FirstAnswer: s(40.4), Ready: s(40.6)}
 	if first != want {
 		t.Errorf("first boot:\n got %+v\nwant %+v", first, want)
 	}
@@ -75,6 +77,9 @@ func TestTimelineBoot(t *testing.T) {
 	}
 	if got := first.Lag(); got != s(0.6) {
 		t.Errorf("Lag = %s, want 600ms", got)
+	}
+	if got := first.AnswerLag(); got != s(0.2) {
+		t.Errorf("AnswerLag = %s, want 200ms", got)
 	}
 
 	// A restart after a destroy at 50 s: no new define, no new lease.
@@ -98,24 +103,39 @@ func TestServingSeriesOrdersRequestsByStart(t *testing.T) {
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	o := &Observer{start: t0, series: map[string][]Change{}}
 	// Requests end out of order: the one started at 1 s hung until its
-	// timeout and ended after those started at 2 s and 3 s.
-	o.serve(Change{At: at(0), Value: "ok"})
-	o.serve(Change{At: at(2), Value: "fail"})
-	o.serve(Change{At: at(3), Value: "fail"})
-	o.serve(Change{At: at(1), Value: "fail"})
-	o.serve(Change{At: at(4), Value: "ok"})
-	got := o.Timeline().Series[SigServing]
-	want := []Change{{At: at(0), Value: "ok"}, {At: at(1), Value: "fail"}, {At: at(4), Value: "ok"}}
-	if len(got) != len(want) {
-		t.Fatalf("series %+v, want %+v", got, want)
-	}
-	for i := range want {
-		if !got[i].At.Equal(want[i].At) || got[i].Value != want[i].Value {
-			t.Errorf("change %d: %+v, want %+v", i, got[i], want[i])
+	// timeout and ended after those started at 2 s and 3 s; the one
+	// started at 4 s took 1.5 s to be answered.
+	o.serve(Change{At: at(-1), Value: "no-address"}, time.Time{})
+	o.serve(Change{At: at(0), Value: "ok"}, at(0.1))
+	o.serve(Change{At: at(2), Value: "fail"}, at(2.1))
+	o.serve(Change{At: at(3), Value: "fail"}, at(3.1))
+	o.serve(Change{At: at(1), Value: "fail"}, at(6))
+	o.serve(Change{At: at(4), Value: "ok"}, at(5.5))
+	tl := o.Timeline()
+	for _, tc := range []struct {
+		sig  string
+		want []Change
+	}{
+		{SigServing, []Change{{At: at(-1), Value: "no-address"}, {At: at(0), Value: "ok"}, {At: at(1), Value: "fail"}, {At: at(4), Value: "ok"}}},
+		// By their ends: the request sent at 4 s is the first answered
+		// after the failures, at 5.5 s; the hung one failed after it.
+		{SigAnswered, []Change{{At: at(0.1), Value: "ok"}, {At: at(2.1), Value: "fail"}, {At: at(5.5), Value: "ok"}, {At: at(6), Value: "fail"}}},
+	} {
+		got := tl.Series[tc.sig]
+		if len(got) != len(tc.want) {
+			t.Fatalf("%s: series %+v, want %+v", tc.sig, got, tc.want)
+		}
+		for i := range tc.want {
+			if !got[i].At.Equal(tc.want[i].At) || got[i].Value != tc.want[i].Value {
+				t.Errorf("%s change %d: %+v, want %+v", tc.sig, i, got[i], tc.want[i])
+			}
 		}
 	}
+	if got, ok := tl.FirstValue(SigAnswered, "ok", at(1)); !ok || !got.Equal(at(5.5)) {
+		t.Errorf("first answer after 1 s = %v %v, want 5.5 s", got.Sub(t0), ok)
+	}
 	if n := o.Requests(); n != 5 {
-		t.Errorf("Requests() = %d, want 5", n)
+		t.Errorf("Requests() = %d, want 5 (no request without an address)", n)
 	}
 }
 
