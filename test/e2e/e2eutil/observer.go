@@ -103,8 +103,8 @@ type Observer struct {
 	// answered: the same outcomes at their ends (SigAnswered).
 	answered []Change
 	proxy    *crawlv1.Proxy // last read
-	lease  string
-	conn   net.Conn // the libvirt connection, closed by Stop
+	lease    string
+	conn     net.Conn // the libvirt connection, closed by Stop
 }
 
 // maxInFlight bounds the observer's concurrent requests through the proxy.
