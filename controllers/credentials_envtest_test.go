@@ -22,7 +22,6 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/internal/logkeys"
-	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 )
 
 // lockedBuffer is a log sink several goroutines write to.
@@ -54,10 +53,7 @@ var _ = Describe("credentials", func() {
 			mgr = startManager()
 		})
 
-		img := kvmtest.NewImageServer("debian", 64<<10)
-		DeferCleanup(img.Close)
-		image := uniqueName("debian")
-		createImage(image, img)
+		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
 		p := &crawlv1.Proxy{
@@ -130,10 +126,7 @@ var _ = Describe("credentials", func() {
 	})
 
 	It("waits for a user's credential Secret, naming it, and serves with it once it exists", func() {
-		img := kvmtest.NewImageServer("debian", 64<<10)
-		DeferCleanup(img.Close)
-		image := uniqueName("debian")
-		createImage(image, img)
+		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
 		access := managedAccessFor("crawler-credential")
@@ -169,10 +162,7 @@ var _ = Describe("credentials", func() {
 			mgr.stop()
 			mgr = startManager()
 		})
-		img := kvmtest.NewImageServer("debian", 64<<10)
-		DeferCleanup(img.Close)
-		image := uniqueName("debian")
-		createImage(image, img)
+		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
 		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lost"},

@@ -83,6 +83,16 @@ func createImage(name string, srv *kvmtest.ImageServer) *crawlv1.KVMImage {
 	return img
 }
 
+// servedImage serves a small image for the spec (until its cleanup) and
+// creates a KVMImage of it; it returns the KVMImage's name.
+func servedImage() string {
+	srv := kvmtest.NewImageServer("debian", 64<<10)
+	DeferCleanup(srv.Close)
+	name := uniqueName("debian")
+	createImage(name, srv)
+	return name
+}
+
 func newNamespace() string {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "crawl-"}}
 	Expect(k8sClient.Create(ctx, ns)).To(Succeed())

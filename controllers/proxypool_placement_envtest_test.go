@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
-	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
 )
 
@@ -127,10 +126,7 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 	})
 
 	BeforeAll(func() {
-		img := kvmtest.NewImageServer("debian", 64<<10)
-		DeferCleanup(img.Close)
-		image = uniqueName("debian")
-		createImage(image, img)
+		image = servedImage()
 		ns = newNamespace()
 		label = uniqueName("sizes")
 		sel := map[string]string{"placement-test": label}

@@ -11,7 +11,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
-	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 )
 
 // Every status a watcher sees is one the reconciler wrote whole: Ready is
@@ -31,10 +30,7 @@ var _ = Describe("status writes", func() {
 		Expect(err).NotTo(HaveOccurred())
 		defer proxyW.Stop()
 
-		img := kvmtest.NewImageServer("debian", 64<<10)
-		DeferCleanup(img.Close)
-		image := uniqueName("debian")
-		createImage(image, img)
+		image := servedImage()
 		h := readyHost(name)
 		readyProxy(h, ns, "p1", image, "192.0.2.31")
 
