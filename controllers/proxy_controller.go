@@ -352,7 +352,7 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	switch portOpened := r.portJustOpened(p); {
 	case conditions.IsTrue(p, crawlv1.ReadyCondition), provisioned && portOpened:
 		readWithin = r.ResyncInterval
-	case provisioned && (booting(p) || r.inProbeBackoff(key)):
+	case provisioned && settledAddress(p) && (booting(p) || r.inProbeBackoff(key)):
 		readWithin = min(bootingResync, r.ResyncInterval)
 	}
 	fast := readWithin > 0 && r.readWithin(key, readWithin)
@@ -593,6 +593,13 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy,
 // a closed port means it is still coming up, not broken.
 func booting(p *crawlv1.Proxy) bool {
 	return p.Status.Probe == nil || notReadySinceProvisioned(p) || startedAgain(p)
+}
+
+// settledAddress: p's address came from a source the provider will not
+// replace with a better one. kvm prefers the DHCP lease, which can appear
+// after the guest agent has reported the same address (or ARP seen it).
+func settledAddress(p *crawlv1.Proxy) bool {
+	return p.Status.AddressSource != provider.AddressSourceAgent && p.Status.AddressSource != provider.AddressSourceARP
 }
 
 // bootingResync bounds how long a booting Proxy with an address is only

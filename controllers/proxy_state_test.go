@@ -727,6 +727,8 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 		name string
 		// wasReady: the Proxy served before and broke (not booting).
 		wasReady bool
+		// source: status.addressSource (default: the pod's).
+		source string
 		// backingOff: this manager began its first-probe backoff (an
 		// instance found stopped and started again, whose conditions no
 		// longer say so once a probe failed).
@@ -748,6 +750,11 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 		{name: "port opened, then a provider event", opened: stateAddress + ":3128", event: true, wantCalls: []string{"Get"}},
 		{name: "booting, then a provider event", event: true, wantCalls: []string{"Get"}},
 		{name: "served before, now failing", wasReady: true, since: 10 * time.Second, wantCalls: []string{"Get"}},
+		// Fault 2 in a CI run: the agent's address was read 0.1 s before
+		// the lease appeared, and the Proxy turned Ready still showing
+		// addressSource agent, which kvm replaces with the lease.
+		{name: "booting, address from the guest agent", source: provider.AddressSourceAgent, since: 10 * time.Second, wantCalls: []string{"Get"}},
+		{name: "booting, address from the lease", source: provider.AddressSourceLease, since: 10 * time.Second, wantCalls: nil},
 		// Fault 1 on the real hypervisor: every backoff step read the
 		// instance, the last one 2.6 s long as squid started.
 		{name: "started again, booting by the backoff", wasReady: true, backingOff: true, since: 10 * time.Second, wantCalls: nil},
@@ -761,6 +768,10 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 					Placement: crawlv1.ProxyPlacement{Image: "registry.example/squid:6"}},
 			}
 			p.Status.ProviderID, p.Status.Address, p.Status.Endpoint = stateProviderID, stateAddress, stateEndpoint
+			p.Status.AddressSource = provider.AddressSourcePod
+			if tc.source != "" {
+				p.Status.AddressSource = tc.source
+			}
 			p.Status.Probe = &crawlv1.ProxyProbeStatus{ConsecutiveFailures: 3}
 			readyChanged := now.Add(-2 * time.Minute) // not Ready since before it was provisioned
 			if tc.wasReady {
