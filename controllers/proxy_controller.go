@@ -347,12 +347,14 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	// it asks the guest agent, which a booting TCG guest answers in up to
 	// 2 s, and the reconcile woken by the port opening waits behind it.
 	key := client.ObjectKeyFromObject(p)
-	provisioned := conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition) && p.Status.Address != ""
+	// Only an address the provider will not replace counts: a read would
+	// still change its source.
+	provisioned := conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition) && p.Status.Address != "" && settledAddress(p)
 	var readWithin time.Duration
 	switch portOpened := r.portJustOpened(p); {
 	case conditions.IsTrue(p, crawlv1.ReadyCondition), provisioned && portOpened:
 		readWithin = r.ResyncInterval
-	case provisioned && settledAddress(p) && (booting(p) || r.inProbeBackoff(key)):
+	case provisioned && (booting(p) || r.inProbeBackoff(key)):
 		readWithin = min(bootingResync, r.ResyncInterval)
 	}
 	fast := readWithin > 0 && r.readWithin(key, readWithin)

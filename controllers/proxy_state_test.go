@@ -755,6 +755,7 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 		// addressSource agent, which kvm replaces with the lease.
 		{name: "booting, address from the guest agent", source: provider.AddressSourceAgent, since: 10 * time.Second, wantCalls: []string{"Get"}},
 		{name: "booting, address from the lease", source: provider.AddressSourceLease, since: 10 * time.Second, wantCalls: nil},
+		{name: "port opened, address from the guest agent", source: provider.AddressSourceAgent, opened: stateAddress + ":3128", wantCalls: []string{"Get"}},
 		// Fault 1 on the real hypervisor: every backoff step read the
 		// instance, the last one 2.6 s long as squid started.
 		{name: "started again, booting by the backoff", wasReady: true, backingOff: true, since: 10 * time.Second, wantCalls: nil},
