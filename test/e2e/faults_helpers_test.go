@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 	"crawl.example.com/proxy-operator/test/e2e/e2eutil"
 )
@@ -56,6 +57,18 @@ type faultRow struct {
 
 func (r *faultRow) note(format string, args ...any) {
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
+}
+
+// detected records the time to detect: from the fault to at, the first
+// state that showed it.
+func (r *faultRow) detected(from, at time.Time, note string) {
+	r.Detect, r.DetectNote = at.Sub(from), note
+}
+
+// recovered records the time to recover: from the repair (or the fault,
+// for faults the operator repairs itself) to at.
+func (r *faultRow) recovered(from, at time.Time, note string) {
+	r.Recover, r.RecoverNote = at.Sub(from), note
 }
 
 const faultsHeader = "| # | fault | invariant checked | survived | time to detect | time to recover | Proxies lost | instances / volumes / NVRAM leaked | foreign objects touched | notes |\n" +
@@ -173,14 +186,18 @@ func waitEvent(ctx context.Context, o *e2eutil.Observer, event string, from time
 	return waitTimeline(ctx, o, e2eutil.SigEvent, from, timeout, func(c e2eutil.Change) bool { return c.Value == event }).At
 }
 
-// waitDownThenNotReady waits for the main domain to be seen down (its state
-// polled, or its "stopped" event, whichever came first) after from, and
-// then for Ready=False; it notes how the time splits between libvirt's
-// event delivery and the manager.
-func waitDownThenNotReady(ctx context.Context, o *e2eutil.Observer, from time.Time, r *faultRow) (down, event time.Time, notReady e2eutil.Change) {
+// detectDown waits for the main domain to be seen down (its state polled,
+// or its "stopped" event, whichever came first) after the fault at from,
+// and then for Ready=False, which it records as the time to detect ("seen
+// → Ready=False (reason)"). It notes how the time splits between libvirt's
+// event delivery and the manager, and how long Ready stayed True while the
+// test's requests failed (lie); beyond is how long after the stopped event
+// Ready went False.
+func detectDown(ctx context.Context, o *e2eutil.Observer, from time.Time, seen string, r *faultRow) (notReady e2eutil.Change, beyond, lie time.Duration) {
+	GinkgoHelper()
 	ev := waitEvent(ctx, o, "stopped", from, time.Minute)
 	polled, ok := o.Timeline().First(e2eutil.SigDomain, from, func(c e2eutil.Change) bool { return c.Value != "running" })
-	down = ev
+	down := ev
 	if ok && polled.At.Before(ev) {
 		down = polled.At
 	}
@@ -195,7 +212,35 @@ func waitDownThenNotReady(ctx context.Context, o *e2eutil.Observer, from time.Ti
 	}
 	r.note("after the fault: domain seen down %s (polled %q at %s, stopped event %s), started again (event) %s, Ready=False %s",
 		since(down), polled.Value, since(polled.At), since(ev), since(restarted), since(notReady.At))
-	return down, ev, notReady
+	r.detected(down, notReady.At, seen+" → Ready=False ("+notReady.Detail+")")
+	beyond = notReady.At.Sub(ev)
+	r.note("Ready=False %s after libvirt's stopped event reached the test", e2eutil.Seconds(beyond))
+	lie = o.Timeline().Overlap(e2eutil.SigReady, "True", e2eutil.SigServing, "fail", from, notReady.At)
+	r.note("Ready=True while the test's requests failed: %s", e2eutil.Seconds(lie))
+	return notReady, beyond, lie
+}
+
+// recoverServing waits for the main Proxy to be Ready again (as the
+// manager checks it) and for the observer to see it Ready and serving at
+// once after notReady, and records the time to recover from the fault.
+func recoverServing(ctx context.Context, key client.ObjectKey, o *e2eutil.Observer, fault, notReady time.Time, note string, r *faultRow) *crawlv1.Proxy {
+	GinkgoHelper()
+	ready := waitProxyReady(ctx, key)
+	back := waitBack(ctx, o, notReady)
+	r.recovered(fault, back, note)
+	return ready
+}
+
+// checkReadyFollowsServing notes how long the Proxy was Ready again before
+// it served, and checks that Ready went False within eventSlack of the
+// stopped event (beyond) and came back only with serving. Called last, once
+// the Proxy is back, so the row has every figure.
+func checkReadyFollowsServing(o *e2eutil.Observer, notReady time.Time, beyond time.Duration, r *faultRow) {
+	GinkgoHelper()
+	early := readyBeforeServing(o, notReady)
+	r.note("Ready=True before the proxy served again: %s", e2eutil.Seconds(early))
+	Expect(beyond).To(BeNumerically("<=", eventSlack), "Ready=False within %s of the domain's stopped event; it took %s", eventSlack, beyond)
+	Expect(early).To(BeNumerically("<=", servingSlack), "Ready=True only once the proxy serves again; it was Ready %s before", early)
 }
 
 // waitBack waits until the observer has seen the Proxy Ready and serving
@@ -239,9 +284,9 @@ func waitServing(ctx context.Context, o *e2eutil.Observer) {
 	}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(250 * time.Millisecond).Should(Equal("ok"))
 }
 
-// waitReadyAgain waits for the Proxy to be Ready (as the manager checks
-// it) after the moment it went not Ready.
-func waitReadyAgain(ctx context.Context, key client.ObjectKey, since time.Time) *crawlv1.Proxy {
+// waitProxyReady waits for the Proxy to be Ready (as the manager checks
+// it).
+func waitProxyReady(ctx context.Context, key client.ObjectKey) *crawlv1.Proxy {
 	var ready *crawlv1.Proxy
 	Eventually(func(ctx context.Context) (err error) {
 		ready, err = e2eutil.ProxyReady(ctx, k8s, key, objs.Host.Name)
@@ -272,8 +317,71 @@ func getProxy(ctx context.Context, key client.ObjectKey) *crawlv1.Proxy {
 // deleted by the manager).
 func deleteAndWait(ctx context.Context, p *crawlv1.Proxy) {
 	Expect(client.IgnoreNotFound(k8s.Delete(ctx, p))).To(Succeed())
-	Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, p.DeepCopy()) }).
-		WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(500 * time.Millisecond).Should(Succeed())
+	Eventually(gone(k8s, p)).WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(500 * time.Millisecond).Should(Succeed())
+}
+
+// gone polls until obj no longer exists.
+func gone(c client.Client, obj client.Object) func(context.Context) error {
+	return func(ctx context.Context) error { return e2eutil.Gone(ctx, c, obj.DeepCopyObject().(client.Object)) }
+}
+
+// imageVerified polls until the KVMImage is verified on host.
+func imageVerified(c client.Client, image, host string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := e2eutil.ImageVerified(ctx, c, image, host)
+		return err
+	}
+}
+
+// instanceRecorded polls until the Proxy's status records its instance.
+func instanceRecorded(key client.ObjectKey) func(context.Context) error {
+	return func(ctx context.Context) error {
+		got := getProxy(ctx, key)
+		if got.Status.ProviderID == "" {
+			return errors.New("no instance recorded yet: " + e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+		}
+		return nil
+	}
+}
+
+// updateWithRetry reads the object at key afresh and changes it until the
+// update goes through (the manager writes the same objects).
+func updateWithRetry[T any, P interface {
+	*T
+	client.Object
+}](ctx context.Context, key client.ObjectKey, change func(P)) {
+	GinkgoHelper()
+	Eventually(func(ctx context.Context) error {
+		cur := P(new(T))
+		if err := k8s.Get(ctx, key, cur); err != nil {
+			return err
+		}
+		change(cur)
+		return k8s.Update(ctx, cur)
+	}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
+}
+
+// createImage creates a KVMImage of the run's format and firmware, named
+// after the run's with suffix, downloading url.
+func createImage(ctx context.Context, suffix, url, checksum string) *crawlv1.KVMImage {
+	GinkgoHelper()
+	img := &crawlv1.KVMImage{
+		ObjectMeta: metav1.ObjectMeta{Name: objs.Image.Name + "-" + suffix},
+		Spec:       crawlv1.KVMImageSpec{URL: url, Checksum: checksum, Format: crawlv1.ImageFormatQCOW2, Firmware: crawlv1.FirmwareUEFI},
+	}
+	Expect(k8s.Create(ctx, img)).To(Succeed())
+	return img
+}
+
+// createHost creates a second KVMHost, the run's named with suffix and its
+// spec changed by set. The caller deletes it (deleteHost).
+func createHost(ctx context.Context, suffix string, set func(*crawlv1.KVMHostSpec)) *crawlv1.KVMHost {
+	GinkgoHelper()
+	h := objs.Host.DeepCopy()
+	h.ObjectMeta = metav1.ObjectMeta{Name: objs.Host.Name + "-" + suffix}
+	set(&h.Spec)
+	Expect(k8s.Create(ctx, h)).To(Succeed())
+	return h
 }
 
 // deleteHost deletes a KVMHost and waits (bounded) for it to go.
@@ -308,6 +416,40 @@ func waitHostReason(ctx context.Context, name string, timeout time.Duration, pre
 	return time.Now(), c
 }
 
+// hostFailedWith: the KVMHost is not Ready, for reason.
+func hostFailedWith(reason string) func(*metav1.Condition) bool {
+	return func(c *metav1.Condition) bool { return c.Status == metav1.ConditionFalse && c.Reason == reason }
+}
+
+// hostWithReason: the KVMHost's Ready condition has reason (whatever its
+// status).
+func hostWithReason(reason string) func(*metav1.Condition) bool {
+	return func(c *metav1.Condition) bool { return c.Reason == reason }
+}
+
+func hostNotReady(c *metav1.Condition) bool { return c.Status == metav1.ConditionFalse }
+
+func hostReady(c *metav1.Condition) bool { return c.Status == metav1.ConditionTrue }
+
+// detectHost waits for the run's KVMHost to show the fault done at from
+// (pred) and records the time to detect; it returns the condition.
+func detectHost(ctx context.Context, from time.Time, timeout time.Duration, pred func(*metav1.Condition) bool, note string, r *faultRow) *metav1.Condition {
+	GinkgoHelper()
+	at, c := waitHostReason(ctx, objs.Host.Name, timeout, pred)
+	r.detected(from, at, note)
+	return c
+}
+
+// hostHealed waits for the run's KVMHost to be Ready again after the
+// repair at repaired, records the time to recover, and checks that the
+// manager that saw the fault healed it (no restart).
+func hostHealed(ctx context.Context, repaired time.Time, timeout time.Duration, note string, r *faultRow) {
+	GinkgoHelper()
+	at, _ := waitHostReason(ctx, objs.Host.Name, timeout, hostReady)
+	r.recovered(repaired, at, note)
+	Expect(op.Alive(ctx)).To(Succeed(), "healed without a manager restart")
+}
+
 // readyProxies names the Proxies that are Ready now.
 func readyProxies(ctx context.Context, c client.Client) []string {
 	var list crawlv1.ProxyList
@@ -333,6 +475,27 @@ func foreignIntact(ctx context.Context, f e2eutil.Foreign) error {
 		return fmt.Errorf("foreign objects touched: %s", a.ForeignString())
 	}
 	return nil
+}
+
+// inventory is what the test hypervisor's storage pool and libvirt hold
+// now.
+func inventory(ctx context.Context) e2eutil.Inventory {
+	GinkgoHelper()
+	inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
+	Expect(err).NotTo(HaveOccurred())
+	return inv
+}
+
+// checkOneDomain checks that exactly one domain, dom, carries p's UID and
+// that it is the one p's providerID names; it returns the inventory.
+func checkOneDomain(ctx context.Context, p *crawlv1.Proxy, dom string) e2eutil.Inventory {
+	GinkgoHelper()
+	inv := inventory(ctx)
+	Expect(domainsOf(inv, string(p.UID))).To(Equal([]string{dom}), "exactly one domain carries the Proxy's UID")
+	_, wantUUID, err := provider.ParseKVMProviderID(p.Status.ProviderID)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(inv.Domains[dom].UUID).To(Equal(wantUUID))
+	return inv
 }
 
 // domainsOf names the domains whose metadata carries uid.
