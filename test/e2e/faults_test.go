@@ -4,12 +4,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -20,9 +16,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -66,6 +60,14 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		row = &faultRow{N: n, Fault: fault, Invariant: invariant}
 		readyBefore = readyProxies(ctx, k8s)
 	}
+	// beginOnMain opens the row of a fault done to (or beside) the booted
+	// guest, once it serves.
+	beginOnMain := func(ctx context.Context, n int, fault, invariant string) {
+		GinkgoHelper()
+		Expect(mainProxy).NotTo(BeNil())
+		begin(ctx, n, fault, invariant)
+		waitServing(ctx, obs)
+	}
 
 	BeforeAll(func(ctx SpecContext) {
 		var ok bool
@@ -94,8 +96,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			_, err := e2eutil.Virsh(ctx, hv, args...)
 			Expect(err).NotTo(HaveOccurred())
 		}
-		inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-		Expect(err).NotTo(HaveOccurred())
+		inv := inventory(ctx)
 		fd := inv.Domains[foreignName()]
 		Expect(fd.State).To(Equal("paused"))
 		foreign = e2eutil.Foreign{Domains: map[string]e2eutil.DomainRecord{foreignName(): fd}, Volumes: map[string][]string{}}
@@ -172,11 +173,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			"KVMImage Failed naming the checksum mismatch; no marker, no volume of that digest left; a Proxy on it never defined; a URL fix heals it")
 		v, err := imgSrv.Variant("corrupt")
 		Expect(err).NotTo(HaveOccurred())
-		img := &crawlv1.KVMImage{
-			ObjectMeta: metav1.ObjectMeta{Name: objs.Image.Name + "-corrupt"},
-			Spec:       crawlv1.KVMImageSpec{URL: v.CorruptURL, Checksum: v.Checksum, Format: crawlv1.ImageFormatQCOW2, Firmware: crawlv1.FirmwareUEFI},
-		}
-		Expect(k8s.Create(ctx, img)).To(Succeed())
+		img := createImage(ctx, "corrupt", v.CorruptURL, v.Checksum)
 		created := time.Now()
 		p := objs.NewProxy("squid-corrupt", 1, "512Mi")
 		p.Spec.Placement.Image = img.Name
@@ -195,8 +192,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			msg = hs.Message
 			return nil
 		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.Detect = time.Since(created)
-		row.DetectNote = "KVMImage created → host entry Failed"
+		row.detected(created, time.Now(), "KVMImage created → host entry Failed")
 		Expect(msg).To(ContainSubstring("checksum mismatch"))
 		Expect(msg).To(ContainSubstring(strings.TrimPrefix(v.Checksum, "sha256:")), "the reason names the expected digest")
 		// The Proxy on it either waits or tries the image itself and fails
@@ -253,25 +249,13 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		got := getProxy(ctx, client.ObjectKeyFromObject(p))
 		row.note("Proxy on it: %s, %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.ReadyCondition))
 		Expect(k8s.Delete(ctx, got)).To(Succeed())
-		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, p.DeepCopy()) }).
-			WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
+		Eventually(gone(k8s, p)).WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
 
 		// Heals by a spec change: the intact bytes at another URL.
 		fixed := time.Now()
-		Eventually(func(ctx context.Context) error {
-			cur := &crawlv1.KVMImage{}
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(img), cur); err != nil {
-				return err
-			}
-			cur.Spec.URL = v.URL
-			return k8s.Update(ctx, cur)
-		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
-		Eventually(func(ctx context.Context) error {
-			_, err := e2eutil.ImageVerified(ctx, k8s, img.Name, objs.Host.Name)
-			return err
-		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
-		row.Recover = time.Since(fixed)
-		row.RecoverNote = "spec.url fixed → Verified"
+		updateWithRetry(ctx, client.ObjectKeyFromObject(img), func(cur *crawlv1.KVMImage) { cur.Spec.URL = v.URL })
+		Eventually(imageVerified(k8s, img.Name, objs.Host.Name)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
+		row.recovered(fixed, time.Now(), "spec.url fixed → Verified")
 		vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(vols).To(ContainElements(v.Volume, v.Volume+".sha256"))
@@ -279,8 +263,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 
 		// Deleting the KVMImage prunes its volume (nothing uses it).
 		Expect(k8s.Delete(ctx, img)).To(Succeed())
-		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, img.DeepCopy()) }).
-			WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		Eventually(gone(k8s, img)).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
 	}, NodeTimeout(15*time.Minute))
 
 	It("11: a foreign domain named like a Proxy is never destroyed or undefined; deletion stays blocked until skip-cleanup", func(ctx SpecContext) {
@@ -298,8 +281,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return nil
 		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.Detect = time.Since(created)
-		row.DetectNote = "Proxy created → Failed/ForeignInstance"
+		row.detected(created, time.Now(), "Proxy created → Failed/ForeignInstance")
 		got := getProxy(ctx, key)
 		Expect(got.Status.ProviderID).To(BeEmpty(), "a foreign domain is never recorded as the Proxy's instance")
 		Expect(conditions.GetMessage(got, crawlv1.InstanceProvisionedCondition)).To(ContainSubstring("no proxy-operator metadata"))
@@ -336,10 +318,8 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			cur.Annotations[crawlv1.SkipCleanupAnnotation] = "true"
 			return k8s.Update(ctx, cur)
 		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
-		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, p.DeepCopy()) }).
-			WithContext(ctx).WithTimeout(time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.Recover = time.Since(skip)
-		row.RecoverNote = "skip-cleanup → Proxy released"
+		Eventually(gone(k8s, p)).WithContext(ctx).WithTimeout(time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.recovered(skip, time.Now(), "skip-cleanup → Proxy released")
 		Expect(foreignIntact(ctx, foreign)).To(Succeed())
 	}, NodeTimeout(10*time.Minute))
 
@@ -366,33 +346,16 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		if !window {
 			row.note("window missed: the Create had already finished")
 		}
-		at, _ := waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool {
-			return c.Status == metav1.ConditionFalse && c.Reason == crawlv1.HostTCPUnreachableReason
-		})
-		row.Detect = at.Sub(stopping)
-		row.DetectNote = "sshd killed → KVMHost TCPUnreachable"
+		detectHost(ctx, stopping, 2*time.Minute, hostFailedWith(crawlv1.HostTCPUnreachableReason), "sshd killed → KVMHost TCPUnreachable", row)
 		time.Sleep(time.Until(stopped.Add(10 * time.Second)))
 		Expect(hv.StartSSHD(ctx)).To(Succeed())
 		started := time.Now()
-		var uid string
-		Eventually(func(ctx context.Context) error {
-			got := getProxy(ctx, key)
-			uid = string(got.UID)
-			if got.Status.ProviderID == "" {
-				return fmt.Errorf("no providerID yet: %s", e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
-			}
-			return nil
-		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.Recover = time.Since(started)
-		row.RecoverNote = "sshd started → providerID recorded"
+		Eventually(instanceRecorded(key)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.recovered(started, time.Now(), "sshd started → providerID recorded")
 
 		got := getProxy(ctx, key)
-		inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(domainsOf(inv, uid)).To(Equal([]string{dom}), "exactly one domain carries the Proxy's UID")
-		_, wantUUID, err := provider.ParseKVMProviderID(got.Status.ProviderID)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(inv.Domains[dom].UUID).To(Equal(wantUUID))
+		uid := string(got.UID)
+		inv := checkOneDomain(ctx, got, dom)
 		Expect(inv.Domains[dom].State).To(Equal("running"))
 		Expect(volumesOf(inv, cfg.Pool, uid)).To(ConsistOf(domxml.DiskVolumeName(uid), domxml.SeedVolumeName(uid)))
 		defines := 0
@@ -430,20 +393,11 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(lop.Restart(ctx)).To(Succeed())
 		restarted := time.Now()
 		row.note("manager restarted in %s", e2eutil.Seconds(restarted.Sub(killed)))
-		var ready *crawlv1.Proxy
-		Eventually(func(ctx context.Context) (err error) {
-			ready, err = e2eutil.ProxyReady(ctx, k8s, mainKey(), objs.Host.Name)
-			return err
-		}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.Recover = time.Since(restarted)
-		row.RecoverNote = "manager restarted → Ready"
+		ready := waitProxyReady(ctx, mainKey())
+		row.recovered(restarted, time.Now(), "manager restarted → Ready")
 		mainProxy = ready
 
-		inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(domainsOf(inv, string(ready.UID))).To(Equal([]string{mainDomain()}))
-		_, wantUUID, _ := provider.ParseKVMProviderID(ready.Status.ProviderID)
-		Expect(inv.Domains[mainDomain()].UUID).To(Equal(wantUUID))
+		checkOneDomain(ctx, ready, mainDomain())
 		Eventually(func() error {
 			_, err := obs.Timeline().Need(e2eutil.SigServing, "ok", created)
 			return err
@@ -463,32 +417,23 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 	}, NodeTimeout(25*time.Minute))
 
 	It("3: libvirtd wedged (SIGSTOP 60 s, sshd alive): the KVMHost goes Timeout; another host and its Proxy keep reconciling; SIGCONT heals without a restart", func(ctx SpecContext) {
-		Expect(mainProxy).NotTo(BeNil())
-		begin(ctx, 3, "libvirtd wedged: SIGSTOP for 60 s, sshd alive",
+		beginOnMain(ctx, 3, "libvirtd wedged: SIGSTOP for 60 s, sshd alive",
 			"KVMHost Timeout within checkInterval+checkTimeout; a second KVMHost's checks and a Proxy on it reconcile during the wedge; the running Proxy stays Ready and serving; SIGCONT heals, same manager process")
-		waitServing(ctx, obs)
 		// A second host whose "sshd" is a port the test controls: refused
 		// first; during the wedge it starts answering garbage, which only
 		// a working KVMHost controller turns into a new reason.
 		fake := newFakeSSHPort()
 		defer fake.Close()
-		hostB := objs.Host.DeepCopy()
-		hostB.ObjectMeta = metav1.ObjectMeta{Name: objs.Host.Name + "-b"}
-		hostB.Spec.Address = fake.Addr()
-		Expect(k8s.Create(ctx, hostB)).To(Succeed())
+		hostB := createHost(ctx, "b", func(s *crawlv1.KVMHostSpec) { s.Address = fake.Addr() })
 		defer func() { deleteHost(context.WithoutCancel(ctx), hostB.Name) }()
-		waitHostReason(ctx, hostB.Name, time.Minute, func(c *metav1.Condition) bool { return c.Reason == crawlv1.HostTCPUnreachableReason })
+		waitHostReason(ctx, hostB.Name, time.Minute, hostWithReason(crawlv1.HostTCPUnreachableReason))
 		probeBefore := getProxy(ctx, mainKey()).Status.Probe.LastProbeTime.Time
 
 		stopped := time.Now()
 		Expect(lh.Libvirtd(ctx, "stop")).To(Succeed())
 		defer func() { _ = lh.Libvirtd(context.WithoutCancel(ctx), "cont") }()
 		bound := cfg.CheckInterval + cfg.CheckTimeout + statusSlack
-		at, c := waitHostReason(ctx, objs.Host.Name, 2*bound, func(c *metav1.Condition) bool {
-			return c.Status == metav1.ConditionFalse && c.Reason == crawlv1.HostTimeoutReason
-		})
-		row.Detect = at.Sub(stopped)
-		row.DetectNote = "SIGSTOP → KVMHost Timeout"
+		c := detectHost(ctx, stopped, 2*bound, hostFailedWith(crawlv1.HostTimeoutReason), "SIGSTOP → KVMHost Timeout", row)
 		row.note("Timeout: %q", c.Message)
 		Expect(row.Detect).To(BeNumerically("<=", bound), "within checkInterval %s + checkTimeout %s (+%s)", cfg.CheckInterval, cfg.CheckTimeout, statusSlack)
 
@@ -496,7 +441,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		// reconciled, the main Proxy keeps being probed.
 		Expect(fake.Answer()).To(Succeed())
 		answered := time.Now()
-		atB, cB := waitHostReason(ctx, hostB.Name, time.Minute, func(c *metav1.Condition) bool { return c.Reason == crawlv1.HostSSHHandshakeFailedReason })
+		atB, cB := waitHostReason(ctx, hostB.Name, time.Minute, hostWithReason(crawlv1.HostSSHHandshakeFailedReason))
 		row.note("host B re-checked during the wedge: TCPUnreachable → %s in %s", cB.Reason, e2eutil.Seconds(atB.Sub(answered)))
 		pB := objs.NewProxy("squid-on-b", 1, "512Mi")
 		pB.Spec.Placement.Host = hostB.Name
@@ -519,18 +464,13 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(probeDuring.After(probeBefore)).To(BeTrue(), "the main Proxy was probed during the wedge")
 		thawed := time.Now()
 		Expect(lh.Libvirtd(ctx, "cont")).To(Succeed())
-		at, _ = waitHostReason(ctx, objs.Host.Name, 2*bound, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionTrue })
-		row.Recover = at.Sub(thawed)
-		row.RecoverNote = "SIGCONT → KVMHost Ready"
-		Expect(op.Alive(ctx)).To(Succeed(), "healed without a manager restart")
+		hostHealed(ctx, thawed, 2*bound, "SIGCONT → KVMHost Ready", row)
 		checkServedThrough(ctx, obs, stopped, thawed, row)
 	}, NodeTimeout(10*time.Minute))
 
 	It("8: the host key rotated with the old key still in known_hosts: every dial refused, both fingerprints in the reason; a Secret update heals without a restart", func(ctx SpecContext) {
-		Expect(mainProxy).NotTo(BeNil())
-		begin(ctx, 8, "Host key rotated on the hypervisor (sshd restarted, sessions cut), old key still in the Secret's known_hosts",
+		beginOnMain(ctx, 8, "Host key rotated on the hypervisor (sshd restarted, sessions cut), old key still in the Secret's known_hosts",
 			"KVMHost SSHHandshakeFailed naming both fingerprints; sshd accepts no login meanwhile (never a connection with the wrong key); the running Proxy serves on; updating the Secret heals, same manager process")
-		waitServing(ctx, obs)
 		oldFP := fingerprint(mustRead(filepath.Join(cfg.StateDir, "ssh_host_ed25519_key.pub")))
 		sshdLog := filepath.Join(cfg.StateDir, "logs", "sshd.log")
 		offset := fileSize(sshdLog)
@@ -540,11 +480,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		row.note("rotation (new key, sshd and sessions restarted) took %s", e2eutil.Seconds(time.Since(rotated)))
 		newFP := fingerprint([]byte(newPub))
 		Expect(newFP).NotTo(Equal(oldFP))
-		at, c := waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool {
-			return c.Status == metav1.ConditionFalse && c.Reason == crawlv1.HostSSHHandshakeFailedReason
-		})
-		row.Detect = at.Sub(rotated)
-		row.DetectNote = "rotation → KVMHost SSHHandshakeFailed"
+		c := detectHost(ctx, rotated, 2*time.Minute, hostFailedWith(crawlv1.HostSSHHandshakeFailedReason), "rotation → KVMHost SSHHandshakeFailed", row)
 		Expect(c.Message).To(And(ContainSubstring(oldFP), ContainSubstring(newFP)), "the reason names the key presented and the key expected")
 		row.note("reason: %q", c.Message)
 		// Stays refused across several checks.
@@ -559,28 +495,16 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(err).NotTo(HaveOccurred())
 		cfg.KnownHosts = kh
 		objs.Secret.Data[crawlv1.KnownHostsKey] = kh
-		Eventually(func(ctx context.Context) error {
-			s := &corev1.Secret{}
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(objs.Secret), s); err != nil {
-				return err
-			}
-			s.Data[crawlv1.KnownHostsKey] = kh
-			return k8s.Update(ctx, s)
-		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
+		updateWithRetry(ctx, client.ObjectKeyFromObject(objs.Secret), func(s *corev1.Secret) { s.Data[crawlv1.KnownHostsKey] = kh })
 		updated := time.Now()
 		row.note("refused logins in sshd's log between rotation and the update: %d accepted", countMatches(sshdLog, offset, "Accepted publickey"))
-		at, _ = waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionTrue })
-		row.Recover = at.Sub(updated)
-		row.RecoverNote = "Secret updated → KVMHost Ready"
-		Expect(op.Alive(ctx)).To(Succeed())
+		hostHealed(ctx, updated, 2*time.Minute, "Secret updated → KVMHost Ready", row)
 		checkServedThrough(ctx, obs, rotated, time.Now(), row)
 	}, NodeTimeout(10*time.Minute))
 
 	It("9: the SSH Secret deleted, then re-created: what runs keeps running, a new dial fails naming the Secret, re-creation heals", func(ctx SpecContext) {
-		Expect(mainProxy).NotTo(BeNil())
-		begin(ctx, 9, "SSH Secret deleted; a new dial forced (sshd restarted); Secret re-created",
+		beginOnMain(ctx, 9, "SSH Secret deleted; a new dial forced (sshd restarted); Secret re-created",
 			"the running Proxy keeps serving; the host stays Ready on its established link or fails naming the Secret; a new dial fails SSHMaterialMissing naming the Secret; re-creating it heals, same manager process")
-		waitServing(ctx, obs)
 		s := &corev1.Secret{}
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(objs.Secret), s)).To(Succeed())
 		Expect(k8s.Delete(ctx, s)).To(Succeed())
@@ -610,11 +534,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		redial := time.Now()
 		Expect(hv.StopSSHD(ctx)).To(Succeed())
 		Expect(hv.StartSSHD(ctx)).To(Succeed())
-		at, c := waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool {
-			return c.Status == metav1.ConditionFalse && c.Reason == crawlv1.HostSSHMaterialMissingReason
-		})
-		row.Detect = at.Sub(redial)
-		row.DetectNote = "link cut (Secret gone) → KVMHost SSHMaterialMissing"
+		c := detectHost(ctx, redial, 2*time.Minute, hostFailedWith(crawlv1.HostSSHMaterialMissingReason), "link cut (Secret gone) → KVMHost SSHMaterialMissing", row)
 		Expect(c.Message).To(ContainSubstring(objs.Secret.Name), "the reason names the Secret")
 		row.note("reason: %q", c.Message)
 
@@ -622,26 +542,17 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		recreated.ResourceVersion, recreated.UID = "", ""
 		Expect(k8s.Create(ctx, recreated)).To(Succeed())
 		back := time.Now()
-		at, _ = waitHostReason(ctx, objs.Host.Name, 2*time.Minute, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionTrue })
-		row.Recover = at.Sub(back)
-		row.RecoverNote = "Secret re-created → KVMHost Ready"
-		Expect(op.Alive(ctx)).To(Succeed())
+		hostHealed(ctx, back, 2*time.Minute, "Secret re-created → KVMHost Ready", row)
 		checkServedThrough(ctx, obs, deleted, time.Now(), row)
 	}, NodeTimeout(10*time.Minute))
 
 	It("4: libvirtd killed during an image upload, then restarted: verified exactly once, no partial volume marked, used or left", func(ctx SpecContext) {
-		Expect(mainProxy).NotTo(BeNil())
-		begin(ctx, 4, "libvirtd SIGKILLed during an image upload (a Proxy waiting for that image), restarted 10 s later",
+		beginOnMain(ctx, 4, "libvirtd SIGKILLed during an image upload (a Proxy waiting for that image), restarted 10 s later",
 			"no marker while the volume is partial; in the end one volume and one marker of the digest, its bytes the image's, uploaded to completion once; the waiting Proxy's overlay backed by the verified volume only; running guests unaffected")
-		waitServing(ctx, obs)
 		v, err := imgSrv.Variant("killed")
 		Expect(err).NotTo(HaveOccurred())
 		v.SetRate(8 << 20) // ~35 s for the image: time to kill mid-way
-		img := &crawlv1.KVMImage{
-			ObjectMeta: metav1.ObjectMeta{Name: objs.Image.Name + "-killed"},
-			Spec:       crawlv1.KVMImageSpec{URL: v.URL, Checksum: v.Checksum, Format: crawlv1.ImageFormatQCOW2, Firmware: crawlv1.FirmwareUEFI},
-		}
-		Expect(k8s.Create(ctx, img)).To(Succeed())
+		img := createImage(ctx, "killed", v.URL, v.Checksum)
 		p := objs.NewProxy("squid-killed", 1, "512Mi")
 		p.Spec.Placement.Image = img.Name
 		Expect(k8s.Create(ctx, p)).To(Succeed())
@@ -655,24 +566,20 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		defer func() { _ = lh.Libvirtd(context.WithoutCancel(ctx), "start") }()
 		v.SetRate(0)
 		row.note("killed with %d of %d bytes in the pool", fileSize(local), v.Size)
-		at, c := waitHostReason(ctx, objs.Host.Name, time.Minute, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionFalse })
-		row.Detect = at.Sub(killed)
-		row.DetectNote = "SIGKILL → KVMHost " + c.Reason
+		at, c := waitHostReason(ctx, objs.Host.Name, time.Minute, hostNotReady)
+		row.detected(killed, at, "SIGKILL → KVMHost "+c.Reason)
 		row.note("KVMHost: %s %q", c.Reason, c.Message)
 		// While libvirtd is down: the partial file has no marker, and the
 		// Proxy has no overlay (it waits for the image).
 		Expect(fileSize(lh.LocalPath(filepath.Join(pool, v.Volume+".sha256")))).To(BeNumerically("<", 0), "no marker for a partial volume")
-		Expect(fileSize(lh.LocalPath(filepath.Join(pool, domxml.DiskVolumeName(string(getProxy(ctx, key).UID)))))).To(BeNumerically("<", 0), "no overlay on a partial image")
+		uid := string(getProxy(ctx, key).UID)
+		Expect(fileSize(lh.LocalPath(filepath.Join(pool, domxml.DiskVolumeName(uid))))).To(BeNumerically("<", 0), "no overlay on a partial image")
 		time.Sleep(time.Until(killed.Add(10 * time.Second)))
 		started := time.Now()
 		Expect(lh.Libvirtd(ctx, "start")).To(Succeed())
-		Eventually(func(ctx context.Context) error {
-			_, err := e2eutil.ImageVerified(ctx, k8s, img.Name, objs.Host.Name)
-			return err
-		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.Recover = time.Since(started)
-		row.RecoverNote = "libvirtd started → image Verified"
-		waitHostReason(ctx, objs.Host.Name, time.Minute, func(c *metav1.Condition) bool { return c.Status == metav1.ConditionTrue })
+		Eventually(imageVerified(k8s, img.Name, objs.Host.Name)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		row.recovered(started, time.Now(), "libvirtd started → image Verified")
+		waitHostReason(ctx, objs.Host.Name, time.Minute, hostReady)
 
 		vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
 		Expect(err).NotTo(HaveOccurred())
@@ -683,15 +590,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(cached).To(Equal(1), "verified exactly once")
 
 		// The Proxy that waited gets an overlay on the verified volume.
-		var uid string
-		Eventually(func(ctx context.Context) error {
-			got := getProxy(ctx, key)
-			uid = string(got.UID)
-			if got.Status.ProviderID == "" {
-				return errors.New("not created yet: " + e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
-			}
-			return nil
-		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		Eventually(instanceRecorded(key)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
 		backing, err := e2eutil.Virsh(ctx, hv, "vol-dumpxml", "--pool", cfg.Pool, domxml.DiskVolumeName(uid))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(backing).To(MatchRegexp(`<backingStore>\s*<path>[^<]*` + regexp.QuoteMeta(v.Volume) + `</path>`))
@@ -702,82 +601,51 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 	}, NodeTimeout(15*time.Minute))
 
 	It("1: a domain destroyed from outside: Ready goes False within the event latency, the domain is restarted, Ready again", func(ctx SpecContext) {
-		Expect(mainProxy).NotTo(BeNil())
-		begin(ctx, 1, "Domain destroyed from outside (virsh destroy)",
+		beginOnMain(ctx, 1, "Domain destroyed from outside (virsh destroy)",
 			"Ready=False as soon as the lifecycle event arrives (seconds of Ready=True while requests fail, by the test's own requests); the same domain started again; Ready and serving again")
-		waitServing(ctx, obs)
 		before := getProxy(ctx, mainKey()).Status.ProviderID
 		destroyed := time.Now()
 		_, err := e2eutil.Virsh(ctx, hv, "destroy", mainDomain())
 		Expect(err).NotTo(HaveOccurred())
-		down, ev, notReady := waitDownThenNotReady(ctx, obs, destroyed, row)
-		row.Detect = notReady.At.Sub(down)
-		row.DetectNote = "domain seen down → Ready=False (" + notReady.Detail + ")"
-		beyond := notReady.At.Sub(ev)
-		row.note("Ready=False %s after libvirt's stopped event reached the test", e2eutil.Seconds(beyond))
-		lie := obs.Timeline().Overlap(e2eutil.SigReady, "True", e2eutil.SigServing, "fail", destroyed, notReady.At)
-		row.note("Ready=True while the test's requests failed: %s", e2eutil.Seconds(lie))
+		notReady, beyond, lie := detectDown(ctx, obs, destroyed, "domain seen down", row)
 		record("fault1_ready_true_while_failing", lie, "(destroy: seconds of Ready=True while requests through the proxy failed)")
 
-		ready := waitReadyAgain(ctx, mainKey(), notReady.At)
-		back := waitBack(ctx, obs, notReady.At)
-		row.Recover = back.Sub(destroyed)
-		row.RecoverNote = "destroy → Ready and serving again"
+		ready := recoverServing(ctx, mainKey(), obs, destroyed, notReady.At, "destroy → Ready and serving again", row)
 		Expect(ready.Status.ProviderID).To(Equal(before), "the same domain, started again")
 		b := recordBoot("restart-after-destroy", obs, destroyed)
 		row.note("restart: %s", b)
-		early := readyBeforeServing(obs, notReady.At)
-		row.note("Ready=True before the proxy served again: %s", e2eutil.Seconds(early))
-		// Checked last, once the Proxy is back, so the row has every figure.
-		Expect(beyond).To(BeNumerically("<=", eventSlack), "Ready=False within %s of the domain's stopped event; it took %s", eventSlack, beyond)
-		Expect(early).To(BeNumerically("<=", servingSlack), "Ready=True only once the proxy serves again; it was Ready %s before", early)
+		checkReadyFollowsServing(obs, notReady.At, beyond, row)
 	}, NodeTimeout(15*time.Minute))
 
 	It("2: a domain undefined and destroyed from outside: rebuilt with a new UUID, the old per-VM volumes and NVRAM do not leak", func(ctx SpecContext) {
-		Expect(mainProxy).NotTo(BeNil())
-		begin(ctx, 2, "Domain undefined and destroyed from outside (virsh undefine --keep-nvram; virsh destroy)",
+		beginOnMain(ctx, 2, "Domain undefined and destroyed from outside (virsh undefine --keep-nvram; virsh destroy)",
 			"Ready=False on the event; rebuilt under a new UUID recorded as providerID; exactly one overlay, one seed and one NVRAM file for the Proxy; Ready and serving again")
-		waitServing(ctx, obs)
 		cur := getProxy(ctx, mainKey())
 		_, oldUUID, _ := provider.ParseKVMProviderID(cur.Status.ProviderID)
 		// Undefined first: the running domain becomes transient, and the
 		// destroy then removes it for good. (The other order races the
 		// operator, which restarts the destroyed domain before the
 		// undefine, leaving it running as a transient domain.)
-		gone := time.Now()
+		undefined := time.Now()
 		_, err := e2eutil.Virsh(ctx, hv, "undefine", "--keep-nvram", mainDomain())
 		Expect(err).NotTo(HaveOccurred())
 		_, err = e2eutil.Virsh(ctx, hv, "destroy", mainDomain())
 		Expect(err).NotTo(HaveOccurred())
-		down, ev, notReady := waitDownThenNotReady(ctx, obs, gone, row)
-		row.Detect = notReady.At.Sub(down)
-		row.DetectNote = "domain seen gone → Ready=False (" + notReady.Detail + ")"
-		beyond := notReady.At.Sub(ev)
-		row.note("Ready=False %s after libvirt's stopped event reached the test", e2eutil.Seconds(beyond))
-		row.note("Ready=True while the test's requests failed: %s",
-			e2eutil.Seconds(obs.Timeline().Overlap(e2eutil.SigReady, "True", e2eutil.SigServing, "fail", gone, notReady.At)))
+		notReady, beyond, _ := detectDown(ctx, obs, undefined, "domain seen gone", row)
 
-		ready := waitReadyAgain(ctx, mainKey(), notReady.At)
-		back := waitBack(ctx, obs, notReady.At)
-		row.Recover = back.Sub(gone)
-		row.RecoverNote = "undefine → rebuilt, Ready and serving again"
+		ready := recoverServing(ctx, mainKey(), obs, undefined, notReady.At, "undefine → rebuilt, Ready and serving again", row)
 		_, newUUID, _ := provider.ParseKVMProviderID(ready.Status.ProviderID)
 		Expect(newUUID).NotTo(Equal(oldUUID), "rebuilt: a new domain")
 		mainProxy = ready
 		uid := string(ready.UID)
-		inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-		Expect(err).NotTo(HaveOccurred())
+		inv := inventory(ctx)
 		Expect(inv.Domains[mainDomain()].UUID).To(Equal(newUUID))
 		Expect(volumesOf(inv, cfg.Pool, uid)).To(ConsistOf(domxml.DiskVolumeName(uid), domxml.SeedVolumeName(uid)))
 		Expect(inv.NVRAM).To(ContainElement(mainDomain() + "_VARS.fd"))
 		row.note("old UUID %s, new %s", oldUUID, newUUID)
-		b := recordBoot("rebuild-after-undefine", obs, gone)
+		b := recordBoot("rebuild-after-undefine", obs, undefined)
 		row.note("rebuild: %s", b)
-		early := readyBeforeServing(obs, notReady.At)
-		row.note("Ready=True before the proxy served again: %s", e2eutil.Seconds(early))
-		// Checked last, once the Proxy is back, so the row has every figure.
-		Expect(beyond).To(BeNumerically("<=", eventSlack), "Ready=False within %s of the domain's stopped event; it took %s", eventSlack, beyond)
-		Expect(early).To(BeNumerically("<=", servingSlack), "Ready=True only once the proxy serves again; it was Ready %s before", early)
+		checkReadyFollowsServing(obs, notReady.At, beyond, row)
 	}, NodeTimeout(15*time.Minute))
 
 	It("10: a full storage pool fails the Create with a reason that says so, leaks nothing, and heals when space returns", func(ctx SpecContext) {
@@ -787,10 +655,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		if _, err := lh.TmpfsPool(ctx, "small", 64); err != nil {
 			Fail(err.Error())
 		}
-		hostS := objs.Host.DeepCopy()
-		hostS.ObjectMeta = metav1.ObjectMeta{Name: objs.Host.Name + "-small"}
-		hostS.Spec.StoragePool = "small"
-		Expect(k8s.Create(ctx, hostS)).To(Succeed())
+		hostS := createHost(ctx, "small", func(s *crawlv1.KVMHostSpec) { s.StoragePool = "small" })
 		defer func() { deleteHost(context.WithoutCancel(ctx), hostS.Name) }()
 		created := time.Now()
 		p := objs.NewProxy("squid-small", 1, "512Mi")
@@ -814,8 +679,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return nil
 		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.Detect = time.Since(created)
-		row.DetectNote = "KVMHost created → KVMImage says the pool is full"
+		row.detected(created, time.Now(), "KVMHost created → KVMImage says the pool is full")
 		row.note("KVMImage on the small pool: %q", imgMsg)
 		got := getProxy(ctx, key)
 		row.note("Proxy: %s, %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
@@ -829,15 +693,8 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		_, err := lh.TmpfsPool(ctx, "small", 1200)
 		Expect(err).NotTo(HaveOccurred())
 		freed := time.Now()
-		Eventually(func(ctx context.Context) error {
-			got := getProxy(ctx, key)
-			if got.Status.ProviderID == "" {
-				return errors.New("no instance yet: " + e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
-			}
-			return nil
-		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
-		row.Recover = time.Since(freed)
-		row.RecoverNote = "space returned → domain created"
+		Eventually(instanceRecorded(key)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
+		row.recovered(freed, time.Now(), "space returned → domain created")
 		// Every KVMImage (fault 4's too) caches itself on the new host: once
 		// all are verified no upload is left in flight for the audit to
 		// take for a leak.
@@ -867,8 +724,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		tag := "pxe2e-" + runID
 		// Install A's objects on the host before install B exists: its
 		// volumes (the cached images among them) must all outlive B.
-		beforeB, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-		Expect(err).NotTo(HaveOccurred())
+		beforeB := inventory(ctx)
 		b, err := e2eutil.StartLocal(ctx, dir, lop.Bin(), e2eutil.ManagerArgs(cfg, keyDir, tag, tag))
 		Expect(err).NotTo(HaveOccurred())
 		installB = b
@@ -892,8 +748,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			return nil
 		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
 
-		before, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-		Expect(err).NotTo(HaveOccurred())
+		before := inventory(ctx)
 		watched := []string{mainDomain(), domB}
 		for _, d := range watched {
 			Expect(before.Domains).To(HaveKey(d))
@@ -904,8 +759,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		window := 3*cfg.GCInterval + 5*time.Second
 		touched := map[string]bool{}
 		for time.Since(start) < window {
-			inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-			Expect(err).NotTo(HaveOccurred())
+			inv := inventory(ctx)
 			for _, d := range watched {
 				if now, was := inv.Domains[d], before.Domains[d]; now.UUID != was.UUID || now.State != was.State {
 					touched[fmt.Sprintf("domain %s: %s %s, was %s %s", d, now.UUID, orGone(now.State), was.UUID, was.State)] = true
@@ -934,10 +788,8 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(row.Touched).To(BeEmpty(), "neither install touched the other's domains or volumes")
 		// Each install deletes its own, and only its own.
 		Expect(kb.Delete(ctx, pB)).To(Succeed())
-		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, kb, pB.DeepCopy()) }).
-			WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
-		after, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-		Expect(err).NotTo(HaveOccurred())
+		Eventually(gone(kb, pB)).WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
+		after := inventory(ctx)
 		Expect(after.Domains).NotTo(HaveKey(domB))
 		Expect(after.Domains[mainDomain()].UUID).To(Equal(before.Domains[mainDomain()].UUID))
 		Expect(e2eutil.ProxyReady(ctx, k8s, mainKey(), objs.Host.Name)).Error().NotTo(HaveOccurred())
@@ -951,17 +803,11 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		imgB.ObjectMeta = metav1.ObjectMeta{Name: objsB.Image.Name + "-b-only"}
 		imgB.Spec.URL, imgB.Spec.Checksum = vB.URL, vB.Checksum
 		Expect(kb.Create(ctx, imgB)).To(Succeed())
-		Eventually(func(ctx context.Context) error {
-			_, err := e2eutil.ImageVerified(ctx, kb, imgB.Name, objsB.Host.Name)
-			return err
-		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
-		cached, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-		Expect(err).NotTo(HaveOccurred())
+		Eventually(imageVerified(kb, imgB.Name, objsB.Host.Name)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		cached := inventory(ctx)
 		Expect(kb.Delete(ctx, imgB)).To(Succeed())
-		Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, kb, imgB.DeepCopy()) }).
-			WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
-		pruned, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-		Expect(err).NotTo(HaveOccurred())
+		Eventually(gone(kb, imgB)).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		pruned := inventory(ctx)
 		for _, v := range beforeB.Volumes[cfg.Pool] {
 			if strings.HasPrefix(v, "image-") && slices.Contains(cached.Volumes[cfg.Pool], v) && !slices.Contains(pruned.Volumes[cfg.Pool], v) {
 				row.Touched = append(row.Touched, "install A's volume "+v+" deleted by install B's image prune")
@@ -973,435 +819,3 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		installB = nil
 	}, NodeTimeout(15*time.Minute))
 })
-
-// eventSlack bounds how long after a domain goes down (libvirt's event
-// reaches the manager at once) Ready may stay True: one Get and one status
-// write, on a loaded machine.
-const eventSlack = 5 * time.Second
-
-// faultRow is one line of faults.md.
-type faultRow struct {
-	N                       int
-	Fault, Invariant        string
-	Survived                bool
-	Detect, Recover         time.Duration
-	DetectNote, RecoverNote string
-	ProxiesLost             []string
-	Audit                   e2eutil.Audit
-	AuditErr                string
-	// Touched lists objects of another install the fault changed.
-	Touched   []string
-	Notes     []string
-	extraPool string
-}
-
-func (r *faultRow) note(format string, args ...any) {
-	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
-}
-
-const faultsHeader = "| # | fault | invariant checked | survived | time to detect | time to recover | Proxies lost | instances / volumes / NVRAM leaked | foreign objects touched | notes |\n" +
-	"| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-
-func (r *faultRow) markdown() string {
-	dur := func(d time.Duration, note string) string {
-		if d == 0 {
-			return "n/a"
-		}
-		s := e2eutil.Seconds(d)
-		if note != "" {
-			s += " (" + note + ")"
-		}
-		return s
-	}
-	survived := "yes"
-	if !r.Survived {
-		survived = "**no**"
-	}
-	lost := fmt.Sprint(len(r.ProxiesLost))
-	if len(r.ProxiesLost) > 0 {
-		lost += " (" + strings.Join(r.ProxiesLost, ", ") + ")"
-	}
-	leaked, touched := r.Audit.String(), r.Audit.ForeignString()
-	if r.AuditErr != "" {
-		leaked, touched = "not audited: "+r.AuditErr, "not audited"
-	}
-	if len(r.Touched) > 0 {
-		touched = fmt.Sprintf("%s; other install's: %d (%s)", touched, len(r.Touched), strings.Join(r.Touched, "; "))
-	}
-	cell := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "|", `\|`), "\n", " ") }
-	return "| " + strings.Join([]string{fmt.Sprint(r.N), cell(r.Fault), cell(r.Invariant), survived,
-		cell(dur(r.Detect, r.DetectNote)), cell(dur(r.Recover, r.RecoverNote)), cell(lost), cell(leaked), cell(touched),
-		cell(strings.Join(r.Notes, "; "))}, " | ") + " |\n"
-}
-
-// writeFaultRow appends r to E2E_ARTIFACTS/faults.md (with the header
-// first).
-func writeFaultRow(r *faultRow) error {
-	path := filepath.Join(artifacts, "faults.md")
-	_, err := os.Stat(path)
-	f, ferr := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if ferr != nil {
-		return ferr
-	}
-	defer f.Close()
-	if errors.Is(err, os.ErrNotExist) {
-		if _, err := f.WriteString(faultsHeader); err != nil {
-			return err
-		}
-	}
-	_, err = f.WriteString(r.markdown())
-	return err
-}
-
-func orGone(state string) string {
-	if state == "" {
-		return "gone"
-	}
-	return state
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1]
-}
-
-func firstLine(s string) string {
-	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
-	return s
-}
-
-// observe starts the independent observer of Proxy p and waits until its
-// libvirt connection has looked once (its lifecycle events are subscribed
-// by then), so no event of the domain is missed.
-func observe(p *crawlv1.Proxy) *e2eutil.Observer {
-	o := e2eutil.Observe(context.Background(), e2eutil.ObserverConfig{
-		Client: k8s, Proxy: client.ObjectKeyFromObject(p), Target: cfg.ProbeURL,
-		LibvirtSocket: libvirtSocket(), Domain: domxml.DomainName(p.Namespace, p.Name),
-	})
-	Eventually(func() bool { return len(o.Timeline().Series[e2eutil.SigDomain]) > 0 }).
-		WithTimeout(time.Minute).WithPolling(50*time.Millisecond).Should(BeTrue(), "the observer's libvirt connection")
-	return o
-}
-
-// recordTimeline writes an observer's whole timeline to the artifacts.
-func recordTimeline(name string, o *e2eutil.Observer) {
-	f, err := os.Create(filepath.Join(artifacts, "timeline-"+name+".txt"))
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	o.Timeline().Write(f)
-}
-
-// waitTimeline waits for the first change of sig accepted by pred at or
-// after from, as the observer saw it.
-func waitTimeline(ctx context.Context, o *e2eutil.Observer, sig string, from time.Time, timeout time.Duration, pred func(e2eutil.Change) bool) e2eutil.Change {
-	var got e2eutil.Change
-	Eventually(func() error {
-		c, ok := o.Timeline().First(sig, from, pred)
-		if !ok {
-			return fmt.Errorf("observer has not seen the %s change yet (now %q)", sig, o.Timeline().ValueAt(sig, time.Now()))
-		}
-		got = c
-		return nil
-	}).WithContext(ctx).WithTimeout(timeout).WithPolling(20 * time.Millisecond).Should(Succeed())
-	return got
-}
-
-// waitEvent waits for the domain's libvirt lifecycle event (e.g.
-// "defined") at or after from and returns when the observer got it.
-func waitEvent(ctx context.Context, o *e2eutil.Observer, event string, from time.Time, timeout time.Duration) time.Time {
-	return waitTimeline(ctx, o, e2eutil.SigEvent, from, timeout, func(c e2eutil.Change) bool { return c.Value == event }).At
-}
-
-// waitDownThenNotReady waits for the main domain to be seen down (its state
-// polled, or its "stopped" event, whichever came first) after from, and
-// then for Ready=False; it notes how the time splits between libvirt's
-// event delivery and the manager.
-func waitDownThenNotReady(ctx context.Context, o *e2eutil.Observer, from time.Time, r *faultRow) (down, event time.Time, notReady e2eutil.Change) {
-	ev := waitEvent(ctx, o, "stopped", from, time.Minute)
-	polled, ok := o.Timeline().First(e2eutil.SigDomain, from, func(c e2eutil.Change) bool { return c.Value != "running" })
-	down = ev
-	if ok && polled.At.Before(ev) {
-		down = polled.At
-	}
-	notReady = waitTimeline(ctx, o, e2eutil.SigReady, from, 2*time.Minute, func(c e2eutil.Change) bool { return c.Value != "True" })
-	tl := o.Timeline()
-	restarted, _ := tl.FirstValue(e2eutil.SigEvent, "started", ev)
-	since := func(t time.Time) string {
-		if t.IsZero() {
-			return "-"
-		}
-		return "+" + e2eutil.Seconds(t.Sub(from))
-	}
-	r.note("after the fault: domain seen down %s (polled %q at %s, stopped event %s), started again (event) %s, Ready=False %s",
-		since(down), polled.Value, since(polled.At), since(ev), since(restarted), since(notReady.At))
-	return down, ev, notReady
-}
-
-// waitBack waits until the observer has seen the Proxy Ready and serving
-// at once after from (its status read back Ready and its own request
-// answered), and returns that moment: a Ready the proxy did not live up
-// to does not count as recovered.
-func waitBack(ctx context.Context, o *e2eutil.Observer, from time.Time) time.Time {
-	var back time.Time
-	Eventually(func() error {
-		at, ok := o.Timeline().FirstBoth(e2eutil.SigReady, "True", e2eutil.SigServing, "ok", from)
-		if !ok {
-			return errors.New("the observer has not seen the Proxy Ready and serving at once yet")
-		}
-		back = at
-		return nil
-	}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(250 * time.Millisecond).Should(Succeed())
-	return back
-}
-
-// readyBeforeServing is how long, after from, the Proxy was Ready while
-// the test's requests through it still failed, up to the first success:
-// Ready must not be announced for a proxy that does not serve yet.
-func readyBeforeServing(o *e2eutil.Observer, from time.Time) time.Duration {
-	tl := o.Timeline()
-	served, ok := tl.FirstValue(e2eutil.SigServing, "ok", from)
-	if !ok {
-		served = time.Now()
-	}
-	return tl.Overlap(e2eutil.SigReady, "True", e2eutil.SigServing, "fail", from, served)
-}
-
-// servingSlack absorbs the observer's sampling: its requests start every
-// 250 ms and count from their start.
-const servingSlack = time.Second
-
-// waitServing waits until the observer's latest request through the main
-// proxy succeeded, so a fault starts from a serving proxy.
-func waitServing(ctx context.Context, o *e2eutil.Observer) {
-	Eventually(func() string {
-		return o.Timeline().ValueAt(e2eutil.SigServing, time.Now())
-	}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(250 * time.Millisecond).Should(Equal("ok"))
-}
-
-// waitReadyAgain waits for the Proxy to be Ready (as the manager checks
-// it) after the moment it went not Ready.
-func waitReadyAgain(ctx context.Context, key client.ObjectKey, since time.Time) *crawlv1.Proxy {
-	var ready *crawlv1.Proxy
-	Eventually(func(ctx context.Context) (err error) {
-		ready, err = e2eutil.ProxyReady(ctx, k8s, key, objs.Host.Name)
-		return err
-	}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(250 * time.Millisecond).Should(Succeed())
-	return ready
-}
-
-// checkServedThrough notes how long, between from and to, the main proxy
-// failed the test's requests and was not Ready: a fault of the host's
-// management plane must cost the running proxy nothing.
-func checkServedThrough(ctx context.Context, o *e2eutil.Observer, from, to time.Time, r *faultRow) {
-	tl := o.Timeline()
-	failing := tl.Held(e2eutil.SigServing, "fail", from, to)
-	notReady := tl.Held(e2eutil.SigReady, "False", from, to)
-	r.note("running proxy during the fault: requests failing %s, Ready=False %s", e2eutil.Seconds(failing), e2eutil.Seconds(notReady))
-	Expect(failing).To(BeZero(), "the running proxy kept serving")
-	Expect(notReady).To(BeZero(), "the running proxy stayed Ready")
-}
-
-func getProxy(ctx context.Context, key client.ObjectKey) *crawlv1.Proxy {
-	p := &crawlv1.Proxy{}
-	Expect(k8s.Get(ctx, key, p)).To(Succeed())
-	return p
-}
-
-// deleteAndWait deletes p and waits until it is gone (its instance
-// deleted by the manager).
-func deleteAndWait(ctx context.Context, p *crawlv1.Proxy) {
-	Expect(client.IgnoreNotFound(k8s.Delete(ctx, p))).To(Succeed())
-	Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, p.DeepCopy()) }).
-		WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(500 * time.Millisecond).Should(Succeed())
-}
-
-// deleteHost deletes a KVMHost and waits (bounded) for it to go.
-func deleteHost(ctx context.Context, name string) {
-	h := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if err := k8s.Delete(ctx, h); err != nil && !apierrors.IsNotFound(err) {
-		GinkgoWriter.Printf("deleting KVMHost %s: %v\n", name, err)
-		return
-	}
-	if err := e2eutil.Poll(ctx, 2*time.Minute, time.Second, func(ctx context.Context) error {
-		return e2eutil.Gone(ctx, k8s, h.DeepCopy())
-	}); err != nil {
-		GinkgoWriter.Printf("KVMHost %s: %v\n", name, err)
-	}
-}
-
-// waitHostReason waits for the KVMHost's Ready condition to satisfy pred
-// and returns when the test saw it, and the condition.
-func waitHostReason(ctx context.Context, name string, timeout time.Duration, pred func(*metav1.Condition) bool) (time.Time, *metav1.Condition) {
-	var c *metav1.Condition
-	Eventually(func(ctx context.Context) error {
-		h := &crawlv1.KVMHost{}
-		if err := k8s.Get(ctx, client.ObjectKey{Name: name}, h); err != nil {
-			return err
-		}
-		c = conditions.Get(h, crawlv1.ReadyCondition)
-		if c == nil || !pred(c) {
-			return fmt.Errorf("KVMHost %s Ready is %s", name, e2eutil.CondString(h, crawlv1.ReadyCondition))
-		}
-		return nil
-	}).WithContext(ctx).WithTimeout(timeout).WithPolling(100 * time.Millisecond).Should(Succeed())
-	return time.Now(), c
-}
-
-// readyProxies names the Proxies that are Ready now.
-func readyProxies(ctx context.Context, c client.Client) []string {
-	var list crawlv1.ProxyList
-	if err := c.List(ctx, &list); err != nil {
-		return nil
-	}
-	var out []string
-	for _, p := range list.Items {
-		if conditions.IsTrue(&p, crawlv1.ReadyCondition) {
-			out = append(out, p.Namespace+"/"+p.Name)
-		}
-	}
-	return out
-}
-
-// foreignIntact fails when a foreign object changed.
-func foreignIntact(ctx context.Context, f e2eutil.Foreign) error {
-	inv, err := e2eutil.TakeInventory(ctx, hv, cfg.Pool)
-	if err != nil {
-		return err
-	}
-	if a := inv.Audit(nil, f); len(a.ForeignTouched) > 0 {
-		return fmt.Errorf("foreign objects touched: %s", a.ForeignString())
-	}
-	return nil
-}
-
-// domainsOf names the domains whose metadata carries uid.
-func domainsOf(inv e2eutil.Inventory, uid string) []string {
-	var out []string
-	for name, d := range inv.Domains {
-		if d.Metadata != nil && d.Metadata.UID == uid {
-			out = append(out, name)
-		}
-	}
-	return out
-}
-
-// volumesOf lists pool's volumes named for uid.
-func volumesOf(inv e2eutil.Inventory, pool, uid string) []string {
-	var out []string
-	for _, v := range inv.Volumes[pool] {
-		if u, ok := domxml.VolumeOwnerUID(v); ok && u == uid {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
-// domainLists is how many times the manager listed every domain of a host
-// (the orphan sweep does, per pass; so does the volume sweep).
-func domainLists(ctx context.Context, o e2eutil.Operator) float64 {
-	m, err := o.Metrics(ctx)
-	Expect(err).NotTo(HaveOccurred())
-	return e2eutil.CounterSum(m, "proxy_operator_libvirt_rpc_duration_seconds_count", `rpc="virConnectListAllDomains"`)
-}
-
-func poolPath(ctx context.Context) string {
-	p, err := e2eutil.PoolPath(ctx, hv, cfg.Pool)
-	Expect(err).NotTo(HaveOccurred())
-	return p
-}
-
-// fileSize is the size of a local file, -1 when it does not exist.
-func fileSize(path string) int64 {
-	st, err := os.Stat(path)
-	if err != nil {
-		return -1
-	}
-	return st.Size()
-}
-
-func fileSHA256(path string) string {
-	f, err := os.Open(path)
-	Expect(err).NotTo(HaveOccurred())
-	defer f.Close()
-	h := sha256.New()
-	_, err = io.Copy(h, f)
-	Expect(err).NotTo(HaveOccurred())
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
-}
-
-func mustRead(path string) []byte {
-	b, err := os.ReadFile(path)
-	Expect(err).NotTo(HaveOccurred())
-	return b
-}
-
-// fingerprint is the SHA256 fingerprint of an authorized_keys-format key.
-func fingerprint(pub []byte) string {
-	k, _, _, _, err := ssh.ParseAuthorizedKey(pub)
-	Expect(err).NotTo(HaveOccurred())
-	return ssh.FingerprintSHA256(k)
-}
-
-// countMatches counts the lines of path from byte offset on that match the
-// regular expression expr.
-func countMatches(path string, offset int64, expr string) int {
-	b, err := os.ReadFile(path)
-	if err != nil || offset > int64(len(b)) {
-		return 0
-	}
-	re := regexp.MustCompile(expr)
-	n := 0
-	for _, line := range strings.Split(string(b[max(offset, 0):]), "\n") {
-		if re.MatchString(line) {
-			n++
-		}
-	}
-	return n
-}
-
-// fakeSSHPort is a loopback port the test controls, as a KVMHost address:
-// refused until Answer, then a server that is not SSH (so a dial fails at
-// the handshake).
-type fakeSSHPort struct {
-	addr string
-	ln   net.Listener
-}
-
-func newFakeSSHPort() *fakeSSHPort {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	Expect(err).NotTo(HaveOccurred())
-	addr := ln.Addr().String()
-	Expect(ln.Close()).To(Succeed())
-	return &fakeSSHPort{addr: addr}
-}
-
-func (f *fakeSSHPort) Addr() string { return f.addr }
-
-// Answer starts accepting: each connection gets a line that is not an SSH
-// banner and is closed.
-func (f *fakeSSHPort) Answer() error {
-	ln, err := net.Listen("tcp", f.addr)
-	if err != nil {
-		return err
-	}
-	f.ln = ln
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("HTTP/1.0 400 not ssh\r\n\r\n"))
-			_ = c.Close()
-		}
-	}()
-	return nil
-}
-
-func (f *fakeSSHPort) Close() {
-	if f.ln != nil {
-		_ = f.ln.Close()
-	}
-}
