@@ -3,6 +3,8 @@ package squid
 import (
 	"fmt"
 	"net/http"
+	"net/netip"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -247,5 +249,73 @@ func TestSquidJudgesIPv6Clients(t *testing.T) {
 	}
 	if r := s.Request(t, client, "GET", target, goodCreds); r.Status != http.StatusForbidden {
 		t.Errorf("from %s: %d, want 403", client, r.Status)
+	}
+}
+
+// The rendered default list as a real squid applies it: the first and last
+// address of every denied range (both sets, as the code lists them, and
+// every non-global registry row, as registryRows lists them) and the other
+// spellings of the metadata address and of loopback get 403 by ACL before
+// squid connects. Every request goes to the origin's port, so a
+// request squid let through to any loopback form (0.0.0.0 connects to the
+// local host) would reach the origin, which must see none. Global
+// neighbours pass the ACLs (squid then fails to connect: the namespace has
+// only lo), the globally reachable registry rows among them, so the
+// refusals come from the list, not from squid refusing IPv6 or everything.
+func TestSquidRefusesEveryDefaultDeniedRange(t *testing.T) {
+	t.Parallel()
+	o := squidtest.NewOrigin(t, "127.0.0.1:0")
+	op := o.Port()
+	s := startSquid(t, Config{
+		AllowedSourceCIDRs: []string{client + "/32"},
+		Auth:               Auth{Type: AuthBasic, Username: testUser, Password: testPassword},
+		AllowedPorts:       []int{80, 443, op},
+	})
+
+	var addrs, reachable []netip.Addr
+	for _, p := range slices.Concat(defaultDenied, alwaysDenied) {
+		addrs = append(addrs, p.Addr(), lastAddr(p))
+	}
+	for _, row := range registryRows {
+		p := netip.MustParsePrefix(row.block)
+		if row.denied {
+			addrs = append(addrs, p.Addr(), lastAddr(p))
+		} else {
+			reachable = append(reachable, p.Addr(), lastAddr(p))
+		}
+	}
+	for _, spelling := range []string{
+		"::ffff:a9fe:a9fe", "::ffff:7f00:1", // IPv4-mapped
+		"::a9fe:a9fe", "::7f00:1", // IPv4-compatible
+		"64:ff9b::a9fe:a9fe", "64:ff9b::7f00:1", // NAT64, RFC 6052 well-known prefix
+		"64:ff9b:1::a9fe:a9fe", "64:ff9b:1::7f00:1", // NAT64, RFC 8215 local use, /96 layout
+		"64:ff9b:1:a9fe:a9:fe00::", "64:ff9b:1:7f00:0:100::", // and /48 layout (RFC 6052 §2.2)
+		"2002:a9fe:a9fe::1", "2002:7f00:1::1", // 6to4
+		"2001:0:4136:e378:8000:63bf:5601:5601", // Teredo, client 169.254.169.254 (inverted)
+		"2001:0:a9fe:a9fe:0:0:80ff:fffe",       // Teredo, server 169.254.169.254, client 127.0.0.1
+	} {
+		addrs = append(addrs, netip.MustParseAddr(spelling))
+	}
+	for i, a := range addrs {
+		// squid logs some IPv6 forms its own way (::a9fe:a9fe as
+		// ::169.254.169.254, :: without brackets): the path finds the line.
+		path := fmt.Sprintf("/denied-%03d", i)
+		dst := "http://" + netip.AddrPortFrom(a, uint16(op)).String() + path
+		r := s.Request(t, client, "GET", dst, goodCreds)
+		if r.Status != http.StatusForbidden {
+			t.Errorf("%s: %d %s, want 403", dst, r.Status, r.SquidError)
+			continue
+		}
+		squidtest.RequireRefusedBeforeConnecting(t, s, r, "GET", path)
+	}
+
+	for _, a := range reachable {
+		dst := "http://" + netip.AddrPortFrom(a, uint16(op)).String() + "/"
+		if r := s.Request(t, client, "GET", dst, goodCreds); r.Status == http.StatusForbidden || r.Status == http.StatusProxyAuthRequired {
+			t.Errorf("%s: %d %s, want the ACLs to pass", dst, r.Status, r.SquidError)
+		}
+	}
+	if n := len(o.Requests()); n != 0 {
+		t.Errorf("origin reached %d times", n)
 	}
 }

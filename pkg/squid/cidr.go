@@ -5,8 +5,6 @@ import (
 	"slices"
 )
 
-var defaultDenied = mustPrefixes(DefaultDeniedDestinations)
-
 // mustPrefixes parses CIDRs known to be valid (defaults, validated input).
 func mustPrefixes(in []string) []netip.Prefix {
 	out := make([]netip.Prefix, len(in))
@@ -73,7 +71,10 @@ func halves(p netip.Prefix) (netip.Prefix, netip.Prefix) {
 	return lo, netip.PrefixFrom(a, bits+1)
 }
 
-// deniedDestinations is (default list minus exceptions) plus the extra list.
+// deniedDestinations is (default list minus exceptions) plus the ranges no
+// exception lifts, plus the extra list and its NAT64 spellings (an IPv6-only
+// network translating with the well-known prefix would otherwise reach an
+// extra IPv4 range as 64:ff9b::<address>).
 // Exceptions are subtracted from the list rather than allowed by a rule of
 // their own: squid's dst ACL matches a host name when any of its addresses
 // matches, so "deny denied !exceptions" would admit a name resolving to both
@@ -88,5 +89,5 @@ func deniedDestinations(extra, exceptions []netip.Prefix) []netip.Prefix {
 		}
 		denied = next
 	}
-	return normalize(append(denied, extra...))
+	return normalize(slices.Concat(denied, alwaysDenied, extra, nat64Spellings(extra)))
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -32,17 +33,6 @@ var DefaultAllowedPorts = []int{80, 443}
 // also in AllowedPorts): a CONNECT tunnel carries any protocol, so allowing
 // it elsewhere turns the proxy into a generic TCP relay (SMTP, SSH, ...).
 const ConnectPort = 443
-
-// DefaultDeniedDestinations are refused whatever the request, except where
-// AllowedDestinationExceptions carves an address out: loopback and the
-// unspecified addresses (a superset of squid's to_localhost), link-local
-// (to_linklocal: cloud metadata at 169.254.169.254), RFC 1918, carrier-grade
-// NAT, "this network" 0.0.0.0/8 and IPv6 ULA.
-var DefaultDeniedDestinations = []string{
-	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-	"172.16.0.0/12", "192.168.0.0/16",
-	"::/128", "::1/128", "fc00::/7", "fe80::/10",
-}
 
 // Password limits: bcrypt uses the first 72 bytes only (and Go's bcrypt
 // refuses longer input rather than truncating silently); 16 keeps users
@@ -192,7 +182,9 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 		if !e.IsValid() {
 			continue
 		}
-		if !insideAny(e, defaultDenied) {
+		if a := slices.IndexFunc(alwaysDenied, e.Overlaps); a >= 0 {
+			errs = append(errs, field.Invalid(exPath.Index(i), c.AllowedDestinationExceptions[i], "overlaps "+alwaysDenied[a].String()+", which no exception lifts (translation and tunnel prefixes, protocol and multicast blocks); write an internal target in its plain IPv4 or IPv6 form"))
+		} else if !insideAny(e, defaultDenied) {
 			errs = append(errs, field.Invalid(exPath.Index(i), c.AllowedDestinationExceptions[i], "must lie inside one default denied range ("+strings.Join(DefaultDeniedDestinations, ", ")+"); other destinations are not denied to begin with"))
 		}
 		for j, d := range extra {

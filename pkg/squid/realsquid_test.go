@@ -58,6 +58,10 @@ func TestRenderedConfigsParse(t *testing.T) {
 			c.AllowedDestinationExceptions = []string{"127.0.0.1/32", "10.20.30.40/32", "192.168.0.0/17", "fd00::1/128", "169.254.1.0/24"}
 			c.ExtraDeniedDestinations = []string{"10.96.0.0/12"}
 		},
+		"exceptions in registry ranges": func(c *Config) {
+			c.AllowedDestinationExceptions = []string{"198.18.0.0/24", "240.0.0.0/8", "203.0.113.7/32", "2001:db8:1::/48", "::1/128"}
+			c.ExtraDeniedDestinations = []string{"8.8.4.0/24", "2001:4860::/32"}
+		},
 		"connection cap": func(c *Config) { c.MaxConnectionsPerClient = 1 },
 		"all paths": func(c *Config) {
 			c.Paths = Paths{PasswordFile: "/run/squid/passwd", PidFile: "/run/squid/squid.pid", CacheLog: "/var/log/squid/cache.log", AccessLog: "/dev/stdout", CoredumpDir: "/var/spool/squid"}

@@ -50,7 +50,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"port zero", func(c *Config) { c.AllowedPorts = []int{80, 0} }, "allowedPorts[1]"},
 		{"port too big", func(c *Config) { c.AllowedPorts = []int{65536} }, "allowedPorts[0]"},
 		{"extra denied not a CIDR", func(c *Config) { c.ExtraDeniedDestinations = []string{"cluster"} }, "extraDeniedDestinations[0]"},
-		{"exception outside the default list", func(c *Config) { c.AllowedDestinationExceptions = []string{"198.51.100.0/24"} }, "allowedDestinationExceptions[0]"},
+		{"exception outside the default list", func(c *Config) { c.AllowedDestinationExceptions = []string{"8.8.8.0/24"} }, "allowedDestinationExceptions[0]"},
+		{"exception in a range no exception lifts", func(c *Config) { c.AllowedDestinationExceptions = []string{"64:ff9b::a9fe:a9fe/128"} }, "allowedDestinationExceptions[0]"},
 		{"exception spanning the whole space", func(c *Config) { c.AllowedDestinationExceptions = []string{"0.0.0.0/0"} }, "allowedDestinationExceptions[0]"},
 		{"exception overlapping extra denied", func(c *Config) {
 			c.ExtraDeniedDestinations = []string{"10.96.0.0/12"}
@@ -267,7 +268,7 @@ func TestRenderCarvesExceptionsOutOfTheDefaultListOnly(t *testing.T) {
 			t.Errorf("%s is no longer denied", a)
 		}
 	}
-	for _, a := range []string{"127.0.0.1", "10.0.0.1", "10.0.255.255", "192.0.2.1", "2001:db8::1"} {
+	for _, a := range []string{"127.0.0.1", "10.0.0.1", "10.0.255.255", "8.8.8.8", "2001:4860:4860::8888"} {
 		if contains(a) {
 			t.Errorf("%s is denied", a)
 		}

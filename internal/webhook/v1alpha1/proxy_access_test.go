@@ -134,7 +134,7 @@ func TestValidateProxyAccess(t *testing.T) {
 			Auth: &crawlv1.ProxyAuth{SecretRef: &crawlv1.LocalObjectReference{Name: "My_Secret"}}}), "spec.access.auth.secretRef.name: Invalid value"},
 		{"bad port", basic(&crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"10.0.0.0/8"}, AllowedPorts: []int32{80, 70000}}), "spec.access.allowedPorts[1]: Invalid value"},
 		{"exception outside the denied list", basic(&crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"10.0.0.0/8"},
-			AllowedDestinationExceptions: []string{"198.51.100.7/32"}}), "spec.access.allowedDestinationExceptions[0]: Invalid value"},
+			AllowedDestinationExceptions: []string{"8.8.8.8/32"}}), "spec.access.allowedDestinationExceptions[0]: Invalid value"},
 		{"exception for an internal probe target", basic(&crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"10.0.0.0/8"},
 			AllowedDestinationExceptions: []string{"10.200.0.1/32"}}), ""},
 		{"extra denied not a CIDR", basic(&crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"10.0.0.0/8"},

@@ -40,8 +40,8 @@ type Policy struct {
 // from the origin, which learns neither the client (no X-Forwarded-For,
 // Forwarded) nor the proxy (no Via) nor the credential; without or with a
 // wrong credential, 407; from outside the allow list, 403 with or without
-// it; to 127.0.0.1, 169.254.169.254 (cloud metadata) and 10.x, 403 before
-// any connection is tried; CONNECT to a port other than 443, 403.
+// it; to 127.0.0.1, 169.254.169.254 (cloud metadata, also as NAT64's
+// 64:ff9b::a9fe:a9fe) and 10.x, 403 before any connection is tried; CONNECT to a port other than 443, 403.
 func CheckManagedPolicy(t *testing.T, s *Squid, p Policy) {
 	t.Helper()
 	if p.Origin.Host() == "127.0.0.1" {
@@ -92,6 +92,7 @@ func CheckManagedPolicy(t *testing.T, s *Squid, p Policy) {
 		for _, dst := range []string{
 			fmt.Sprintf("http://127.0.0.1:%d/", p.Origin.Port()),
 			"http://169.254.169.254/computeMetadata/v1/",
+			"http://[64:ff9b::a9fe:a9fe]/computeMetadata/v1/", // the same behind NAT64
 			"http://10.1.2.3/",
 		} {
 			RequireRefusedBeforeConnecting(t, s, s.Request(t, p.Client, http.MethodGet, dst, creds), http.MethodGet, dst)
