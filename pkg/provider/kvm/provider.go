@@ -95,9 +95,9 @@ type Options struct {
 	// ErrHostBusy instead of waiting, so a host whose libvirtd hangs holds
 	// at most this many of the callers' workers. A call whose RPC was
 	// abandoned (at the RPC's deadline or the caller's) counts until that
-	// RPC really returns. Health probes and image
-	// caching (EnsureImage) are bounded on their own and not counted.
-	// Default DefaultMaxInFlightPerHost.
+	// RPC really returns. Health probes and image caching (EnsureImage)
+	// are bounded on their own and not counted. Default
+	// DefaultMaxInFlightPerHost.
 	MaxInFlightPerHost int
 	// EventBuffer is the size of the Events channel. Default 1024.
 	EventBuffer int
