@@ -118,7 +118,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.resyncInterval, "resync-interval", 10*time.Minute, "Re-read a Ready proxy's instance this often even without provider events.")
 	fs.DurationVar(&o.gcInterval, "gc-interval", 5*time.Minute, "Interval of the orphan-instance sweep (must be positive).")
 	fs.DurationVar(&o.gcVolumeGrace, "gc-volume-grace", controllers.DefaultVolumeGrace, "How long the volumes a kvm domain of this install left behind (domain undefined outside the operator, Proxy gone) must stay unused before the sweep deletes them.")
-	fs.DurationVar(&o.providerCallTimeout, "provider-call-timeout", controllers.DefaultProviderCallTimeout, "Bound of each provider call (Create, Get, Delete) of a Proxy reconcile.")
+	fs.DurationVar(&o.providerCallTimeout, "provider-call-timeout", controllers.DefaultProviderCallTimeout, "Backstop bound of each whole provider call (Create, Get, Delete) of a Proxy reconcile; each libvirt RPC in it also has its own deadline of seconds to minutes.")
 	fs.IntVar(&o.proxyConcurrency, "proxy-concurrency", 16, "Concurrent Proxy reconciles.")
 	fs.IntVar(&o.hostConcurrency, "kvmhost-concurrency", 64, "Concurrent KVMHost health checks (hosts beyond this wait for a worker).")
 

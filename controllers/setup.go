@@ -105,8 +105,10 @@ type ProxyOptions struct {
 	ProvisionPollInterval time.Duration
 	AddressTimeout        time.Duration
 	ResyncInterval        time.Duration
-	// ProviderCallTimeout bounds each provider call of a reconcile, so a
-	// wedged host cannot pin a worker.
+	// ProviderCallTimeout bounds each whole provider call of a reconcile.
+	// For kvm it is a backstop: every libvirt RPC in the call has its own
+	// deadline (virt.Deadlines), so a wedged host pins a worker for one
+	// RPC's deadline, not for this.
 	ProviderCallTimeout time.Duration
 	Workers             int
 	// ProbeSourceCIDRs (--probe-source-cidrs): the manager's own source

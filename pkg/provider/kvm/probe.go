@@ -16,6 +16,10 @@ import (
 // on), and until they return the next Probe of that host fails at once with
 // ErrProbeBusy instead of piling up. A link that really died is closed by the
 // SSH keepalive, not here; a pool verdict never drops a working link.
+//
+// ctx (the check timeout, which a KVMHost may set) is the probe's only
+// bound: its RPCs get no per-RPC deadlines (Options.RPCDeadlines), which
+// would cut a longer check timeout short.
 func (p *Provider) Probe(ctx context.Context, host string) (HostHealth, error) {
 	if !p.startProbe(host) {
 		return HostHealth{}, ErrProbeBusy
@@ -46,8 +50,8 @@ func (p *Provider) Probe(ctx context.Context, host string) (HostHealth, error) {
 func (p *Provider) probe(ctx context.Context, host string) (HostHealth, error) {
 	var h HostHealth
 	// The dial is bounded by ctx; the RPCs run on a context that is not
-	// cancelled with it: Probe abandons them as a whole and tracks them
-	// until they return.
+	// cancelled with it and without deadlines of their own: Probe abandons
+	// them as a whole and tracks them until they return.
 	err := p.do(ctx, context.WithoutCancel(ctx), host, func(c virt.Client, hs HostSpec) error {
 		ver, err := c.ConnectGetLibVersion()
 		if err != nil {
@@ -71,7 +75,7 @@ func (p *Provider) probe(ctx context.Context, host string) (HostHealth, error) {
 		}
 		h.Capacity, err = readCapacity(c)
 		return err
-	})
+	}, virt.WithoutDeadlines())
 	return h, err
 }
 

@@ -80,16 +80,24 @@ type Options struct {
 	Images *image.Cache
 	// Observer sees every libvirt RPC (metrics, RPC counting).
 	Observer virt.Observer
+	// RPCDeadlines bound each libvirt RPC by its class (lookups and
+	// reads: seconds; defines; starts and stops; uploads: a no-progress
+	// bound), so a daemon that stops answering costs a call one deadline,
+	// not its caller's whole budget. Zero fields take virt's defaults
+	// (virt.DefaultDeadlines). Health probes keep their own bound (the
+	// check timeout) instead.
+	RPCDeadlines virt.Deadlines
 	// MaxUploadsPerHost bounds concurrent image uploads to one host, so an
 	// image does not starve the host's other work. Default 2.
 	MaxUploadsPerHost int
 	// MaxInFlightPerHost bounds the Create, Get, Delete and ListByTag calls
 	// in flight to one host; beyond it they fail at once with a transient
 	// ErrHostBusy instead of waiting, so a host whose libvirtd hangs holds
-	// at most this many of the callers' workers. A call abandoned at its
-	// deadline counts until its RPCs really return. Health probes and image
-	// caching (EnsureImage) are bounded on their own and not counted.
-	// Default DefaultMaxInFlightPerHost.
+	// at most this many of the callers' workers. A call whose RPC was
+	// abandoned (at the RPC's deadline or the caller's) counts until that
+	// RPC really returns. Health probes and image caching (EnsureImage)
+	// are bounded on their own and not counted. Default
+	// DefaultMaxInFlightPerHost.
 	MaxInFlightPerHost int
 	// EventBuffer is the size of the Events channel. Default 1024.
 	EventBuffer int
@@ -170,13 +178,14 @@ func (p *Provider) withHost(ctx context.Context, host string, fn func(virt.Clien
 	if err := p.startCall(host); err != nil {
 		return err
 	}
-	var rpcs sync.WaitGroup
+	var rpcs virt.CallTracker
 	err := p.do(ctx, ctx, host, fn, virt.WithCallTracker(&rpcs))
-	if ctx.Err() == nil {
+	if rpcs.Running() == 0 {
 		p.endCall(host) // nothing was abandoned: every RPC has returned
 	} else {
-		// RPCs abandoned at the deadline still occupy the host (and, on
-		// a hung daemon, the link's capacity) until they return.
+		// RPCs abandoned at their deadline (or the caller's) still
+		// occupy the host (and, on a hung daemon, the link's capacity)
+		// until they return.
 		go func() { rpcs.Wait(); p.endCall(host) }()
 	}
 	return err
@@ -211,15 +220,18 @@ func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt
 		return err
 	}
 	return p.opts.Pool.Do(dialCtx, host, func(raw virt.Client) error {
-		return fn(p.instrument(rpcCtx, raw, opts...), hs)
+		return fn(p.instrument(rpcCtx, host, raw, opts...), hs)
 	})
 }
 
-func (p *Provider) instrument(ctx context.Context, c virt.Client, opts ...virt.Option) virt.Client {
+// instrument binds c to ctx and host with the provider's deadlines and
+// observer; opts come last, so a caller may override them.
+func (p *Provider) instrument(ctx context.Context, host string, c virt.Client, opts ...virt.Option) virt.Client {
+	all := []virt.Option{virt.WithHost(host), virt.WithDeadlines(p.opts.RPCDeadlines)}
 	if p.opts.Observer != nil {
-		opts = append(opts, virt.WithObserver(p.opts.Observer))
+		all = append(all, virt.WithObserver(p.opts.Observer))
 	}
-	return virt.Instrument(ctx, c, opts...)
+	return virt.Instrument(ctx, c, append(all, opts...)...)
 }
 
 // Create makes the Proxy's domain exist and run. It is idempotent: an

@@ -23,6 +23,7 @@ import (
 	"github.com/digitalocean/go-libvirt/socket"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
+	testclock "k8s.io/utils/clock/testing"
 
 	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -586,7 +587,9 @@ func TestKeepalive(t *testing.T) {
 
 func TestAbandonedCallKeepsTheLink(t *testing.T) {
 	th := newTestHost(t)
+	entered := make(chan struct{}, 2)
 	th.lv.Handle(sshtest.ProcConnectListAllDomains, func(ctx context.Context, _ []byte) ([]byte, error) {
+		entered <- struct{}{}
 		<-ctx.Done() // hangs until the connection ends
 		return nil, ctx.Err()
 	})
@@ -641,6 +644,44 @@ func TestAbandonedCallKeepsTheLink(t *testing.T) {
 	}
 	if d.count() != 1 {
 		t.Fatalf("dials = %d, want 1", d.count())
+	}
+
+	// So does an RPC abandoned at its own deadline (virt.Instrument's
+	// per-RPC deadlines), whatever the caller's budget: a transient
+	// DeadlineError, the link kept.
+	<-entered // the first hung call
+	clk := testclock.NewFakeClock(time.Now())
+	res := make(chan error, 1)
+	go func() {
+		res <- p.Do(context.Background(), "hv1", func(c virt.Client) error {
+			lv := virt.Instrument(context.Background(), c, virt.WithHost("hv1"), virt.WithDeadlines(virt.Deadlines{Clock: clk}))
+			_, _, err := lv.ConnectListAllDomains(1, 0)
+			return err
+		})
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the RPC never reached the daemon")
+	}
+	clk.Step(virt.DefaultQueryDeadline)
+	select {
+	case err = <-res:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the RPC was not abandoned at its deadline")
+	}
+	var de *virt.DeadlineError
+	if !errors.As(err, &de) || de.RPC != virt.RPCConnectListAllDomains || provider.Class(err) != provider.ClassTransient {
+		t.Fatalf("err = %v, want a transient DeadlineError", err)
+	}
+	mustLibVersion(t, p, "hv1")
+	select {
+	case <-disc:
+		t.Fatal("link dropped after a deadline")
+	default:
+	}
+	if d.count() != 1 {
+		t.Fatalf("dials = %d after a deadline, want 1", d.count())
 	}
 }
 

@@ -13,8 +13,10 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	testclock "k8s.io/utils/clock/testing"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
@@ -236,5 +238,26 @@ func UndefineOutside(t testing.TB, f *fake.Fake, name string) {
 	}
 	if err := c.DomainUndefineFlags(dom, libvirt.DomainUndefineNvram); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// SlowLibvirt makes f take each chunk of an upload after step of clk's time
+// (PaceUploads, StepSettled): a daemon that keeps taking bytes, slowly. clk
+// must time the uploads' deadlines (virt.Deadlines.Clock).
+func SlowLibvirt(f *fake.Fake, clk *testclock.FakeClock, step time.Duration) {
+	f.PaceUploads(func(uint64) { StepSettled(clk, step) })
+}
+
+// StepSettled steps clk by d. When that fires a deadline, it waits (up to
+// 5 s) until the call has looked at it and armed it again, as a call does
+// whose stream is still moving; a call that gives up instead arms nothing,
+// and its caller sees the abandonment. Without the wait, the test would
+// race the call's goroutine: the next step could land before the call
+// re-armed its deadline.
+func StepSettled(clk *testclock.FakeClock, d time.Duration) {
+	before := clk.Waiters()
+	clk.Step(d)
+	for end := time.Now().Add(5 * time.Second); clk.Waiters() < before && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 )
 
 // Observer is told about every RPC Instrument issues: its libvirt API name,
@@ -32,13 +32,29 @@ func (f ObserverFunc) ObserveRPC(rpc string, d time.Duration, err error) { f(rpc
 // Option configures Instrument.
 type Option func(*instrumented)
 
-// WithCallTracker counts in t every call sent while ctx can still end, from
-// before it is sent until the inner call really returns, abandoned or not:
-// t.Wait tells when the daemon has stopped working for this operation (a
-// caller bounding the calls in flight to a host waits for it). Kept when
-// the client is instrumented again.
-func WithCallTracker(t *sync.WaitGroup) Option {
+// WithCallTracker counts in t every RPC that can be abandoned (ctx can
+// end, or a deadline applies), from before it is sent until the inner call
+// really returns: t tells when the daemon has stopped working for this
+// operation (a caller bounding the calls in flight to a host waits for it).
+// Kept when the client is instrumented again.
+func WithCallTracker(t *CallTracker) Option {
 	return func(c *instrumented) { c.tracker = t }
+}
+
+// WithDeadlines replaces the per-RPC deadlines (DefaultDeadlines when not
+// given). Kept when the client is instrumented again.
+func WithDeadlines(d Deadlines) Option {
+	return func(c *instrumented) { c.deadlines = d }
+}
+
+// WithoutDeadlines leaves every RPC bounded by ctx alone, for a caller that
+// bounds and tracks its RPCs as a whole (the host health check).
+func WithoutDeadlines() Option { return WithDeadlines(noDeadlines) }
+
+// WithHost names the host the client talks to, for DeadlineError. Kept
+// when the client is instrumented again.
+func WithHost(name string) Option {
+	return func(c *instrumented) { c.host = name }
 }
 
 // WithObserver adds an observer (metrics, RPC counting). May be repeated.
@@ -51,14 +67,22 @@ func WithObserver(o Observer) Option {
 }
 
 // Instrument returns a Client that runs every call of inner under ctx and
-// traces it.
+// its own deadline, and traces it.
+//
+// Deadlines: each RPC gets the deadline of its class (see CallClass and
+// Deadlines; DefaultDeadlines unless WithDeadlines), so one RPC the daemon
+// never answers costs its caller seconds, not the caller's whole budget.
+// An upload is bounded by progress instead (Deadlines.StreamStall). An RPC
+// abandoned at its deadline fails with a *DeadlineError naming the RPC, the
+// host (WithHost) and the deadline; it is transient.
 //
 // Cancellation: go-libvirt RPCs take no context, so each call runs in its own
-// goroutine and Instrument returns as soon as ctx ends, with an error wrapping
-// ctx.Err(). The abandoned call finishes (or hangs) on its own and its result
-// is discarded; the connection is left open because one stuck RPC must not
-// kill the others multiplexed on it. An upload's body is read through a
-// reader that fails once ctx ends, so an abandoned upload aborts its stream at
+// goroutine and Instrument returns as soon as ctx ends or the deadline runs
+// out, with an error wrapping ctx.Err() or a DeadlineError. The abandoned
+// call finishes (or hangs) on its own and its result is discarded; the
+// connection is left open because one stuck RPC must not kill the others
+// multiplexed on it. An upload's body is read through a reader that fails
+// once the call is abandoned, so an abandoned upload aborts its stream at
 // the next chunk instead of streaming on. If ctx is already done, nothing is
 // sent.
 //
@@ -69,13 +93,16 @@ func WithObserver(o Observer) Option {
 //
 // Instrument is cheap; bind it per operation: virt.Instrument(ctx, conn, ...).
 // Instrumenting an instrumented client rebinds the context and keeps its
-// observers (pass only additional ones) instead of tracing twice.
+// observers (pass only additional ones), tracker, deadlines and host
+// instead of tracing twice.
 func Instrument(ctx context.Context, inner Client, opts ...Option) Client {
-	c := &instrumented{ctx: ctx, inner: inner}
+	c := &instrumented{ctx: ctx, inner: inner, deadlines: DefaultDeadlines}
 	if prev, ok := inner.(*instrumented); ok {
 		c.inner = prev.inner
 		c.observers = slices.Clone(prev.observers)
 		c.tracker = prev.tracker
+		c.deadlines = prev.deadlines
+		c.host = prev.host
 	}
 	for _, o := range opts {
 		o(c)
@@ -89,7 +116,9 @@ type instrumented struct {
 	inner     Client
 	log       logr.Logger
 	observers []Observer
-	tracker   *sync.WaitGroup
+	tracker   *CallTracker
+	deadlines Deadlines
+	host      string
 }
 
 var _ Client = (*instrumented)(nil)
@@ -103,11 +132,17 @@ type uuidText libvirt.UUID
 
 func (u uuidText) String() string { return FormatUUID(libvirt.UUID(u)) }
 
-// call is the one place that does cancellation, timing, logging and
-// observation. args are logged always, res(result) only on success.
+// call is the one place that does deadlines, cancellation, timing, logging
+// and observation. args are logged always, res(result) only on success.
 // discard, if set, receives a result that arrived after the caller gave up,
 // for cleanup.
 func call[T any](c *instrumented, rpc string, args []any, fn func() (T, error), res func(T) []any, discard func(T)) (T, error) {
+	return callWatched(c, rpc, newWatch(false), args, fn, res, discard)
+}
+
+// callWatched is call with the RPC's watch made by the caller: a stream
+// hands it to the reader of its body.
+func callWatched[T any](c *instrumented, rpc string, w *watch, args []any, fn func() (T, error), res func(T) []any, discard func(T)) (T, error) {
 	var zero T
 	start := time.Now()
 	if c.ctx.Err() != nil {
@@ -115,7 +150,8 @@ func call[T any](c *instrumented, rpc string, args []any, fn func() (T, error), 
 		c.trace(rpc, start, args, nil, err, false)
 		return zero, err
 	}
-	if c.ctx.Done() == nil { // context.Background and friends: no goroutine needed
+	limit := c.deadlines.forRPC(rpc)
+	if c.ctx.Done() == nil && limit <= 0 { // nothing can end the wait: no goroutine needed
 		v, err := fn()
 		c.trace(rpc, start, args, results(res, v, err), err, true)
 		return v, err
@@ -126,34 +162,65 @@ func call[T any](c *instrumented, rpc string, args []any, fn func() (T, error), 
 		err error
 	}
 	done := make(chan outcome, 1) // buffered: an abandoned call must not leak blocked on send
+	var timer clock.Timer
+	var expired <-chan time.Time
+	if limit > 0 {
+		clk := c.deadlines.clock()
+		w.start(clk, limit)
+		timer = clk.NewTimer(limit)
+		defer timer.Stop()
+		expired = timer.C()
+	}
 	if c.tracker != nil {
-		c.tracker.Add(1)
+		c.tracker.add()
 	}
 	go func() {
-		if c.tracker != nil {
-			defer c.tracker.Done()
-		}
 		v, err := fn()
+		if c.tracker != nil {
+			// Before the answer is delivered: a caller that has its
+			// answer finds the call no longer counted.
+			c.tracker.done()
+		}
 		done <- outcome{v, err}
 	}()
 	var o outcome
-	select {
-	case o = <-done:
-	case <-c.ctx.Done():
+	var abandon error
+wait:
+	for {
+		select {
+		case o = <-done:
+			break wait
+		case <-c.ctx.Done():
+			abandon = ctxErr(c.ctx, rpc, "abandoned")
+			break wait
+		case <-expired:
+			if more := w.remaining(); more > 0 {
+				timer.Reset(more) // fired and drained: safe to reuse
+				continue
+			}
+			class, _ := ClassOf(rpc)
+			abandon = &DeadlineError{RPC: rpc, Host: c.host, Class: class, Limit: limit}
+			break wait
+		}
+	}
+	if abandon != nil {
 		select {
 		case o = <-done: // it finished anyway; a real answer beats an abandonment
+			abandon = nil
 		default:
-			if discard != nil {
-				go func() {
-					if late := <-done; late.err == nil {
-						discard(late.v)
-					}
-				}()
-			}
-			err := ctxErr(c.ctx, rpc, "abandoned")
-			c.trace(rpc, start, append(args, "abandoned", true), nil, err, true)
-			return zero, err
 		}
+	}
+	if abandon != nil {
+		w.abandon() // a stream reads no more of its body
+		if discard != nil {
+			go func() {
+				if late := <-done; late.err == nil {
+					discard(late.v)
+				}
+			}()
+		}
+		c.trace(rpc, start, append(args, "abandoned", true), nil, abandon, true)
+		return zero, abandon
 	}
 	c.trace(rpc, start, args, results(res, o.v, o.err), o.err, true)
 	return o.v, o.err
@@ -510,32 +577,46 @@ func (c *instrumented) StorageVolGetInfo(vol libvirt.StorageVol) (int8, uint64, 
 }
 
 // StorageVolUpload logs offset, length and the bytes actually read from body,
-// never the body.
+// never the body. Its deadline is a stall bound (Deadlines.StreamStall).
 func (c *instrumented) StorageVolUpload(vol libvirt.StorageVol, body io.Reader, offset, length uint64, flags libvirt.StorageVolUploadFlags) error {
-	r := &ctxReader{ctx: c.ctx, r: body}
-	return call0(c, RPCStorageVolUpload, volArgs(vol, "offset", offset, "length", length, "flags", uint32(flags), "bytes", r),
-		func() error { return c.inner.StorageVolUpload(vol, r, offset, length, flags) })
+	w := newWatch(true)
+	r := &streamReader{ctx: c.ctx, w: w, r: body}
+	_, err := callWatched(c, RPCStorageVolUpload, w, volArgs(vol, "offset", offset, "length", length, "flags", uint32(flags), "bytes", r),
+		func() (struct{}, error) { return struct{}{}, c.inner.StorageVolUpload(vol, r, offset, length, flags) }, nil, nil)
+	return err
 }
 
-// ctxReader fails reads once ctx is done, so an abandoned upload aborts its
-// stream instead of pushing the rest of the image, and counts bytes read for
-// the trace (it is a fmt.Stringer so the count is read when logged).
-type ctxReader struct {
+// streamReader is an upload's body as libvirt reads it. It fails reads once
+// the call is abandoned (ctx ended or no progress), so an abandoned upload
+// aborts its stream instead of pushing the rest of the image; it pauses the
+// stall bound while the body is read, so only the time libvirt holds the
+// stream counts; and it counts bytes read for the trace (it is a
+// fmt.Stringer so the count is read when logged).
+type streamReader struct {
 	ctx context.Context
+	w   *watch
 	r   io.Reader
 	n   atomic.Int64
 }
 
-func (r *ctxReader) Read(p []byte) (int, error) {
+func (r *streamReader) Read(p []byte) (int, error) {
 	if err := r.ctx.Err(); err != nil {
 		return 0, err
 	}
-	n, err := r.r.Read(p)
+	select {
+	case <-r.w.abandoned:
+		return 0, errStreamAbandoned
+	default:
+	}
+	n, err := r.w.reads(func() (int, error) { return r.r.Read(p) })
 	r.n.Add(int64(n))
 	return n, err
 }
 
-func (r *ctxReader) String() string { return fmt.Sprint(r.n.Load()) }
+func (r *streamReader) String() string { return fmt.Sprint(r.n.Load()) }
+
+// errStreamAbandoned ends the body of an upload abandoned at its deadline.
+var errStreamAbandoned = errors.New("upload abandoned: libvirt made no progress")
 
 // Networks.
 

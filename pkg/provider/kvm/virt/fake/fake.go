@@ -4,7 +4,8 @@
 // It reproduces the daemon behaviour callers must handle — error codes and
 // messages, idempotence traps, lifecycle events, asynchronous guest agents,
 // metadata namespace stripping, partial uploads — and adds fault injection
-// (FailNext, Fail, FailNextAfter, Delay, Block) and call counters.
+// (FailNext, Fail, FailNextAfter, Delay, Block; for upload streams
+// StallUploads and PaceUploads) and call counters.
 //
 // One Fake is one host: one daemon with any number of connections. A *Fake
 // is itself a virt.Client (its default connection); Connect opens more, which
@@ -82,6 +83,9 @@ type Fake struct {
 	hooks map[string]*hook
 	calls map[string]int
 	total int
+
+	uploadStall *stall               // non-nil while StallUploads is in force
+	uploadPace  func(written uint64) // PaceUploads
 }
 
 // New returns an empty daemon: no domains, pools or networks.
@@ -272,6 +276,86 @@ func (f *Fake) Block(rpc string) (release func()) {
 	}
 }
 
+// stall is a StallUploads: uploads that have taken after bytes wait on gate.
+type stall struct {
+	after   uint64
+	gate    *gate
+	waiting int
+}
+
+// StallUploads makes every upload stop taking bytes from its stream once it
+// has taken after bytes (0: before the first), as a daemon whose storage
+// stopped accepting writes: the call neither progresses nor fails until
+// release is called or its connection drops (then it returns
+// libvirt.ErrInterrupted). release is idempotent.
+func (f *Fake) StallUploads(after uint64) (release func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := &stall{after: after, gate: &gate{ch: make(chan struct{})}}
+	if f.uploadStall != nil {
+		f.uploadStall.gate.open()
+	}
+	f.uploadStall = s
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.uploadStall == s {
+			f.uploadStall = nil
+		}
+		s.gate.open()
+	}
+}
+
+// StalledUploads returns how many uploads are waiting in StallUploads.
+func (f *Fake) StalledUploads() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.uploadStall == nil {
+		return 0
+	}
+	return f.uploadStall.waiting
+}
+
+// PaceUploads calls pace before an upload takes each chunk of its stream,
+// with the bytes taken so far, from the upload's goroutine (nil clears):
+// the place for a test to model a daemon that takes its stream slowly, by
+// stepping its clock or waiting there.
+func (f *Fake) PaceUploads(pace func(written uint64)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.uploadPace = pace
+}
+
+// beforeChunk runs the stream faults before an upload on c takes the next
+// chunk, having taken written bytes.
+func (c *Conn) beforeChunk(written uint64) error {
+	f := c.f
+	f.mu.Lock()
+	pace, s := f.uploadPace, f.uploadStall
+	if s != nil && written >= s.after {
+		s.waiting++
+	} else {
+		s = nil
+	}
+	f.mu.Unlock()
+	if pace != nil {
+		pace(written)
+	}
+	if s == nil {
+		return nil
+	}
+	var err error
+	select {
+	case <-s.gate.ch:
+	case <-c.done:
+		err = libvirt.ErrInterrupted
+	}
+	f.mu.Lock()
+	s.waiting--
+	f.mu.Unlock()
+	return err
+}
+
 // Blocked returns how many calls of rpc are currently hanging in Block.
 func (f *Fake) Blocked(rpc string) int {
 	f.mu.Lock()
@@ -282,7 +366,8 @@ func (f *Fake) Blocked(rpc string) int {
 	return 0
 }
 
-// ClearFaults removes every injected failure and delay and releases blocks.
+// ClearFaults removes every injected failure, delay and pace and releases
+// blocks and stalls.
 func (f *Fake) ClearFaults() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -292,6 +377,11 @@ func (f *Fake) ClearFaults() {
 		}
 	}
 	f.hooks = map[string]*hook{}
+	if f.uploadStall != nil {
+		f.uploadStall.gate.open()
+		f.uploadStall = nil
+	}
+	f.uploadPace = nil
 }
 
 // Calls returns how many times rpc was called, on any connection, including

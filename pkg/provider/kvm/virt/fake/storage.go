@@ -412,7 +412,8 @@ var chunkPool = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &
 // error, wrapped. Raw volumes grow to fit; allocation follows the content.
 //
 // Real go-libvirt may instead report the daemon's reply to the stream abort;
-// either way the call fails and the volume holds a prefix.
+// either way the call fails and the volume holds a prefix. StallUploads and
+// PaceUploads act before each chunk is taken.
 func (c *Conn) StorageVolUpload(h libvirt.StorageVol, body io.Reader, offset, length uint64, flags libvirt.StorageVolUploadFlags) error {
 	after, err := c.enter(virt.RPCStorageVolUpload)
 	if err != nil {
@@ -444,6 +445,9 @@ func (c *Conn) StorageVolUpload(h libvirt.StorageVol, body io.Reader, offset, le
 		case <-c.done:
 			return libvirt.ErrInterrupted
 		default:
+		}
+		if err := c.beforeChunk(written); err != nil {
+			return err
 		}
 		n, rerr := body.Read(buf)
 		if n > 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/digitalocean/go-libvirt"
 	"libvirt.org/go/libvirtxml"
 
+	"crawl.example.com/proxy-operator/internal/testutil"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
 )
@@ -359,4 +361,92 @@ func TestStorageBackingChainsAndDelete(t *testing.T) {
 	f.SetPoolActive("default", false)
 	_, _, err = f.StoragePoolListAllVolumes(p, 1, 0)
 	wantErr(t, err, libvirt.ErrOperationInvalid, "storage pool 'default' is not active")
+}
+
+// StallUploads holds every upload once it has taken the given bytes: no
+// more is read from its stream until release, or until its connection
+// drops (ErrInterrupted). PaceUploads sees each chunk before it is taken.
+func TestUploadStreamFaults(t *testing.T) {
+	const chunk = 256 << 10
+	payload := bytes.Repeat([]byte("x"), 3*chunk)
+	start := func(t *testing.T, f *fake.Fake, c virt.Client) (libvirt.StorageVol, <-chan error) {
+		v, err := f.StorageVolCreateXML(pool(t, f, "default"), volXML("disk", "<capacity>1</capacity>", "raw", ""), 0)
+		must(t, err)
+		done := make(chan error, 1)
+		go func() { done <- c.StorageVolUpload(v, bytes.NewReader(payload), 0, 0, 0) }()
+		return v, done
+	}
+	size := func(f *fake.Fake) uint64 { info, _ := f.Volume("default", "disk"); return info.Size }
+	finished := func(t *testing.T, done <-chan error) error {
+		t.Helper()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(5 * time.Second):
+			t.Fatal("upload did not finish")
+			return nil
+		}
+	}
+
+	t.Run("stall until release", func(t *testing.T) {
+		f := newFake(t)
+		release := f.StallUploads(chunk)
+		_, done := start(t, f, f)
+		testutil.WaitFor(t, func() bool { return f.StalledUploads() == 1 })
+		select {
+		case err := <-done:
+			t.Fatalf("stalled upload returned %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if got := size(f); got != chunk {
+			t.Fatalf("%d bytes taken while stalled, want %d", got, chunk)
+		}
+		release()
+		release() // idempotent
+		must(t, finished(t, done))
+		if got := size(f); got != uint64(len(payload)) {
+			t.Fatalf("%d bytes after release, want %d", got, len(payload))
+		}
+	})
+
+	t.Run("stalled upload interrupted by a dropped connection", func(t *testing.T) {
+		f := newFake(t)
+		t.Cleanup(f.StallUploads(0))
+		c := f.Connect()
+		_, done := start(t, f, c)
+		testutil.WaitFor(t, func() bool { return f.StalledUploads() == 1 })
+		must(t, c.Disconnect())
+		if err := finished(t, done); !errors.Is(err, libvirt.ErrInterrupted) {
+			t.Fatalf("err = %v, want ErrInterrupted", err)
+		}
+		if size(f) != 0 || f.StalledUploads() != 0 {
+			t.Fatalf("size %d, stalled %d after the drop", size(f), f.StalledUploads())
+		}
+	})
+
+	t.Run("ClearFaults releases a stall and drops the pace", func(t *testing.T) {
+		f := newFake(t)
+		paced := 0
+		f.PaceUploads(func(uint64) { paced++ })
+		f.StallUploads(0)
+		_, done := start(t, f, f)
+		testutil.WaitFor(t, func() bool { return f.StalledUploads() == 1 })
+		f.ClearFaults()
+		must(t, finished(t, done))
+		if paced != 1 {
+			t.Fatalf("paced %d chunks, want the one before the stall", paced)
+		}
+	})
+
+	t.Run("pace sees the bytes taken before each chunk", func(t *testing.T) {
+		f := newFake(t)
+		var seen []uint64
+		f.PaceUploads(func(written uint64) { seen = append(seen, written) })
+		_, done := start(t, f, f)
+		must(t, finished(t, done))
+		// Three chunks, then the read that finds the end of the stream.
+		if want := []uint64{0, chunk, 2 * chunk, 3 * chunk}; !slices.Equal(seen, want) {
+			t.Fatalf("paced at %v, want %v", seen, want)
+		}
+	})
 }
