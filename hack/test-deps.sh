@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Installs the Debian packages whose real binaries the unit tests run against
-# (`make test` calls it; so does .ci/run on a fresh machine). Only what is
-# missing is installed, so a prepared machine pays nothing. Not root: prints
-# what is missing and exits 1, since those tests fail without them.
+# Installs the Debian packages the tests run for real: binaries, and the Python
+# libraries of the crawler recipes (`make test` calls it; so does .ci/run on a
+# fresh machine). Only what is missing is installed, so a prepared machine
+# pays nothing. Not root: prints what is missing and exits 1, since those
+# tests fail without them.
 set -euo pipefail
 
 PACKAGES=(
-	genisoimage     # isoinfo: an independent reader of the seed ISO
-	xorriso         # a second ISO reader (seed fuzzing reads back what it built)
-	libvirt-clients # virt-xml-validate: libvirt's own schemas for domain/volume XML
-	libxml2-utils   # xmllint, which virt-xml-validate runs
-	cloud-init      # cloud-init's own MIME parser for vendor-data
-	squid           # a real squid for every rendered squid.conf
+	genisoimage      # isoinfo: an independent reader of the seed ISO
+	xorriso          # a second ISO reader (seed fuzzing reads back what it built)
+	libvirt-clients  # virt-xml-validate: libvirt's own schemas for domain/volume XML
+	libxml2-utils    # xmllint, which virt-xml-validate runs
+	cloud-init       # cloud-init's own MIME parser for vendor-data
+	squid            # a real squid for every rendered squid.conf
+	python3-scrapy   # the Scrapy recipe in docs/examples/scrapy, run by test/recipes
+	python3-requests # the requests recipe in docs/examples/requests, likewise
 )
 
 missing=()
