@@ -13,7 +13,7 @@ import logging
 import sys
 
 from proxied_session import ProxiedSession
-from proxylist import ProxyListError
+from proxylist import EMPTY_REASON, ProxyListError
 
 
 def main():
@@ -32,7 +32,13 @@ def main():
                                  empty_timeout=args.empty_timeout, log_interval=args.log_interval,
                                  backoff_base=args.backoff_base)
         for url in args.urls:
-            response = session.get(url, timeout=30)
+            try:
+                response = session.get(url, timeout=30)
+            except ProxyListError as e:
+                if e.reason == EMPTY_REASON:
+                    raise
+                logging.error("%s: %s", url, e)  # only this URL is dropped
+                continue
             print(json.dumps({"url": url, "status": response.status_code, "proxy": response.proxy_label}), flush=True)
     except ProxyListError as e:
         logging.error("%s", e)
