@@ -85,7 +85,8 @@ func (o *origin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, "/slow/") {
 		time.Sleep(o.slowDelay)
 	}
-	fmt.Fprintln(w, "ok")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	fmt.Fprintln(w, "<!doctype html><title>ok</title>")
 }
 
 // under returns the hits whose path starts with prefix: each scenario

@@ -1,10 +1,14 @@
 package recipes
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -75,6 +79,7 @@ var scrapyRecipe = recipe{
 		return python(t, []string{filepath.Join(examples, "python"), filepath.Join(examples, "scrapy")},
 			"-m", "scrapy", "runspider", filepath.Join(examples, "scrapy", "example_spider.py"),
 			"-a", "urls="+strings.Join(urls, ","),
+			"-o", "-:jsonlines", // items on stdout, one JSON line per response like the other recipes
 			"-s", "PROXYLIST_PATH="+s.List,
 			"-s", "PROXYLIST_RELOAD_INTERVAL="+seconds(s.Reload),
 			"-s", "PROXYLIST_EMPTY_TIMEOUT="+seconds(s.EmptyTimeout),
@@ -101,8 +106,64 @@ var requestsRecipe = recipe{
 	},
 }
 
+var crawleeRecipe = recipe{
+	name: "crawlee",
+	command: func(t *testing.T, s settings, urls []string) *exec.Cmd {
+		node, err := exec.LookPath("node")
+		if err != nil {
+			t.Fatalf("node not found: the Crawlee recipe needs Node.js 20 or newer: %v", err)
+		}
+		// node resolves imports from the script's own directory: a copy of
+		// the recipe beside the cached node_modules, nothing in the clone.
+		dir := t.TempDir()
+		for _, f := range []string{"crawl.mjs", "proxylist.mjs"} {
+			data, err := os.ReadFile(filepath.Join(examples, "crawlee", f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Symlink(crawleeModules(t), filepath.Join(dir, "node_modules")); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"crawl.mjs", "--list", s.List,
+			"--reload-interval", seconds(s.Reload),
+			"--empty-timeout", seconds(s.EmptyTimeout),
+			"--hold-delay", holdDelay,
+			"--log-interval", logInterval,
+			"--concurrency", strconv.Itoa(s.Concurrency)}
+		cmd := exec.Command(node, append(args, urls...)...)
+		cmd.Dir = dir
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + dir, "NO_COLOR=1", "CRAWLEE_STORAGE_DIR=" + filepath.Join(dir, "storage")}
+		return cmd
+	},
+}
+
+// crawleeModules is the node_modules hack/crawlee-modules.sh installed for
+// this package-lock.json (the tests run without the npm registry).
+func crawleeModules(t *testing.T) string {
+	t.Helper()
+	lock, err := os.ReadFile(filepath.Join(examples, "crawlee", "package-lock.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(lock)
+	dir := filepath.Join(cache, "proxy-operator", "crawlee", hex.EncodeToString(sum[:])[:16])
+	if _, err := os.Stat(filepath.Join(dir, ".installed")); err != nil {
+		t.Fatalf("Crawlee's node_modules for this package-lock.json are not in %s: run hack/crawlee-modules.sh (make test-deps does)", dir)
+	}
+	return filepath.Join(dir, "node_modules")
+}
+
 func TestScrapyRecipe(t *testing.T)   { runScenarios(t, scrapyRecipe) }
 func TestRequestsRecipe(t *testing.T) { runScenarios(t, requestsRecipe) }
+func TestCrawleeRecipe(t *testing.T)  { runScenarios(t, crawleeRecipe) }
 
 // world is what every scenario crawls with: the origin and two squids.
 type world struct {
@@ -154,6 +215,21 @@ func requireThrough(t *testing.T, o *origin, prefix string, urls []string, egres
 	return hits
 }
 
+// okLine is the line each recipe prints for a response it handed to the
+// crawler's code: {"url": ..., "status": 200, "proxy": ...}.
+var okLine = regexp.MustCompile(`"status": ?200\b`)
+
+// requireCompleted fails unless the recipe reports exactly n successful
+// responses: a request that reached the origin but that the crawler then
+// counted as failed is lost to the crawl all the same.
+func requireCompleted(t *testing.T, p *process, n int) {
+	t.Helper()
+	out := p.output()
+	if got := len(okLine.FindAllString(out, -1)); got != n {
+		t.Errorf("the recipe reported %d successful responses, want %d:\n%s", got, n, out)
+	}
+}
+
 func contains(list []string, s string) bool {
 	for _, x := range list {
 		if x == s {
@@ -197,6 +273,7 @@ func holdsWhileEmpty(t *testing.T, w *world, r recipe) {
 		t.Errorf("exit code %d after the proxy was published:\n%s", code, p.output())
 	}
 	requireThrough(t, w.origin, "/held/", urls, egressA)
+	requireCompleted(t, p, len(urls))
 }
 
 func givesUpWhenEmptyTooLong(t *testing.T, w *world, r recipe) {
@@ -235,6 +312,7 @@ func followsTheList(t *testing.T, w *world, r recipe) {
 		t.Errorf("exit code %d:\n%s", code, p.output())
 	}
 	hits := requireThrough(t, w.origin, "/slow/switch/", urls, egressA, egressB)
+	requireCompleted(t, p, len(urls))
 	// The request in flight at the switch may still arrive; nothing later.
 	cutoff := switched.Add(s.Reload + 2*time.Second)
 	throughB := 0
@@ -271,6 +349,7 @@ func honoursBannedDomains(t *testing.T, w *world, r recipe) {
 	if code := p.wait(t, runLimit); code != 0 {
 		t.Errorf("exit code %d:\n%s", code, p.output())
 	}
+	requireCompleted(t, p, len(urls))
 	for _, h := range requireThrough(t, w.origin, "/ban/", urls, egressA, egressB) {
 		name := strings.Split(h.Path, "/")[2]
 		if h.Source != want[name] {
@@ -291,6 +370,7 @@ func skipsDeadProxies(t *testing.T, w *world, r recipe) {
 		t.Errorf("exit code %d:\n%s", code, p.output())
 	}
 	requireThrough(t, w.origin, "/dead/", urls, egressB)
+	requireCompleted(t, p, len(urls))
 	out := p.output()
 	for _, name := range []string{"refuses", "wrong-password"} {
 		if !strings.Contains(out, "proxy "+name+" is dead") {
