@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests run for real: binaries, and the Python
-# libraries of the crawler recipes (`make test` calls it; so does .ci/run on a
-# fresh machine), then the Crawlee recipe's node_modules (hack/crawlee-modules.sh).
-# Only what is missing is installed, so a prepared machine pays nothing. Not root: prints what is missing and exits 1, since those
-# tests fail without them.
+# Installs the Debian packages the tests run for real: binaries, and the
+# Python libraries of the crawler recipes; then the Crawlee recipe's
+# node_modules (hack/crawlee-modules.sh). `make test` calls it; so does
+# .ci/run on a fresh machine. Only what is missing is installed, so a
+# prepared machine pays nothing. Not root: prints the missing packages and
+# exits 1, since those tests fail without them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
