@@ -13,17 +13,7 @@ func TestRotate(t *testing.T) {
 	// a and b expired an hour and two ago; c expires in 50 minutes.
 	abc := []Replica{ready("a", 2*time.Hour), ready("b", 3*time.Hour), ready("c", 10*time.Minute)}
 	full := budget{room: 1, rate: 10, available: 3}
-	cases := []struct {
-		name     string
-		p        Policy
-		s        State
-		b        budget
-		started  []string
-		waiting  int
-		inFlight int
-		// from t0; 0: none
-		nextRotation, next time.Duration
-	}{
+	cases := []rotateCase{
 		{name: "the earliest expiry first, one at a time", p: maxAge(), s: State{Replicas: abc}, b: full,
 			started: []string{"b"}, waiting: 1, inFlight: 1, next: 50 * time.Minute},
 		{name: "room for two and maxConcurrent 2 start both", p: maxAge(func(p *Policy) { p.MaxConcurrentRotations = 2 }),
@@ -61,35 +51,51 @@ func TestRotate(t *testing.T) {
 			nextRotation: 30 * time.Minute, next: 30 * time.Minute},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			tc.s.Now = t0
-			vs, sum := classified(tc.p, tc.s.Replicas...)
-			next := nextTimer{now: t0}
-			started := rotate(tc.p, tc.s, vs, tc.b, &sum, &next)
-			if !slices.Equal(started, tc.started) {
-				t.Errorf("started %v, want %v", started, tc.started)
-			}
-			for _, v := range vs {
-				if slices.Contains(started, v.Name) && v.cause != causeRotation {
-					t.Errorf("%s started rotating but is not condemned for it", v.Name)
-				}
-			}
-			if sum.ExpiredWaiting != tc.waiting || sum.RotationsInFlight != tc.inFlight {
-				t.Errorf("waiting %d, in flight %d; want %d, %d", sum.ExpiredWaiting, sum.RotationsInFlight, tc.waiting, tc.inFlight)
-			}
-			wantNextRotation := at(t0, tc.nextRotation)
-			if tc.waiting > 0 && tc.nextRotation == 0 {
-				wantNextRotation = t0 // due now
-			}
-			if !sum.NextRotation.Equal(wantNextRotation) {
-				t.Errorf("next rotation %s, want %s", sum.NextRotation, wantNextRotation)
-			}
-			if !next.t.Equal(at(t0, tc.next)) {
-				t.Errorf("next %s, want %s", next.t, at(t0, tc.next))
-			}
-			if wantLast := len(tc.started) > 0; sum.LastRotation.Equal(t0) != wantLast {
-				t.Errorf("last rotation %s after starting %v", sum.LastRotation, started)
-			}
-		})
+		t.Run(tc.name, tc.check)
+	}
+}
+
+type rotateCase struct {
+	name     string
+	p        Policy
+	s        State
+	b        budget
+	started  []string
+	waiting  int
+	inFlight int
+	// from t0; 0: none
+	nextRotation, next time.Duration
+}
+
+// check runs rotate on the case's replicas, classified and marked for
+// replacement as Decide does, with the case's budget.
+func (tc rotateCase) check(t *testing.T) {
+	tc.s.Now = t0
+	vs, sum := classified(tc.p, tc.s.Replicas...)
+	next := nextTimer{now: t0}
+	started := rotate(tc.p, tc.s, vs, tc.b, &sum, &next)
+	if !slices.Equal(started, tc.started) {
+		t.Errorf("started %v, want %v", started, tc.started)
+	}
+	for _, v := range vs {
+		if slices.Contains(started, v.Name) && v.cause != causeRotation {
+			t.Errorf("%s started rotating but is not condemned for it", v.Name)
+		}
+	}
+	if sum.ExpiredWaiting != tc.waiting || sum.RotationsInFlight != tc.inFlight {
+		t.Errorf("waiting %d, in flight %d; want %d, %d", sum.ExpiredWaiting, sum.RotationsInFlight, tc.waiting, tc.inFlight)
+	}
+	wantNextRotation := at(t0, tc.nextRotation)
+	if tc.waiting > 0 && tc.nextRotation == 0 {
+		wantNextRotation = t0 // due now
+	}
+	if !sum.NextRotation.Equal(wantNextRotation) {
+		t.Errorf("next rotation %s, want %s", sum.NextRotation, wantNextRotation)
+	}
+	if !next.t.Equal(at(t0, tc.next)) {
+		t.Errorf("next %s, want %s", next.t, at(t0, tc.next))
+	}
+	if wantLast := len(tc.started) > 0; sum.LastRotation.Equal(t0) != wantLast {
+		t.Errorf("last rotation %s after starting %v", sum.LastRotation, started)
 	}
 }
