@@ -102,6 +102,7 @@ FUZZ_TARGETS = \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
 	./pkg/squid:FuzzRender \
+	./pkg/fleet:FuzzDecideKeepsTheBudget \
 	./controllers:FuzzPublishCredentialURL
 
 .PHONY: fuzz
