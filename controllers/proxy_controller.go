@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -89,20 +88,8 @@ type ProxyReconciler struct {
 	PortWatch *portwatch.Watcher[types.NamespacedName]
 	PortOpen  <-chan event.GenericEvent
 
-	memMu sync.Mutex
-	// synced: when each Proxy's instance was last read from its provider.
-	synced map[types.NamespacedName]time.Time
-	// waiting: since when each Proxy has waited for its address.
-	waiting map[types.NamespacedName]time.Time
-	// probeBackoff: the next requeue of each Proxy probed but never yet
-	// healthy (see firstProbeBackoff).
-	probeBackoff map[types.NamespacedName]time.Duration
-	// portOpened: where (host:port) the port watch saw each Proxy's port
-	// accept, until the reconcile it woke takes it (portJustOpened).
-	portOpened map[types.NamespacedName]string
-	// probing: how to interrupt each Proxy's probe under way
-	// (InterruptProbe).
-	probing map[types.NamespacedName]context.CancelFunc
+	// mem: what the reconciler remembers of each Proxy between reconciles.
+	mem proxyMemory
 }
 
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;update;patch
@@ -168,16 +155,6 @@ func (r *ProxyReconciler) complete() error {
 	if r.ProviderCallTimeout == 0 {
 		r.ProviderCallTimeout = DefaultProviderCallTimeout
 	}
-	// Under the lock: the event bridge may already mark Proxies dirty.
-	r.memMu.Lock()
-	r.synced = map[types.NamespacedName]time.Time{}
-	r.waiting = map[types.NamespacedName]time.Time{}
-	r.probeBackoff = map[types.NamespacedName]time.Duration{}
-	if r.portOpened == nil {
-		r.portOpened = map[types.NamespacedName]string{}
-	}
-	r.probing = map[types.NamespacedName]context.CancelFunc{}
-	r.memMu.Unlock()
 	return nil
 }
 
@@ -193,9 +170,7 @@ func (r *ProxyReconciler) providerCall(ctx context.Context) (context.Context, co
 // MarkDirty makes the next reconcile of the Proxy re-read its instance (a
 // provider event says it changed).
 func (r *ProxyReconciler) MarkDirty(key types.NamespacedName) {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	delete(r.synced, key)
+	r.mem.markDirty(key)
 }
 
 func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
@@ -354,10 +329,10 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 	switch portOpened := r.portJustOpened(p); {
 	case conditions.IsTrue(p, crawlv1.ReadyCondition), provisioned && portOpened:
 		readWithin = r.ResyncInterval
-	case provisioned && (booting(p) || r.inProbeBackoff(key)):
+	case provisioned && (booting(p) || r.mem.inProbeBackoff(key)):
 		readWithin = min(bootingResync, r.ResyncInterval)
 	}
-	fast := readWithin > 0 && r.readWithin(key, readWithin)
+	fast := readWithin > 0 && r.mem.readWithin(key, readWithin, r.Clock.Now())
 	creds, wait, err := r.reconcileCredentials(ctx, p, fast)
 	if err != nil {
 		return r.fail(p, reasonFor(err), err)
@@ -432,9 +407,9 @@ func (r *ProxyReconciler) reconcileNormal(ctx context.Context, p *crawlv1.Proxy)
 		}
 	}
 	r.recordInstance(p, inst)
-	r.markSynced(key)
+	r.mem.markSynced(key, r.Clock.Now())
 	if inst.State == provider.StateRunning && inst.Address != "" {
-		r.stopWaiting(key)
+		r.mem.stopWaiting(key)
 	}
 
 	if inst.State != provider.StateRunning || inst.Address == "" {
@@ -490,7 +465,8 @@ func (r *ProxyReconciler) waitForAddress(p *crawlv1.Proxy, inst *provider.Instan
 		r.setNotProvisioned(p, crawlv1.ProxyPermanentErrorReason, msg)
 		return ctrl.Result{RequeueAfter: r.ResyncInterval}, nil
 	}
-	if waited := r.Clock.Since(r.waitingSince(client.ObjectKeyFromObject(p))); waited > r.AddressTimeout {
+	since := r.mem.waitingSince(client.ObjectKeyFromObject(p), r.Clock.Now())
+	if waited := r.Clock.Since(since); waited > r.AddressTimeout {
 		r.setNotProvisioned(p, crawlv1.ProxyAddressTimeoutReason, fmt.Sprintf("no address after %s: %s", waited.Round(time.Second), msg))
 		// Keep looking, slowly: a late address still heals the Proxy.
 		return ctrl.Result{RequeueAfter: max(r.ProvisionPollInterval, time.Minute)}, nil
@@ -519,7 +495,7 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy,
 	if creds != nil {
 		target.Username, target.Password = creds.Username, creds.Password
 	}
-	probeCtx, probed := r.startProbe(ctx, key)
+	probeCtx, probed := r.mem.startProbe(ctx, key)
 	defer probed()
 	res := r.Prober.Probe(probeCtx, target)
 	if probeCtx.Err() != nil && ctx.Err() == nil {
@@ -581,7 +557,7 @@ func (r *ProxyReconciler) reconcileHealth(ctx context.Context, p *crawlv1.Proxy,
 	if wasHealthy {
 		// It served before: a failing proxy is re-read from the provider.
 		r.MarkDirty(key)
-	} else if after, ok := r.nextProbeBackoff(key, startsBackoff); ok {
+	} else if after, ok := r.mem.nextProbeBackoff(key, startsBackoff, r.ProvisionPollInterval); ok {
 		// The backoff soon reaches the poll interval, long before a
 		// guest's squid starts; the watch notices the port opening
 		// without a probe or a status write per look.
@@ -717,39 +693,9 @@ func (r *ProxyReconciler) checkSecure(ctx context.Context, p *crawlv1.Proxy, tar
 // interval (and the failure threshold): it is not booting.
 const firstProbeBackoff = 500 * time.Millisecond
 
-// nextProbeBackoff returns the requeue after a failed probe of a Proxy that
-// has never been healthy: start says it is booting (first probe, or not
-// Ready since provisioned), which begins the backoff if it has not begun;
-// false means the Proxy is not backing off (it was healthy before).
-func (r *ProxyReconciler) nextProbeBackoff(key types.NamespacedName, start bool) (time.Duration, bool) {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	d, ok := r.probeBackoff[key]
-	if !ok {
-		if !start {
-			return 0, false
-		}
-		d = firstProbeBackoff
-	}
-	d = min(d, r.ProvisionPollInterval)
-	r.probeBackoff[key] = min(2*d, r.ProvisionPollInterval)
-	return d, true
-}
-
-// inProbeBackoff: key is booting by this manager's memory, which outlasts
-// the conditions' evidence (an instance started again is booting, but its
-// first failed probe replaces the InstanceNotRunning verdict).
-func (r *ProxyReconciler) inProbeBackoff(key types.NamespacedName) bool {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	_, ok := r.probeBackoff[key]
-	return ok
-}
-
+// endProbeBackoff: the Proxy served; its port needs no more watching.
 func (r *ProxyReconciler) endProbeBackoff(key types.NamespacedName) {
-	r.memMu.Lock()
-	delete(r.probeBackoff, key)
-	r.memMu.Unlock()
+	r.mem.endProbeBackoff(key)
 	r.forgetPort(key)
 }
 
@@ -882,96 +828,31 @@ func (r *ProxyReconciler) recordInstance(p *crawlv1.Proxy, inst *provider.Instan
 	}
 }
 
-// readWithin: key's instance was read from its provider less than d ago
-// and no provider event about it came since.
-func (r *ProxyReconciler) readWithin(key types.NamespacedName, d time.Duration) bool {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	t, ok := r.synced[key]
-	return ok && r.Clock.Since(t) < d
-}
-
-func (r *ProxyReconciler) markSynced(key types.NamespacedName) {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	r.synced[key] = r.Clock.Now()
-}
-
-func (r *ProxyReconciler) waitingSince(key types.NamespacedName) time.Time {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	t, ok := r.waiting[key]
-	if !ok {
-		t = r.Clock.Now()
-		r.waiting[key] = t
-	}
-	return t
-}
-
-// startProbe returns the context of key's probe, which InterruptProbe
-// cancels, and the func that ends it. One reconcile per Proxy runs at a
-// time, so there is at most one probe per key.
-func (r *ProxyReconciler) startProbe(ctx context.Context, key types.NamespacedName) (context.Context, func()) {
-	probeCtx, cancel := context.WithCancel(ctx)
-	r.memMu.Lock()
-	r.probing[key] = cancel
-	r.memMu.Unlock()
-	return probeCtx, func() {
-		r.memMu.Lock()
-		delete(r.probing, key)
-		r.memMu.Unlock()
-		cancel()
-	}
-}
-
 // InterruptProbe cancels key's probe under way, if any: a provider event
 // says its instance changed (see reconcileHealth).
 func (r *ProxyReconciler) InterruptProbe(key types.NamespacedName) {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	if cancel, ok := r.probing[key]; ok {
-		cancel()
-	}
+	r.mem.interruptProbe(key)
 }
 
 // notePortOpened is the port watch's report that key's port accepted at
 // address (host:port); it comes just before the reconcile it wakes.
 func (r *ProxyReconciler) notePortOpened(key types.NamespacedName, address string) {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	if r.portOpened == nil {
-		r.portOpened = map[types.NamespacedName]string{}
-	}
-	r.portOpened[key] = address
+	r.mem.notePortOpened(key, address)
 }
 
 // portJustOpened takes the port watch's report for p: whether its port
 // accepted, since p's last reconcile, at the address and port in its
 // status now (a report about an address since replaced says nothing).
 func (r *ProxyReconciler) portJustOpened(p *crawlv1.Proxy) bool {
-	key := client.ObjectKeyFromObject(p)
-	r.memMu.Lock()
-	address, ok := r.portOpened[key]
-	delete(r.portOpened, key)
-	r.memMu.Unlock()
+	address, ok := r.mem.takePortOpened(client.ObjectKeyFromObject(p))
 	return ok && p.Status.Address != "" && address == net.JoinHostPort(p.Status.Address, strconv.Itoa(int(p.Spec.Port)))
 }
 
-// forget drops what the reconciler remembers of a Proxy.
+// forget drops what the reconciler remembers of a Proxy, its port watch
+// included.
 func (r *ProxyReconciler) forget(key types.NamespacedName) {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	delete(r.synced, key)
-	delete(r.waiting, key)
-	delete(r.probeBackoff, key)
-	delete(r.portOpened, key)
+	r.mem.forget(key)
 	r.forgetPort(key)
-}
-
-func (r *ProxyReconciler) stopWaiting(key types.NamespacedName) {
-	r.memMu.Lock()
-	defer r.memMu.Unlock()
-	delete(r.waiting, key)
 }
 
 func reasonFor(err error) string {

@@ -791,9 +791,9 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 			r.ResyncInterval = resync
 			r.Registry.Add(prov)
 			key := client.ObjectKeyFromObject(p)
-			r.markSynced(key)
+			r.mem.markSynced(key, r.Clock.Now())
 			if tc.backingOff {
-				r.nextProbeBackoff(key, true)
+				r.mem.nextProbeBackoff(key, true, r.ProvisionPollInterval)
 			}
 			clk.SetTime(clk.Now().Add(tc.since))
 			if tc.opened != "" {
@@ -856,7 +856,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
 	key := client.ObjectKeyFromObject(p)
-	r.markSynced(key)
+	r.mem.markSynced(key, r.Clock.Now())
 
 	type outcome struct {
 		res ctrl.Result
@@ -881,7 +881,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	if !conditions.IsTrue(p, crawlv1.ProxyHealthyCondition) || p.Status.Probe.ConsecutiveFailures != 0 || p.Status.Probe.LastError != "" {
 		t.Fatalf("ProxyHealthy %+v, probe %+v: an interrupted probe is no verdict", conditions.Get(p, crawlv1.ProxyHealthyCondition), p.Status.Probe)
 	}
-	if r.readWithin(key, r.ResyncInterval) {
+	if r.mem.readWithin(key, r.ResyncInterval, r.Clock.Now()) {
 		t.Fatal("the event did not mark the instance for a re-read")
 	}
 	if ev := <-requeued; ev.Object.GetName() != "p" {
