@@ -420,7 +420,9 @@ func (r *ProxyReconciler) fail(p *crawlv1.Proxy, reason string, err error) (ctrl
 }
 
 // stopFor ends a phase on an error (see fail) or a wait, which leaves the
-// Proxy not provisioned with the wait's reason until it has passed.
+// Proxy not provisioned with the wait's reason until it has passed. A
+// wait's after must be positive: a zero Result would hand on to the next
+// phase.
 func (r *ProxyReconciler) stopFor(p *crawlv1.Proxy, wait *waitFor, err error) (ctrl.Result, error) {
 	if err != nil {
 		return r.fail(p, reasonFor(err), err)

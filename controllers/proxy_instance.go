@@ -31,6 +31,7 @@ func (r *ProxyReconciler) reconcileInstance(ctx context.Context, s *proxyScope) 
 		return r.fail(p, reasonFor(err), err)
 	}
 	if p.Status.ProviderID != "" {
+		// probeOnly now: the provider could not be asked; nothing to record.
 		if res, err := r.readRecorded(ctx, s); ends(res, err) || s.probeOnly {
 			return res, err
 		}
