@@ -567,7 +567,7 @@ func TestFirstProbeBacksOff(t *testing.T) {
 					r.instanceDown(p, provider.StateStopped)
 					summarize(p)
 				}
-				res, err := r.reconcileHealth(context.Background(), p, nil)
+				res, err := r.reconcileHealth(context.Background(), newProxyScope(context.Background(), r.Client, p))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -688,7 +688,7 @@ func TestBootingProxyPortIsWatched(t *testing.T) {
 			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason,
 				LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))})
 			for range tc.script {
-				if _, err := r.reconcileHealth(ctx, p, nil); err != nil {
+				if _, err := r.reconcileHealth(ctx, newProxyScope(ctx, r.Client, p)); err != nil {
 					t.Fatal(err)
 				}
 				summarize(p)
@@ -791,9 +791,9 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 			r.ResyncInterval = resync
 			r.Registry.Add(prov)
 			key := client.ObjectKeyFromObject(p)
-			r.markSynced(key)
+			r.mem.markSynced(key, r.Clock.Now())
 			if tc.backingOff {
-				r.nextProbeBackoff(key, true)
+				r.mem.nextProbeBackoff(key, true, r.ProvisionPollInterval)
 			}
 			clk.SetTime(clk.Now().Add(tc.since))
 			if tc.opened != "" {
@@ -856,7 +856,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
 	key := client.ObjectKeyFromObject(p)
-	r.markSynced(key)
+	r.mem.markSynced(key, r.Clock.Now())
 
 	type outcome struct {
 		res ctrl.Result
@@ -864,7 +864,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		res, err := r.reconcileHealth(ctx, p, nil)
+		res, err := r.reconcileHealth(ctx, newProxyScope(ctx, r.Client, p))
 		done <- outcome{res, err}
 	}()
 	<-prober.started
@@ -881,7 +881,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	if !conditions.IsTrue(p, crawlv1.ProxyHealthyCondition) || p.Status.Probe.ConsecutiveFailures != 0 || p.Status.Probe.LastError != "" {
 		t.Fatalf("ProxyHealthy %+v, probe %+v: an interrupted probe is no verdict", conditions.Get(p, crawlv1.ProxyHealthyCondition), p.Status.Probe)
 	}
-	if r.readWithin(key, r.ResyncInterval) {
+	if r.mem.readWithin(key, r.ResyncInterval, r.Clock.Now()) {
 		t.Fatal("the event did not mark the instance for a re-read")
 	}
 	if ev := <-requeued; ev.Object.GetName() != "p" {
@@ -890,7 +890,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	// A probe after the event is not interrupted by it.
 	prober2 := &scriptedProber{results: []proxyprobe.Result{{OK: true, Through: true, Latency: time.Millisecond}}}
 	r.Prober = prober2
-	if res, err := r.reconcileHealth(ctx, p, nil); err != nil || res.RequeueAfter != r.ProbeInterval {
+	if res, err := r.reconcileHealth(ctx, newProxyScope(ctx, r.Client, p)); err != nil || res.RequeueAfter != r.ProbeInterval {
 		t.Fatalf("next probe: %+v, %v; want the probe interval", res, err)
 	}
 }
