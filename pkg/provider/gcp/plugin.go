@@ -1,0 +1,56 @@
+package gcp
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
+)
+
+// Plugin is the gcp provider's part in the operator's generic code (see
+// package plugin): instances in zones, booting spec.placement.image as
+// given.
+type Plugin struct{}
+
+var _ plugin.Plugin = Plugin{}
+
+func (Plugin) Name() string { return Name }
+
+func (Plugin) Domain() plugin.Domain { return plugin.Zones }
+
+func (Plugin) HostOf(*crawlv1.Proxy) string { return "" }
+
+func (Plugin) Machines(client.Reader) plugin.Machines { return plugin.GivenImage{} }
+
+func (Plugin) Default(*crawlv1.ProxySpec) {}
+
+// Validate refuses user-data an instance could not use: on an image whose
+// guest has no cloud-init, or over Compute Engine's metadata limit.
+// Checked here, not only at Create, so the Proxy is refused rather than
+// stored to fail. The content never goes into a message.
+func (Plugin) Validate(p *crawlv1.Proxy, _ plugin.Policy) field.ErrorList {
+	s := &p.Spec
+	ci := field.NewPath("spec", "cloudInit")
+	var errs field.ErrorList
+	if s.CloudInit.UserData != "" || len(s.CloudInit.UserDataBase64) > 0 {
+		if why := CloudInitUnsupported(s.Placement.Image); why != "" {
+			errs = append(errs, field.Invalid(field.NewPath("spec", "placement", "image"), s.Placement.Image, why))
+		}
+	}
+	if v, enc := crawlv1.GCEUserDataValue(s.CloudInit.UserDataBytes()); len(v) > crawlv1.GCEMaxMetadataValue {
+		f := ci.Child("userData")
+		if len(s.CloudInit.UserDataBase64) > 0 {
+			f = ci.Child("userDataBase64")
+		}
+		as := "as instance metadata"
+		if enc != "" {
+			as = "as instance metadata (base64, since it is not UTF-8)"
+		}
+		errs = append(errs, field.Invalid(f, fmt.Sprintf("<%d bytes>", len(s.CloudInit.UserDataBytes())),
+			fmt.Sprintf("is %d bytes %s, over Compute Engine's limit of %d", len(v), as, crawlv1.GCEMaxMetadataValue)))
+	}
+	return errs
+}
