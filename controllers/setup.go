@@ -52,7 +52,7 @@ var specOrAnnotationChanged = predicate.Or(predicate.GenerationChangedPredicate{
 // the same list to the webhooks, and Setup uses it unless Deps.Plugins says
 // otherwise. A new provider is one line here.
 func Plugins() plugin.List {
-	return plugin.List{kvm.Plugin{}, kubernetes.Plugin{}, gcp.Plugin{}}
+	return plugin.List{kvm.Plugin(), kubernetes.Plugin(), gcp.Plugin()}
 }
 
 // ManagerOptions sets what every manager of this operator needs on opts (the

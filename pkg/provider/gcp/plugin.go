@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider/plugin"
@@ -13,25 +12,15 @@ import (
 // Plugin is the gcp provider's part in the operator's generic code (see
 // package plugin): instances in zones, booting spec.placement.image as
 // given.
-type Plugin struct{}
+func Plugin() plugin.Plugin {
+	return plugin.Basic{Provider: Name, In: plugin.Zones, Rules: validate}
+}
 
-var _ plugin.Plugin = Plugin{}
-
-func (Plugin) Name() string { return Name }
-
-func (Plugin) Domain() plugin.Domain { return plugin.Zones }
-
-func (Plugin) HostOf(*crawlv1.Proxy) string { return "" }
-
-func (Plugin) Machines(client.Reader) plugin.Machines { return plugin.GivenImage{} }
-
-func (Plugin) Default(*crawlv1.ProxySpec) {}
-
-// Validate refuses user-data an instance could not use: on an image whose
+// validate refuses user-data an instance could not use: on an image whose
 // guest has no cloud-init, or over Compute Engine's metadata limit.
 // Checked here, not only at Create, so the Proxy is refused rather than
 // stored to fail. The content never goes into a message.
-func (Plugin) Validate(p *crawlv1.Proxy, _ plugin.Policy) field.ErrorList {
+func validate(p *crawlv1.Proxy, _ plugin.Policy) field.ErrorList {
 	s := &p.Spec
 	ci := field.NewPath("spec", "cloudInit")
 	var errs field.ErrorList

@@ -10,7 +10,7 @@ import (
 
 // Default gives a URL image the firmware and format a KVMImage would get;
 // a KVMImage carries its own.
-func (Plugin) Default(s *crawlv1.ProxySpec) {
+func (hostsPlugin) Default(s *crawlv1.ProxySpec) {
 	if crawlv1.IsImageURL(s.Placement.Image) {
 		s.Placement.Firmware = s.Placement.Firmware.OrDefault()
 		s.Placement.ImageFormat = s.Placement.ImageFormat.OrDefault()
@@ -20,7 +20,7 @@ func (Plugin) Default(s *crawlv1.ProxySpec) {
 // Validate checks the placement: exactly one of host and hostSelector, and
 // a KVMImage name or, if the manager allows them, an image URL with its
 // checksum.
-func (Plugin) Validate(p *crawlv1.Proxy, policy plugin.Policy) field.ErrorList {
+func (hostsPlugin) Validate(p *crawlv1.Proxy, policy plugin.Policy) field.ErrorList {
 	pl := field.NewPath("spec", "placement")
 	errs := validatePlacement(pl, &p.Spec.Placement)
 	if !policy.AllowImageURLs && crawlv1.IsImageURL(p.Spec.Placement.Image) {

@@ -21,22 +21,22 @@ import (
 // Plugin is the kvm provider's part in the operator's generic code (see
 // package plugin): instances on KVMHosts, booting a KVMImage or an image
 // URL. Its admission rules are in admission.go.
-type Plugin struct{}
+func Plugin() plugin.Plugin { return hostsPlugin{} }
 
-var _ plugin.Plugin = Plugin{}
+type hostsPlugin struct{}
 
-func (Plugin) Name() string { return Name }
+func (hostsPlugin) Name() string { return Name }
 
-func (Plugin) Domain() plugin.Domain { return plugin.Hosts }
+func (hostsPlugin) Domain() plugin.Domain { return plugin.Hosts }
 
 // HostOf is where p's domain is: the provider ID's host, else the host
 // recorded at placement, else the one its spec names.
-func (Plugin) HostOf(p *crawlv1.Proxy) string {
+func (hostsPlugin) HostOf(p *crawlv1.Proxy) string {
 	return cmp.Or(recordedHost(p), p.Status.Host, p.Spec.Placement.Host)
 }
 
 // Machines reads KVMHosts, KVMImages and Proxies through r.
-func (Plugin) Machines(r client.Reader) plugin.Machines { return machines{r} }
+func (hostsPlugin) Machines(r client.Reader) plugin.Machines { return machines{r} }
 
 // recordedHost is the host in p's provider ID, empty without one.
 func recordedHost(p *crawlv1.Proxy) string {

@@ -57,7 +57,7 @@ func TestForGetPlacesByHostSelector(t *testing.T) {
 			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "new"},
 				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: rackA}}}}
 			m := &provider.Machine{}
-			got, wait, err := kvm.Plugin{}.Machines(c).ForGet(context.Background(), p, m)
+			got, wait, err := kvm.Plugin().Machines(c).ForGet(context.Background(), p, m)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,14 +90,14 @@ func TestForGetFollowsTheProviderID(t *testing.T) {
 			p := &crawlv1.Proxy{Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv9"}},
 				Status: crawlv1.ProxyStatus{Host: tc.statusHost, ProviderID: tc.providerID}}
 			m := &provider.Machine{}
-			placeOn, wait, err := kvm.Plugin{}.Machines(fakeReader(t).Build()).ForGet(context.Background(), p, m)
+			placeOn, wait, err := kvm.Plugin().Machines(fakeReader(t).Build()).ForGet(context.Background(), p, m)
 			if placeOn != "" || wait != nil || err != nil {
 				t.Fatalf("ForGet = %q, %+v, %v; want the Machine", placeOn, wait, err)
 			}
 			if m.Host != tc.want {
 				t.Fatalf("Machine.Host = %q, want %q", m.Host, tc.want)
 			}
-			if got := (kvm.Plugin{}).HostOf(p); got != tc.want {
+			if got := kvm.Plugin().HostOf(p); got != tc.want {
 				t.Fatalf("HostOf = %q, want %q", got, tc.want)
 			}
 		})
@@ -131,7 +131,7 @@ func TestForCreateWaitsForHostAndImage(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &crawlv1.Proxy{Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: tc.image}}}
 			m := &provider.Machine{Host: "hv1"}
-			wait, err := kvm.Plugin{}.Machines(fakeReader(t, tc.objs...).Build()).ForCreate(context.Background(), p, m)
+			wait, err := kvm.Plugin().Machines(fakeReader(t, tc.objs...).Build()).ForCreate(context.Background(), p, m)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -166,7 +166,7 @@ func TestForDeleteFindsTheHost(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &crawlv1.Proxy{Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: tc.specHost}}, Status: tc.status}
 			m := &provider.Machine{}
-			err := kvm.Plugin{}.Machines(nil).ForDelete(context.Background(), p, m)
+			err := kvm.Plugin().Machines(nil).ForDelete(context.Background(), p, m)
 			if tc.permanent {
 				if provider.Class(err) != provider.ClassPermanent {
 					t.Fatalf("ForDelete error %v, want a permanent one", err)

@@ -125,6 +125,36 @@ func (GivenImage) ForCreate(context.Context, *crawlv1.Proxy, *provider.Machine) 
 
 func (GivenImage) ForDelete(context.Context, *crawlv1.Proxy, *provider.Machine) error { return nil }
 
+// Basic is the Plugin of a provider outside the Hosts domain whose
+// Machines need nothing from the cluster (GivenImage); its own admission
+// rules are Defaults and Rules, either nil for none.
+type Basic struct {
+	Provider string
+	In       Domain
+	Defaults func(s *crawlv1.ProxySpec)
+	Rules    func(p *crawlv1.Proxy, policy Policy) field.ErrorList
+}
+
+var _ Plugin = Basic{}
+
+func (b Basic) Name() string                  { return b.Provider }
+func (b Basic) Domain() Domain                { return b.In }
+func (Basic) HostOf(*crawlv1.Proxy) string    { return "" }
+func (Basic) Machines(client.Reader) Machines { return GivenImage{} }
+
+func (b Basic) Default(s *crawlv1.ProxySpec) {
+	if b.Defaults != nil {
+		b.Defaults(s)
+	}
+}
+
+func (b Basic) Validate(p *crawlv1.Proxy, policy Policy) field.ErrorList {
+	if b.Rules == nil {
+		return nil
+	}
+	return b.Rules(p, policy)
+}
+
 // VolumeSweeper is a sweep extra a provider may implement (kvm does): it
 // deletes, per host, the volumes its instances left behind when they were
 // removed outside the operator (see controllers.OrphanCollector).
