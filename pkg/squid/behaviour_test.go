@@ -277,14 +277,14 @@ func TestSquidRefusesEveryDefaultDeniedRange(t *testing.T) {
 
 	var addrs, reachable []netip.Addr
 	for _, p := range slices.Concat(defaultDenied, alwaysDenied) {
-		addrs = append(addrs, p.Addr(), lastAddr(p))
+		addrs = append(addrs, p.Addr(), squidtest.LastAddr(p))
 	}
 	for _, row := range registryRows {
 		p := netip.MustParsePrefix(row.block)
 		if row.denied {
-			addrs = append(addrs, p.Addr(), lastAddr(p))
+			addrs = append(addrs, p.Addr(), squidtest.LastAddr(p))
 		} else {
-			reachable = append(reachable, p.Addr(), lastAddr(p))
+			reachable = append(reachable, p.Addr(), squidtest.LastAddr(p))
 		}
 	}
 	for _, spelling := range []string{

@@ -121,6 +121,9 @@ type Options struct {
 	// Command is the command line, squid first; default squid -N -f
 	// <config>. squid -k parse runs with the same arguments first.
 	Command []string
+	// Parse is the squid -k parse command line run first, for a Command
+	// that is not squid's own (a wrapper that starts it).
+	Parse []string
 
 	ConfPath     string
 	Mounts       []Mount
@@ -186,7 +189,10 @@ func Start(t testing.TB, o Options) *Squid {
 		s.Addr6 = o.Listen
 	}
 
-	parse := s.command(t, o, append([]string{o.Command[0], "-k", "parse"}, o.Command[1:]...))
+	if len(o.Parse) == 0 {
+		o.Parse = append([]string{o.Command[0], "-k", "parse"}, o.Command[1:]...)
+	}
+	parse := s.command(t, o, o.Parse)
 	out, err := parse.CombinedOutput()
 	problems := Problems(string(out))
 	if err != nil {
