@@ -446,3 +446,25 @@ func TestDeniedDestinationsIsTheRenderedList(t *testing.T) {
 		t.Error("an invalid config has a list")
 	}
 }
+
+func TestAggregateMergesHalvesAndKeepsTheAddresses(t *testing.T) {
+	for _, tc := range []struct{ in, want []string }{
+		{[]string{"10.0.0.0/9", "10.128.0.0/9"}, []string{"10.0.0.0/8"}},
+		{[]string{"10.128.0.0/9", "10.0.0.0/9", "10.1.0.0/16"}, []string{"10.0.0.0/8"}},
+		{[]string{"10.0.0.0/9", "11.0.0.0/9"}, []string{"10.0.0.0/9", "11.0.0.0/9"}}, // adjacent, not halves
+		{[]string{"10.128.0.0/9", "11.0.0.0/9"}, []string{"10.128.0.0/9", "11.0.0.0/9"}},
+		{[]string{"0.0.0.0/1", "128.0.0.0/1", "::/1"}, []string{"0.0.0.0/0", "::/1"}},
+		{[]string{"::/128", "::1/128"}, []string{"::/127"}},
+		{nil, nil},
+	} {
+		got := toStrings(Aggregate(mustPrefixes(tc.in)))
+		if !slices.Equal(got, tc.want) && (len(got) != 0 || len(tc.want) != 0) {
+			t.Errorf("Aggregate(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	// ::/96 less :: and ::1, then :: and ::1 again: all of ::/96.
+	cut := append(subtract(netip.MustParsePrefix("::/96"), netip.MustParsePrefix("::/127")), mustPrefixes([]string{"::/128", "::1/128"})...)
+	if got := toStrings(Aggregate(cut)); !slices.Equal(got, []string{"::/96"}) {
+		t.Errorf("Aggregate(%d pieces of ::/96) = %q", len(cut), got)
+	}
+}
