@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,6 +26,24 @@ func AddLoopbackAddress(t testing.TB, addr netip.Addr) {
 	if err := addAddress(lo.Index, addr); err != nil && !errors.Is(err, unix.EEXIST) {
 		t.Fatalf("adding %s to lo: %v", addr, err)
 	}
+	waitRoutable(t, addr)
+}
+
+// waitRoutable waits for the kernel's local route to addr. For IPv6 it is
+// installed by a workqueue after the address (even with NODAD), so on a
+// loaded machine a connect right after RTM_NEWADDR can find no route. A
+// UDP connect looks the route up without sending anything.
+func waitRoutable(t testing.TB, addr netip.Addr) {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var c net.Conn
+		if c, err = net.Dial("udp", netip.AddrPortFrom(addr, 9).String()); err == nil {
+			c.Close()
+			return
+		}
+	}
+	t.Fatalf("%s on lo has no route: %v", addr, err)
 }
 
 // addAddress sends RTM_NEWADDR (what ip addr add sends) and reads the
