@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -204,35 +205,11 @@ func run(o options) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	enabled := map[string]bool{}
-	for _, p := range strings.Split(o.providers, ",") {
-		switch p = strings.TrimSpace(p); p {
-		case "":
-		case kvm.Name, kubernetes.Name, gcp.Name:
-			enabled[p] = true
-		default:
-			return fmt.Errorf("--providers: unknown provider %q (want kvm, kubernetes, gcp)", p)
-		}
+	enabled, err := enabledProviders(o.providers)
+	if err != nil {
+		return err
 	}
-
-	var tlsOpts []func(*tls.Config)
-	if !o.enableHTTP2 {
-		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
-	}
-	cacheOpts := cache.Options{}
-	if enabled[kubernetes.Name] {
-		cacheOpts.ByObject = kubernetes.CacheByObject()
-	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), controllers.ManagerOptions(ctrl.Options{
-		Scheme:                  scheme,
-		Cache:                   cacheOpts,
-		Metrics:                 metricsauth.ServerOptions(o.metricsAddr, o.metricsSecure, tlsOpts),
-		HealthProbeBindAddress:  o.probeAddr,
-		LeaderElection:          o.leaderElect,
-		LeaderElectionID:        "proxy-operator.crawl.example.com",
-		LeaderElectionNamespace: o.leaderElectNamespace,
-		WebhookServer:           webhook.NewServer(webhook.Options{Port: o.webhookPort, CertDir: o.webhookCertDir, TLSOpts: tlsOpts}),
-	}))
+	mgr, err := o.newManager(enabled)
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
@@ -241,20 +218,9 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-
 	if o.enableWebhooks {
-		// Admission knows the providers the controllers know.
-		proxyWebhook := webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs, Plugins: controllers.Plugins()}
-		for name, setup := range map[string]func(ctrl.Manager) error{
-			"KVMHost":  (&webhookv1.KVMHostWebhook{ManagerNamespace: o.managerNamespace}).SetupWithManager,
-			"KVMImage": (&webhookv1.KVMImageWebhook{}).SetupWithManager,
-			"Proxy":    proxyWebhook.SetupWithManager,
-			// A pool's template is validated as its replicas will be.
-			"ProxyPool": (&webhookv1.ProxyPoolWebhook{Proxy: proxyWebhook}).SetupWithManager,
-		} {
-			if err := setup(mgr); err != nil {
-				return fmt.Errorf("create %s webhook: %w", name, err)
-			}
+		if err := o.setupWebhooks(mgr); err != nil {
+			return err
 		}
 	}
 
@@ -262,26 +228,8 @@ func run(o options) error {
 	deps := o.deps(registry)
 	deps.InstallID = installID
 	if enabled[kvm.Name] {
-		rpcObserver, err := virt.NewPrometheusObserver(metrics.Registry)
-		if err != nil {
+		if deps.KVM, err = o.kvmDeps(ctx, log, mgr); err != nil {
 			return err
-		}
-		defaultMaterial := conn.FileMaterial(o.sshKeyDir)
-		// Unreadable material is a warning, never a reason to stop: KVMHosts
-		// with their own Secret, and the other providers, work without it.
-		if _, err := defaultMaterial(ctx); err != nil {
-			log.Info(fmt.Sprintf("WARNING: default SSH material in %s not usable yet (KVMHosts without sshKeySecretRef will report SSHMaterialMissing until it is): %v", o.sshKeyDir, err))
-		}
-		deps.KVM = &controllers.KVMDeps{
-			Hosts:              &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial, SecretNamespace: o.managerNamespace},
-			PoolOptions:        conn.Options{Logger: ctrl.Log.WithName("kvm-conn")},
-			Observer:           rpcObserver,
-			MaxUploadsPerHost:  o.maxUploads,
-			MaxInFlightPerHost: o.maxCalls,
-			Logger:             ctrl.Log.WithName("kvm"),
-			CheckInterval:      o.checkInterval,
-			CheckTimeout:       o.checkTimeout,
-			HostWorkers:        o.hostConcurrency,
 		}
 	}
 	if enabled[kubernetes.Name] {
@@ -309,6 +257,99 @@ func run(o options) error {
 		return err
 	}
 
+	if err := o.addHealthChecks(mgr); err != nil {
+		return err
+	}
+
+	log.Info("starting manager", "providers", registry.Enabled(), "installID", installID, "checkInterval", o.checkInterval,
+		"checkTimeout", crawlv1.EffectiveCheckTimeout(o.checkInterval, o.checkTimeout))
+	return mgr.Start(ctx)
+}
+
+// enabledProviders parses --providers.
+func enabledProviders(list string) (map[string]bool, error) {
+	enabled := map[string]bool{}
+	for _, p := range strings.Split(list, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "":
+		case kvm.Name, kubernetes.Name, gcp.Name:
+			enabled[p] = true
+		default:
+			return nil, fmt.Errorf("--providers: unknown provider %q (want kvm, kubernetes, gcp)", p)
+		}
+	}
+	return enabled, nil
+}
+
+// newManager creates the manager: metrics, probes, leader election and the
+// webhook server as the flags say, and the cache the enabled providers need.
+func (o *options) newManager(enabled map[string]bool) (ctrl.Manager, error) {
+	var tlsOpts []func(*tls.Config)
+	if !o.enableHTTP2 {
+		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
+	}
+	cacheOpts := cache.Options{}
+	if enabled[kubernetes.Name] {
+		cacheOpts.ByObject = kubernetes.CacheByObject()
+	}
+	return ctrl.NewManager(ctrl.GetConfigOrDie(), controllers.ManagerOptions(ctrl.Options{
+		Scheme:                  scheme,
+		Cache:                   cacheOpts,
+		Metrics:                 metricsauth.ServerOptions(o.metricsAddr, o.metricsSecure, tlsOpts),
+		HealthProbeBindAddress:  o.probeAddr,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionID:        "proxy-operator.crawl.example.com",
+		LeaderElectionNamespace: o.leaderElectNamespace,
+		WebhookServer:           webhook.NewServer(webhook.Options{Port: o.webhookPort, CertDir: o.webhookCertDir, TLSOpts: tlsOpts}),
+	}))
+}
+
+// setupWebhooks registers the admission webhooks of every kind.
+func (o *options) setupWebhooks(mgr ctrl.Manager) error {
+	// Admission knows the providers the controllers know.
+	proxyWebhook := webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs, Plugins: controllers.Plugins()}
+	for name, setup := range map[string]func(ctrl.Manager) error{
+		"KVMHost":  (&webhookv1.KVMHostWebhook{ManagerNamespace: o.managerNamespace}).SetupWithManager,
+		"KVMImage": (&webhookv1.KVMImageWebhook{}).SetupWithManager,
+		"Proxy":    proxyWebhook.SetupWithManager,
+		// A pool's template is validated as its replicas will be.
+		"ProxyPool": (&webhookv1.ProxyPoolWebhook{Proxy: proxyWebhook}).SetupWithManager,
+	} {
+		if err := setup(mgr); err != nil {
+			return fmt.Errorf("create %s webhook: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// kvmDeps is what the kvm provider needs from the flags and the manager.
+func (o *options) kvmDeps(ctx context.Context, log logr.Logger, mgr ctrl.Manager) (*controllers.KVMDeps, error) {
+	rpcObserver, err := virt.NewPrometheusObserver(metrics.Registry)
+	if err != nil {
+		return nil, err
+	}
+	defaultMaterial := conn.FileMaterial(o.sshKeyDir)
+	// Unreadable material is a warning, never a reason to stop: KVMHosts
+	// with their own Secret, and the other providers, work without it.
+	if _, err := defaultMaterial(ctx); err != nil {
+		log.Info(fmt.Sprintf("WARNING: default SSH material in %s not usable yet (KVMHosts without sshKeySecretRef will report SSHMaterialMissing until it is): %v", o.sshKeyDir, err))
+	}
+	return &controllers.KVMDeps{
+		Hosts:              &kvm.KubeHosts{Reader: mgr.GetClient(), SecretReader: mgr.GetAPIReader(), DefaultMaterial: defaultMaterial, SecretNamespace: o.managerNamespace},
+		PoolOptions:        conn.Options{Logger: ctrl.Log.WithName("kvm-conn")},
+		Observer:           rpcObserver,
+		MaxUploadsPerHost:  o.maxUploads,
+		MaxInFlightPerHost: o.maxCalls,
+		Logger:             ctrl.Log.WithName("kvm"),
+		CheckInterval:      o.checkInterval,
+		CheckTimeout:       o.checkTimeout,
+		HostWorkers:        o.hostConcurrency,
+	}, nil
+}
+
+// addHealthChecks adds /healthz and /readyz; with webhooks, ready means
+// the webhook server serves.
+func (o *options) addHealthChecks(mgr ctrl.Manager) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
@@ -316,11 +357,5 @@ func run(o options) error {
 	if o.enableWebhooks {
 		readyCheck = mgr.GetWebhookServer().StartedChecker()
 	}
-	if err := mgr.AddReadyzCheck("readyz", readyCheck); err != nil {
-		return err
-	}
-
-	log.Info("starting manager", "providers", registry.Enabled(), "installID", installID, "checkInterval", o.checkInterval,
-		"checkTimeout", crawlv1.EffectiveCheckTimeout(o.checkInterval, o.checkTimeout))
-	return mgr.Start(ctx)
+	return mgr.AddReadyzCheck("readyz", readyCheck)
 }

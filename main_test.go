@@ -2,6 +2,8 @@ package main
 
 import (
 	"flag"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -41,6 +43,39 @@ func TestStartupRejectsUnusableDurations(t *testing.T) {
 				t.Fatalf("rejected: %v", err)
 			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 				t.Fatalf("validate() = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestEnabledProviders(t *testing.T) {
+	cases := []struct {
+		list string
+		want []string // sorted
+		err  string   // in the error; empty: accepted
+	}{
+		{"kvm", []string{"kvm"}, ""},
+		{"kvm,kubernetes,gcp", []string{"gcp", "kubernetes", "kvm"}, ""},
+		{" gcp , kvm ,", []string{"gcp", "kvm"}, ""},
+		{"", []string{}, ""},
+		{"kvm,azure", nil, `--providers: unknown provider "azure"`},
+		{"KVM", nil, `unknown provider "KVM"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.list, func(t *testing.T) {
+			enabled, err := enabledProviders(tc.list)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("enabledProviders(%q) = %v, %v; want an error containing %q", tc.list, enabled, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := slices.Sorted(maps.Keys(enabled))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("enabledProviders(%q) = %v, want %v", tc.list, got, tc.want)
 			}
 		})
 	}

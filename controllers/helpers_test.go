@@ -35,7 +35,7 @@ func createSecret(h *testHost) {
 const testCheckTimeout = 3 * time.Second
 
 // createKVMHost registers a KVMHost at addr (h's SSH server unless given).
-func createKVMHost(name, addr string, labels map[string]string, tune ...func(*crawlv1.KVMHostSpec)) *crawlv1.KVMHost {
+func createKVMHost(name, addr string, labels map[string]string, tune ...func(*crawlv1.KVMHostSpec)) {
 	kh := &crawlv1.KVMHost{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 		Spec: crawlv1.KVMHostSpec{
@@ -52,7 +52,6 @@ func createKVMHost(name, addr string, labels map[string]string, tune ...func(*cr
 		f(&kh.Spec)
 	}
 	Expect(k8sClient.Create(ctx, kh)).To(Succeed())
-	return kh
 }
 
 // readyHost starts a test host with its Secret and KVMHost, and waits Ready.
@@ -99,7 +98,7 @@ func newNamespace() string {
 	return ns.Name
 }
 
-func createProxy(ns, name, host, image string) *crawlv1.Proxy {
+func createProxy(ns, name, host, image string) {
 	p := &crawlv1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: crawlv1.ProxySpec{
@@ -111,7 +110,6 @@ func createProxy(ns, name, host, image string) *crawlv1.Proxy {
 		},
 	}
 	Expect(k8sClient.Create(ctx, p)).To(Succeed())
-	return p
 }
 
 // giveAddress makes the guest agent of the Proxy's domain report ip once

@@ -271,12 +271,14 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	now := r.Clock.Now()
 	sel, err := metav1.LabelSelectorAsSelector(&pool.Spec.Selector)
 	if err != nil {
-		return ctrl.Result{}, r.invalidSpec(pool, fmt.Errorf("spec.selector: %w", err))
+		invalidSpec(pool, fmt.Errorf("spec.selector: %w", err))
+		return ctrl.Result{}, nil
 	}
 	pool.Status.Selector = sel.String()
 	policy, err := poolfleet.PolicyFor(&pool.Spec)
 	if err != nil {
-		return ctrl.Result{}, r.invalidSpec(pool, err)
+		invalidSpec(pool, err)
+		return ctrl.Result{}, nil
 	}
 	hash := poolfleet.TemplateHash(&pool.Spec.Template)
 
@@ -285,31 +287,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	byName := make(map[string]*crawlv1.Proxy, len(replicas))
-	state := poolfleet.State{Now: now, PlacementBlocked: conditions.IsTrue(pool, crawlv1.PoolPlacementBlockedCondition)}
-	if rot := pool.Status.Rotation; rot != nil && rot.LastTime != nil {
-		// Stored in whole seconds: the start was up to a second later, and
-		// minInterval must not come short.
-		state.LastRotation = rot.LastTime.Add(time.Second - time.Nanosecond)
-	}
-	if mem.lastRotation.After(state.LastRotation) {
-		state.LastRotation = mem.lastRotation
-	}
-	for i := range replicas {
-		p := &replicas[i]
-		byName[p.Name] = p
-		rep := poolfleet.ReplicaFrom(p, hash)
-		state.Replicas = append(state.Replicas, rep)
-		// The annotation outlives a lost status write.
-		if rep.RotatingSince.After(state.LastRotation) {
-			state.LastRotation = rep.RotatingSince
-		}
-	}
-	state.RecentCreates, state.Lineages = mem.recentCreates(replicas, now), mem.lineages
-	r.randMu.Lock()
-	state.Rand = rand.New(rand.NewPCG(r.Rand.Uint64(), r.Rand.Uint64()))
-	r.randMu.Unlock()
-
+	state, byName := r.fleetState(pool, mem, replicas, hash, now)
 	plan := poolfleet.Decide(policy, state)
 	r.setStatus(pool, policy, plan, byName, now)
 	log.V(1).Info("plan", "replicas", len(replicas), "publish", len(plan.Publish), "drain", plan.Drain, "delete", plan.Delete,
@@ -317,10 +295,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 
 	// Unpublish first: a replica is out of the crawlers' list before its
 	// drain time starts.
-	published := make([]crawlv1.Proxy, 0, len(plan.Publish))
-	for _, n := range plan.Publish {
-		published = append(published, *byName[n])
-	}
+	published := replicasNamed(byName, plan.Publish)
 	// A replica whose credential Secret is not there yet is left out while
 	// the others are published: the rest of the plan goes on, and the list
 	// is written again soon (the pool does not watch Secrets).
@@ -374,15 +349,50 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 		res.RequeueAfter = r.PlacementRetry
 	}
 	if !plan.Next.IsZero() {
-		after := max(plan.Next.Sub(now), time.Millisecond)
-		if res.RequeueAfter == 0 || after < res.RequeueAfter {
-			res.RequeueAfter = after
-		}
+		res = requeueSooner(res, max(plan.Next.Sub(now), time.Millisecond))
 	}
-	if leftOut && (res.RequeueAfter == 0 || leftOutRetry < res.RequeueAfter) {
-		res.RequeueAfter = leftOutRetry
+	if leftOut {
+		res = requeueSooner(res, leftOutRetry)
 	}
 	return res, nil
+}
+
+// fleetState is what Decide sees of the pool: its replicas (also returned
+// by name), when it last rotated one, its recent creates and lineages.
+func (r *ProxyPoolReconciler) fleetState(pool *crawlv1.ProxyPool, mem *poolMemory, replicas []crawlv1.Proxy, hash string, now time.Time) (poolfleet.State, map[string]*crawlv1.Proxy) {
+	byName := make(map[string]*crawlv1.Proxy, len(replicas))
+	state := poolfleet.State{Now: now, PlacementBlocked: conditions.IsTrue(pool, crawlv1.PoolPlacementBlockedCondition)}
+	if rot := pool.Status.Rotation; rot != nil && rot.LastTime != nil {
+		// Stored in whole seconds: the start was up to a second later, and
+		// minInterval must not come short.
+		state.LastRotation = rot.LastTime.Add(time.Second - time.Nanosecond)
+	}
+	if mem.lastRotation.After(state.LastRotation) {
+		state.LastRotation = mem.lastRotation
+	}
+	for i := range replicas {
+		p := &replicas[i]
+		byName[p.Name] = p
+		rep := poolfleet.ReplicaFrom(p, hash)
+		state.Replicas = append(state.Replicas, rep)
+		// The annotation outlives a lost status write.
+		if rep.RotatingSince.After(state.LastRotation) {
+			state.LastRotation = rep.RotatingSince
+		}
+	}
+	state.RecentCreates, state.Lineages = mem.recentCreates(replicas, now), mem.lineages
+	r.randMu.Lock()
+	state.Rand = rand.New(rand.NewPCG(r.Rand.Uint64(), r.Rand.Uint64()))
+	r.randMu.Unlock()
+	return state, byName
+}
+
+func replicasNamed(byName map[string]*crawlv1.Proxy, names []string) []crawlv1.Proxy {
+	out := make([]crawlv1.Proxy, 0, len(names))
+	for _, n := range names {
+		out = append(out, *byName[n])
+	}
+	return out
 }
 
 // leftOutRetry: how soon a list that left replicas out is written again.
@@ -390,10 +400,9 @@ const leftOutRetry = 2 * time.Second
 
 // invalidSpec records a spec the controller cannot act on (stored without
 // the webhook); a change of the spec triggers the next reconcile.
-func (r *ProxyPoolReconciler) invalidSpec(pool *crawlv1.ProxyPool, err error) error {
+func invalidSpec(pool *crawlv1.ProxyPool, err error) {
 	conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolAvailableCondition, Status: metav1.ConditionUnknown,
 		Reason: crawlv1.PoolInvalidSpecReason, Message: err.Error()})
-	return nil
 }
 
 // replicas lists the pool's replicas from the cache, with what this manager
@@ -597,8 +606,22 @@ func (r *ProxyPoolReconciler) event(pool *crawlv1.ProxyPool, reason, what string
 
 // setStatus writes what Decide observed, and the conditions.
 func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolfleet.Policy, plan poolfleet.Plan, byName map[string]*crawlv1.Proxy, now time.Time) {
+	setReplicaCounts(&pool.Status, policy, plan, byName)
+	setAvailable(pool, policy, plan.Status)
+	setRollingOut(pool, policy, plan.Status)
+	setRotating(pool, policy, plan.Status, now)
+	r.setRemediating(pool, policy, plan.Status)
+	if policy.Paused {
+		setPoolCondition(pool, crawlv1.PoolPausedCondition, true, crawlv1.PoolPausedReason, "rollout, rotation and remediation stopped; scaling and publishing go on")
+	} else {
+		setPoolCondition(pool, crawlv1.PoolPausedCondition, false, crawlv1.PoolNotPausedReason, "")
+	}
+}
+
+// setReplicaCounts writes the replica counts, how many hosts and egress
+// addresses the published replicas use, and the rotation times.
+func setReplicaCounts(st *crawlv1.ProxyPoolStatus, policy poolfleet.Policy, plan poolfleet.Plan, byName map[string]*crawlv1.Proxy) {
 	s := plan.Status
-	st := &pool.Status
 	st.Replicas, st.ReadyReplicas, st.AvailableReplicas = int32(s.Replicas), int32(s.Ready), int32(s.Available)
 	st.UpToDateReplicas, st.DrainingReplicas, st.UnhealthyReplicas = int32(s.UpToDate), int32(s.Draining), int32(s.Unhealthy)
 	hosts, egress := map[string]bool{}, map[string]bool{}
@@ -616,40 +639,47 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 	if policy.MaxAge > 0 {
 		st.Rotation = &crawlv1.ProxyPoolRotationStatus{LastTime: metaTime(s.LastRotation), NextTime: metaTime(s.NextRotation)}
 	}
+}
 
-	set := func(t string, ok bool, reason, msg string) {
-		status := metav1.ConditionFalse
-		if ok {
-			status = metav1.ConditionTrue
-		}
-		conditions.Set(pool, metav1.Condition{Type: t, Status: status, Reason: reason, Message: msg})
+func setPoolCondition(pool *crawlv1.ProxyPool, t string, ok bool, reason, msg string) {
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
 	}
+	conditions.Set(pool, metav1.Condition{Type: t, Status: status, Reason: reason, Message: msg})
+}
+
+func setAvailable(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.Summary) {
 	if s.Available >= s.MinAvailable {
-		set(crawlv1.PoolAvailableCondition, true, crawlv1.PoolMinimumAvailableReason,
+		setPoolCondition(pool, crawlv1.PoolAvailableCondition, true, crawlv1.PoolMinimumAvailableReason,
 			fmt.Sprintf("%d of %d replicas available (at least %d needed)", s.Available, policy.Replicas, s.MinAvailable))
 	} else {
-		set(crawlv1.PoolAvailableCondition, false, crawlv1.PoolMinimumUnavailableReason,
+		setPoolCondition(pool, crawlv1.PoolAvailableCondition, false, crawlv1.PoolMinimumUnavailableReason,
 			fmt.Sprintf("%d of %d replicas available, at least %d needed", s.Available, policy.Replicas, s.MinAvailable))
 	}
+}
 
+func setRollingOut(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.Summary) {
 	switch {
 	case s.Outdated > 0 && policy.OnDelete:
-		set(crawlv1.PoolRollingOutCondition, false, crawlv1.PoolOnDeleteReason,
+		setPoolCondition(pool, crawlv1.PoolRollingOutCondition, false, crawlv1.PoolOnDeleteReason,
 			fmt.Sprintf("%d replicas outdated; each is replaced when deleted", s.Outdated))
 	case s.Outdated > 0 && policy.Paused:
-		set(crawlv1.PoolRollingOutCondition, false, crawlv1.PoolPausedReason, fmt.Sprintf("%d replicas outdated; paused", s.Outdated))
+		setPoolCondition(pool, crawlv1.PoolRollingOutCondition, false, crawlv1.PoolPausedReason, fmt.Sprintf("%d replicas outdated; paused", s.Outdated))
 	case s.Outdated > 0:
-		set(crawlv1.PoolRollingOutCondition, true, crawlv1.PoolRollingOutReason,
+		setPoolCondition(pool, crawlv1.PoolRollingOutCondition, true, crawlv1.PoolRollingOutReason,
 			fmt.Sprintf("%d replicas outdated, %d of %d up to date", s.Outdated, s.UpToDate, policy.Replicas))
 	default:
-		set(crawlv1.PoolRollingOutCondition, false, crawlv1.PoolUpToDateReason, "every replica is of the current template")
+		setPoolCondition(pool, crawlv1.PoolRollingOutCondition, false, crawlv1.PoolUpToDateReason, "every replica is of the current template")
 	}
+}
 
+func setRotating(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.Summary, now time.Time) {
 	switch {
 	case policy.MaxAge == 0:
-		set(crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationDisabledReason, "no rotation.maxAge")
+		setPoolCondition(pool, crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationDisabledReason, "no rotation.maxAge")
 	case s.RotationsInFlight > 0:
-		set(crawlv1.PoolRotatingCondition, true, crawlv1.PoolRotatingReason,
+		setPoolCondition(pool, crawlv1.PoolRotatingCondition, true, crawlv1.PoolRotatingReason,
 			fmt.Sprintf("%d replicas being replaced for age; %d more expired", s.RotationsInFlight, s.ExpiredWaiting))
 	case s.ExpiredWaiting > 0:
 		why := "for every replica to be available, room to surge and the create cap"
@@ -659,44 +689,43 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 		case s.NextRotation.After(now):
 			why = "until " + s.NextRotation.UTC().Format(time.RFC3339) + " (minInterval)"
 		}
-		set(crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationWaitingReason,
+		setPoolCondition(pool, crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationWaitingReason,
 			fmt.Sprintf("%d expired replicas wait %s", s.ExpiredWaiting, why))
 	default:
 		msg := "no replica expired"
 		if !s.NextRotation.IsZero() {
 			msg += "; next at " + s.NextRotation.UTC().Format(time.RFC3339)
 		}
-		set(crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationIdleReason, msg)
+		setPoolCondition(pool, crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationIdleReason, msg)
 	}
+}
 
+// setRemediating writes Remediating and RemediationAllowed, with an event
+// when remediation stops for too many unhealthy replicas.
+func (r *ProxyPoolReconciler) setRemediating(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.Summary) {
 	switch {
 	case s.Remediating > 0:
-		set(crawlv1.PoolRemediatingCondition, true, crawlv1.PoolRemediatingReason, fmt.Sprintf("replacing %d unhealthy replicas", s.Remediating))
+		setPoolCondition(pool, crawlv1.PoolRemediatingCondition, true, crawlv1.PoolRemediatingReason, fmt.Sprintf("replacing %d unhealthy replicas", s.Remediating))
 	case s.BackingOff > 0:
-		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolRemediationBackoffReason,
+		setPoolCondition(pool, crawlv1.PoolRemediatingCondition, false, crawlv1.PoolRemediationBackoffReason,
 			fmt.Sprintf("%d replicas failed to start; their slots wait until %s before replacing them", s.BackingOff, s.BackoffUntil.UTC().Format(time.RFC3339)))
 	case s.Unhealthy > 0 && !s.RemediationAllowed:
-		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolTooManyUnhealthyReason, fmt.Sprintf("%d unhealthy replicas are left alone", s.Unhealthy))
+		setPoolCondition(pool, crawlv1.PoolRemediatingCondition, false, crawlv1.PoolTooManyUnhealthyReason, fmt.Sprintf("%d unhealthy replicas are left alone", s.Unhealthy))
 	case s.Unhealthy > 0 && policy.Paused:
-		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolPausedReason, fmt.Sprintf("%d unhealthy replicas; paused", s.Unhealthy))
+		setPoolCondition(pool, crawlv1.PoolRemediatingCondition, false, crawlv1.PoolPausedReason, fmt.Sprintf("%d unhealthy replicas; paused", s.Unhealthy))
 	default:
-		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolHealthyReason, "no unhealthy replica")
+		setPoolCondition(pool, crawlv1.PoolRemediatingCondition, false, crawlv1.PoolHealthyReason, "no unhealthy replica")
 	}
 	if !s.RemediationAllowed && !conditions.IsFalse(pool, crawlv1.PoolRemediationAllowedCondition) {
 		r.Recorder.Eventf(pool, "Warning", crawlv1.PoolTooManyUnhealthyReason,
 			"%d replicas unhealthy, more than maxUnhealthy (%d): replacing none", s.Unhealthy, s.MaxUnhealthy)
 	}
 	if s.RemediationAllowed {
-		set(crawlv1.PoolRemediationAllowedCondition, true, crawlv1.PoolRemediationAllowedReason,
+		setPoolCondition(pool, crawlv1.PoolRemediationAllowedCondition, true, crawlv1.PoolRemediationAllowedReason,
 			fmt.Sprintf("%d unhealthy replicas, at most %d replaced", s.Unhealthy, s.MaxUnhealthy))
 	} else {
-		set(crawlv1.PoolRemediationAllowedCondition, false, crawlv1.PoolTooManyUnhealthyReason,
+		setPoolCondition(pool, crawlv1.PoolRemediationAllowedCondition, false, crawlv1.PoolTooManyUnhealthyReason,
 			fmt.Sprintf("%d replicas unhealthy, more than maxUnhealthy (%d): the cause is likely outside them, nothing is replaced", s.Unhealthy, s.MaxUnhealthy))
-	}
-	if policy.Paused {
-		set(crawlv1.PoolPausedCondition, true, crawlv1.PoolPausedReason, "rollout, rotation and remediation stopped; scaling and publishing go on")
-	} else {
-		set(crawlv1.PoolPausedCondition, false, crawlv1.PoolNotPausedReason, "")
 	}
 }
 

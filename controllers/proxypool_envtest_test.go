@@ -183,10 +183,10 @@ var _ = Describe("ProxyPool", Ordered, func() {
 			Eventually(func() string { return conditions.GetReason(getPool(pool), crawlv1.PoolRollingOutCondition) }).Should(Equal(crawlv1.PoolUpToDateReason))
 
 			w.expectBudgetKept()
-			min, most := w.extremes()
-			GinkgoWriter.Printf("rollout maxSurge %d maxUnavailable %d: lowest availability %d, most replicas %d, %d events\n", b.surge, b.unavailable, min, most, w.events())
+			lowest, most := w.extremes()
+			GinkgoWriter.Printf("rollout maxSurge %d maxUnavailable %d: lowest availability %d, most replicas %d, %d events\n", b.surge, b.unavailable, lowest, most, w.events())
 			Expect(most).To(Equal(4+b.surge), "the rollout never used its surge")
-			Expect(min).To(Equal(4-b.unavailable), "the rollout never used maxUnavailable")
+			Expect(lowest).To(Equal(4-b.unavailable), "the rollout never used maxUnavailable")
 			w.expectPublishedNeverDraining(pool)
 			expectPublishedIsReady(pool)
 		})

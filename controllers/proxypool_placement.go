@@ -63,7 +63,7 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 	if err != nil {
 		// The pool's webhook refuses a malformed selector; one stored
 		// without it waits for a fix rather than failing the reconcile.
-		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, err.Error()}, nil
+		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, err.Error()}, nil //nolint:nilerr // blocked, reported in the pool's status
 	}
 	hostList := &crawlv1.KVMHostList{}
 	if err := r.Client.List(ctx, hostList, client.MatchingLabelsSelector{Selector: scope.selector}); err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -628,62 +629,11 @@ func planEndpointSlices(existing []discoveryv1.EndpointSlice, want []sliceEndpoi
 		}
 		byPort[w.port][w.name] = w
 	}
-	sorted := make([]*discoveryv1.EndpointSlice, 0, len(existing))
-	for i := range existing {
-		sorted = append(sorted, &existing[i])
-	}
-	slices.SortFunc(sorted, func(a, b *discoveryv1.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
-
-	type kept struct {
-		old  *discoveryv1.EndpointSlice
-		port int32
-		eps  []sliceEndpoint
-	}
-	var (
-		plan     slicePlan
-		keep     []*kept
-		assigned = map[string]bool{}
-	)
-	for _, s := range sorted {
-		port, ok := slicePort(s)
-		if !owned(s) || s.AddressType != discoveryv1.AddressTypeIPv4 || !ok || byPort[port] == nil {
-			plan.delete = append(plan.delete, s)
-			continue
-		}
-		k := &kept{old: s, port: port}
-		for _, e := range s.Endpoints {
-			if e.TargetRef == nil || e.TargetRef.Kind != "Proxy" {
-				continue
-			}
-			if w, ok := byPort[port][e.TargetRef.Name]; ok && !assigned[w.name] && len(k.eps) < limit {
-				k.eps = append(k.eps, w)
-				assigned[w.name] = true
-			}
-		}
-		keep = append(keep, k)
-	}
-
-	ports := make([]int32, 0, len(byPort))
-	for port := range byPort {
-		ports = append(ports, port)
-	}
-	slices.Sort(ports)
-	for _, port := range ports {
-		var rest []sliceEndpoint
-		for _, w := range want {
-			if w.port == port && !assigned[w.name] {
-				rest = append(rest, w)
-				assigned[w.name] = true
-			}
-		}
-		slices.SortFunc(rest, func(a, b sliceEndpoint) int { return strings.Compare(a.name, b.name) })
-		for _, k := range keep {
-			if k.port != port {
-				continue
-			}
-			n := min(limit-len(k.eps), len(rest))
-			k.eps, rest = append(k.eps, rest[:n]...), rest[n:]
-		}
+	var plan slicePlan
+	keep, stale, assigned := keepInPlace(existing, byPort, limit, owned)
+	plan.delete = stale
+	for _, port := range slices.Sorted(maps.Keys(byPort)) {
+		rest := placeRest(keep, want, port, assigned, limit)
 		for len(rest) > 0 {
 			n := min(limit, len(rest))
 			s := &discoveryv1.EndpointSlice{AddressType: discoveryv1.AddressTypeIPv4, Ports: slicePorts(port), Endpoints: endpointsOf(rest[:n])}
@@ -692,7 +642,6 @@ func planEndpointSlices(existing []discoveryv1.EndpointSlice, want []sliceEndpoi
 			rest = rest[n:]
 		}
 	}
-
 	for _, k := range keep {
 		if len(k.eps) == 0 {
 			plan.delete = append(plan.delete, k.old)
@@ -707,6 +656,70 @@ func planEndpointSlices(existing []discoveryv1.EndpointSlice, want []sliceEndpoi
 		}
 	}
 	return plan
+}
+
+// keptSlice is an existing slice planEndpointSlices keeps, with the
+// endpoints it is to hold.
+type keptSlice struct {
+	old  *discoveryv1.EndpointSlice
+	port int32
+	eps  []sliceEndpoint
+}
+
+// keepInPlace goes through the existing slices by name: each of the pool's
+// slices of a wanted port keeps the wanted endpoints it holds (up to limit,
+// each endpoint in one slice only, marked assigned); the other slices are
+// stale.
+func keepInPlace(existing []discoveryv1.EndpointSlice, byPort map[int32]map[string]sliceEndpoint, limit int,
+	owned func(*discoveryv1.EndpointSlice) bool) (keep []*keptSlice, stale []*discoveryv1.EndpointSlice, assigned map[string]bool) {
+	sorted := make([]*discoveryv1.EndpointSlice, 0, len(existing))
+	for i := range existing {
+		sorted = append(sorted, &existing[i])
+	}
+	slices.SortFunc(sorted, func(a, b *discoveryv1.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
+
+	assigned = map[string]bool{}
+	for _, s := range sorted {
+		port, ok := slicePort(s)
+		if !owned(s) || s.AddressType != discoveryv1.AddressTypeIPv4 || !ok || byPort[port] == nil {
+			stale = append(stale, s)
+			continue
+		}
+		k := &keptSlice{old: s, port: port}
+		for _, e := range s.Endpoints {
+			if e.TargetRef == nil || e.TargetRef.Kind != "Proxy" {
+				continue
+			}
+			if w, ok := byPort[port][e.TargetRef.Name]; ok && !assigned[w.name] && len(k.eps) < limit {
+				k.eps = append(k.eps, w)
+				assigned[w.name] = true
+			}
+		}
+		keep = append(keep, k)
+	}
+	return keep, stale, assigned
+}
+
+// placeRest puts the wanted endpoints of port that no slice holds yet, by
+// name, into the kept slices of that port while they have room, and returns
+// the ones left for new slices.
+func placeRest(keep []*keptSlice, want []sliceEndpoint, port int32, assigned map[string]bool, limit int) []sliceEndpoint {
+	var rest []sliceEndpoint
+	for _, w := range want {
+		if w.port == port && !assigned[w.name] {
+			rest = append(rest, w)
+			assigned[w.name] = true
+		}
+	}
+	slices.SortFunc(rest, func(a, b sliceEndpoint) int { return strings.Compare(a.name, b.name) })
+	for _, k := range keep {
+		if k.port != port {
+			continue
+		}
+		n := min(limit-len(k.eps), len(rest))
+		k.eps, rest = append(k.eps, rest[:n]...), rest[n:]
+	}
+	return rest
 }
 
 // slicePort is the port of a slice this pool wrote: one TCP port named

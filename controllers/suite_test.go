@@ -172,10 +172,10 @@ type fakeProber struct {
 
 func (p *fakeProber) Probe(ctx context.Context, t proxyprobe.Target) proxyprobe.Result {
 	p.mu.Lock()
-	to, real := p.listener[t.Address]
+	to, listening := p.listener[t.Address]
 	down := p.down[t.Address]
 	p.mu.Unlock()
-	if real {
+	if listening {
 		return proxyprobe.TCP{Timeout: time.Second}.Probe(ctx, proxyprobe.Target{Address: "127.0.0.1", Port: int32(portOf(to))})
 	}
 	if down {
@@ -190,10 +190,10 @@ func (p *fakeProber) dial(ctx context.Context, network, addr string) (net.Conn, 
 		return nil, err
 	}
 	p.mu.Lock()
-	to, real := p.listener[host]
+	to, listening := p.listener[host]
 	down := p.down[host]
 	p.mu.Unlock()
-	if real {
+	if listening {
 		return (&net.Dialer{}).DialContext(ctx, network, to)
 	}
 	if down {

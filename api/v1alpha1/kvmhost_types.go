@@ -40,8 +40,10 @@ const (
 // SecretReference names a Secret in a namespace (KVMHost is cluster-scoped).
 type SecretReference struct {
 	// +kubebuilder:validation:MinLength=1
+	// +required
 	Name string `json:"name"`
 	// +kubebuilder:validation:MinLength=1
+	// +required
 	Namespace string `json:"namespace"`
 }
 
@@ -53,6 +55,7 @@ type KVMHostSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=261
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="address is immutable: its VMs stay on that machine; create another KVMHost for another machine"
+	// +required
 	Address string `json:"address"`
 
 	// User is the SSH user; it must be allowed to open the libvirt socket.
@@ -108,11 +111,16 @@ type KVMHostSpec struct {
 
 // PoolStatus is the storage pool as last seen.
 type PoolStatus struct {
-	Name            string `json:"name,omitempty"`
-	CapacityBytes   int64  `json:"capacityBytes,omitempty"`
-	AllocationBytes int64  `json:"allocationBytes,omitempty"`
-	AvailableBytes  int64  `json:"availableBytes,omitempty"`
+	// +optional
+	Name string `json:"name,omitempty"`
+	// +optional
+	CapacityBytes int64 `json:"capacityBytes,omitempty"`
+	// +optional
+	AllocationBytes int64 `json:"allocationBytes,omitempty"`
+	// +optional
+	AvailableBytes int64 `json:"availableBytes,omitempty"`
 	// Available is AvailableBytes for people, e.g. "37.2Gi".
+	// +optional
 	Available string `json:"available,omitempty"`
 }
 
@@ -195,10 +203,13 @@ type KVMHostStatus struct {
 // +kubebuilder:printcolumn:name="Last Check",type=date,JSONPath=`.status.lastCheckTime`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type KVMHost struct {
-	metav1.TypeMeta   `json:",inline"`
+	metav1.TypeMeta `json:",inline"`
+	// +optional
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   KVMHostSpec   `json:"spec,omitempty"`
+	// +optional
+	Spec KVMHostSpec `json:"spec,omitempty"`
+	// +optional
 	Status KVMHostStatus `json:"status,omitempty"`
 }
 
@@ -218,5 +229,5 @@ func (h *KVMHost) GetConditions() []metav1.Condition { return h.Status.Condition
 func (h *KVMHost) SetConditions(c []metav1.Condition) { h.Status.Conditions = c }
 
 func init() {
-	SchemeBuilder.Register(&KVMHost{}, &KVMHostList{})
+	addKnownTypes(&KVMHost{}, &KVMHostList{})
 }

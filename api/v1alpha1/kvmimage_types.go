@@ -38,11 +38,13 @@ type KVMImageSpec struct {
 	// URL to download the image from (http or https).
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
+	// +required
 	URL string `json:"url"`
 
 	// Checksum of the image as "sha256:<64 hex>". A download that does not
 	// match leaves no usable volume; a changed checksum re-fetches.
 	// +kubebuilder:validation:Pattern=`^sha256:[0-9a-fA-F]{64}$`
+	// +required
 	Checksum string `json:"checksum"`
 
 	// Format of the image.
@@ -67,8 +69,10 @@ type KVMImageSpec struct {
 // KVMImageHostStatus is the cache state of the image on one host.
 type KVMImageHostStatus struct {
 	// Host is the KVMHost name.
+	// +required
 	Host string `json:"host"`
 	// Phase: Pending, Downloading, Verified or Failed.
+	// +required
 	Phase ImageHostPhase `json:"phase"`
 	// Verified is true when the cached volume matched the checksum.
 	// +optional
@@ -113,6 +117,7 @@ type KVMImageStatus struct {
 	// Checksums the image has been cached under, newest first, at most
 	// spec.retain: these stay cached; an older one is pruned once unused.
 	// +optional
+	// +listType=atomic
 	Checksums []string `json:"checksums,omitempty"`
 
 	// ReadyHosts counts hosts with a verified copy.
@@ -137,10 +142,13 @@ type KVMImageStatus struct {
 // +kubebuilder:printcolumn:name="Total Hosts",type=integer,JSONPath=`.status.totalHosts`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type KVMImage struct {
-	metav1.TypeMeta   `json:",inline"`
+	metav1.TypeMeta `json:",inline"`
+	// +optional
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   KVMImageSpec   `json:"spec,omitempty"`
+	// +optional
+	Spec KVMImageSpec `json:"spec,omitempty"`
+	// +optional
 	Status KVMImageStatus `json:"status,omitempty"`
 }
 
@@ -167,5 +175,5 @@ func (s *KVMImageStatus) HostStatus(host string) *KVMImageHostStatus {
 }
 
 func init() {
-	SchemeBuilder.Register(&KVMImage{}, &KVMImageList{})
+	addKnownTypes(&KVMImage{}, &KVMImageList{})
 }

@@ -166,6 +166,7 @@ type ProxyAuth struct {
 type LocalObjectReference struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
+	// +required
 	Name string `json:"name"`
 }
 
@@ -184,6 +185,7 @@ type ProxyAccess struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=64
+	// +listType=atomic
 	AllowedSourceCIDRs []string `json:"allowedSourceCIDRs,omitempty"`
 
 	// Auth of clients; Basic with a generated credential when absent.
@@ -194,6 +196,7 @@ type ProxyAccess struct {
 	// only ever goes to 443.
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
 	AllowedPorts []int32 `json:"allowedPorts,omitempty"`
 
 	// ExtraDeniedDestinations are refused on top of the built-in list
@@ -201,6 +204,7 @@ type ProxyAccess struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=64
+	// +listType=atomic
 	ExtraDeniedDestinations []string `json:"extraDeniedDestinations,omitempty"`
 
 	// AllowedDestinationExceptions are carved out of the built-in denied
@@ -210,6 +214,7 @@ type ProxyAccess struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=64
+	// +listType=atomic
 	AllowedDestinationExceptions []string `json:"allowedDestinationExceptions,omitempty"`
 
 	// MaxConnectionsPerClient caps concurrent connections per client
@@ -230,6 +235,7 @@ func (p *Proxy) IsManaged() bool {
 // ProxySpec is the desired proxy.
 type ProxySpec struct {
 	// Provider runs the instance: kvm, kubernetes or gcp.
+	// +required
 	Provider ProviderName `json:"provider"`
 
 	// Placement says where the instance runs and what it boots. Immutable:
@@ -281,6 +287,11 @@ type ProxyProbeStatus struct {
 
 // ProxyStatus is the observed proxy.
 type ProxyStatus struct {
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
 	// Phase: Pending, Provisioning, Ready, Failed or Deleting.
 	// +optional
 	Phase ProxyPhase `json:"phase,omitempty"`
@@ -321,11 +332,6 @@ type ProxyStatus struct {
 	// +optional
 	Probe *ProxyProbeStatus `json:"probe,omitempty"`
 
-	// +listType=map
-	// +listMapKey=type
-	// +optional
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
-
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 }
@@ -343,7 +349,8 @@ type ProxyStatus struct {
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.status.address`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Proxy struct {
-	metav1.TypeMeta   `json:",inline"`
+	metav1.TypeMeta `json:",inline"`
+	// +optional
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	// The immutability rules sit here, not on the fields, because
@@ -354,7 +361,9 @@ type Proxy struct {
 	// +kubebuilder:validation:XValidation:rule="!has(self.placement) || !has(oldSelf.placement) || self.placement == oldSelf.placement",message="placement is immutable",fieldPath=".placement"
 	// +kubebuilder:validation:XValidation:rule="!has(self.port) || !has(oldSelf.port) || self.port == oldSelf.port",message="port is immutable: the instance keeps the port it was created with; delete the Proxy and create another",fieldPath=".port"
 	// +kubebuilder:validation:XValidation:rule="has(self.access) == has(oldSelf.access) && (!has(self.access) || self.access == oldSelf.access)",message="access is immutable: the instance keeps the access it was created with; delete the Proxy and create another (a ProxyPool rolls its replicas)",fieldPath=".access"
-	Spec   ProxySpec   `json:"spec,omitempty"`
+	// +optional
+	Spec ProxySpec `json:"spec,omitempty"`
+	// +optional
 	Status ProxyStatus `json:"status,omitempty"`
 }
 
@@ -379,5 +388,5 @@ func (c *ProxyCloudInit) UserDataBytes() []byte {
 }
 
 func init() {
-	SchemeBuilder.Register(&Proxy{}, &ProxyList{})
+	addKnownTypes(&Proxy{}, &ProxyList{})
 }

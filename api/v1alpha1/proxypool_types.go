@@ -109,7 +109,8 @@ type ProxyTemplate struct {
 	// pool's selector.
 	// +optional
 	Metadata ProxyTemplateMeta `json:"metadata,omitempty"`
-	Spec     ProxySpec         `json:"spec"`
+	// +required
+	Spec ProxySpec `json:"spec"`
 }
 
 // ProxyTemplateMeta is the part of a replica's metadata the pool sets.
@@ -232,6 +233,7 @@ type ProxyPoolPlacement struct {
 	CPUOvercommit int32 `json:"cpuOvercommit,omitempty"`
 	// Zones replicas spread over (gcp).
 	// +optional
+	// +listType=atomic
 	Zones []string `json:"zones,omitempty"`
 }
 
@@ -245,8 +247,10 @@ type ProxyPoolSpec struct {
 	// Selector of the replicas; must match template.metadata.labels.
 	// Immutable.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="selector is immutable"
+	// +required
 	Selector metav1.LabelSelector `json:"selector"`
 	// Template of each replica.
+	// +required
 	Template ProxyTemplate `json:"template"`
 	// +optional
 	Rollout ProxyPoolRollout `json:"rollout,omitempty"`
@@ -274,6 +278,11 @@ type ProxyPoolRotationStatus struct {
 
 // ProxyPoolStatus is the observed fleet.
 type ProxyPoolStatus struct {
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
 	// Replicas in existence (any state, draining included).
 	// +optional
 	Replicas int32 `json:"replicas"`
@@ -298,10 +307,6 @@ type ProxyPoolStatus struct {
 	Selector string `json:"selector,omitempty"`
 	// +optional
 	Rotation *ProxyPoolRotationStatus `json:"rotation,omitempty"`
-	// +listType=map
-	// +listMapKey=type
-	// +optional
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 }
@@ -319,10 +324,13 @@ type ProxyPoolStatus struct {
 // +kubebuilder:printcolumn:name="Egress",type=integer,JSONPath=`.status.distinctEgressAddresses`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ProxyPool struct {
-	metav1.TypeMeta   `json:",inline"`
+	metav1.TypeMeta `json:",inline"`
+	// +optional
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   ProxyPoolSpec   `json:"spec,omitempty"`
+	// +optional
+	Spec ProxyPoolSpec `json:"spec,omitempty"`
+	// +optional
 	Status ProxyPoolStatus `json:"status,omitempty"`
 }
 
@@ -339,5 +347,5 @@ func (p *ProxyPool) GetConditions() []metav1.Condition  { return p.Status.Condit
 func (p *ProxyPool) SetConditions(c []metav1.Condition) { p.Status.Conditions = c }
 
 func init() {
-	SchemeBuilder.Register(&ProxyPool{}, &ProxyPoolList{})
+	addKnownTypes(&ProxyPool{}, &ProxyPoolList{})
 }

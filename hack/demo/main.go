@@ -94,49 +94,19 @@ func run(manager, dir string, once bool) (reterr error) {
 	}
 	defer func() {
 		if reterr != nil {
-			path := filepath.Join(dir, "failure.txt")
-			if f, err := os.Create(path); err == nil {
-				e2eutil.Dump(context.Background(), f, op, hv, objs, "")
-				_ = f.Close()
-				say("diagnostics in %s", path)
-			}
+			dumpDiagnostics(filepath.Join(dir, "failure.txt"), op, hv, objs)
 		}
 	}()
 
-	for _, o := range []client.Object{objs.Namespace, objs.Secret, objs.Host, objs.Image} {
-		if err := c.Create(ctx, o); err != nil {
-			return fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
-		}
-	}
-	say("created KVMHost %s (ssh %s@%s, pool %s, network %s, domain type %s) and KVMImage %s",
-		objs.Host.Name, cfg.User, cfg.Address, cfg.Pool, cfg.Network, cfg.DomainType, objs.Image.Name)
-
-	t := time.Now()
-	var h *crawlv1.KVMHost
-	if err := e2eutil.Poll(ctx, cfg.HostReadyTimeout, time.Second, func(ctx context.Context) (err error) {
-		h, err = e2eutil.HostReady(ctx, c, objs.Host.Name)
-		return err
-	}); err != nil {
+	if err := createHostAndImage(ctx, c, cfg, objs); err != nil {
 		return err
 	}
-	say("KVMHost Ready after %s: libvirt %s, pool %s with %s free", e2eutil.Seconds(time.Since(t)),
-		h.Status.LibvirtVersion, h.Status.Pool.Name, h.Status.Pool.Available)
-
-	t = time.Now()
-	lastBytes := int64(-1)
-	if err := e2eutil.Poll(ctx, cfg.ImageTimeout, 2*time.Second, func(ctx context.Context) error {
-		img, err := e2eutil.ImageVerified(ctx, c, objs.Image.Name, objs.Host.Name)
-		if err != nil && img != nil {
-			if hs := img.Status.HostStatus(objs.Host.Name); hs != nil && hs.Bytes != lastBytes {
-				lastBytes = hs.Bytes
-				say("  image %s: %d/%d bytes", hs.Phase, hs.Bytes, hs.TotalBytes)
-			}
-		}
-		return err
-	}); err != nil {
+	if err := waitHostReady(ctx, c, cfg, objs); err != nil {
 		return err
 	}
-	say("KVMImage verified (sha256) and cached on the host after %s", e2eutil.Seconds(time.Since(t)))
+	if err := waitImageCached(ctx, c, cfg, objs); err != nil {
+		return err
+	}
 
 	pool := objs.NewPool("crawl", 2)
 	if err := c.Create(ctx, pool); err != nil {
@@ -153,30 +123,118 @@ func run(manager, dir string, once bool) (reterr error) {
 		}
 	}()
 
-	t = time.Now()
-	var replicas []crawlv1.Proxy
-	var lines []string
-	last := ""
-	if err := e2eutil.Poll(ctx, cfg.ProxyReadyTimeout+time.Minute, time.Second, func(ctx context.Context) (err error) {
-		var got *crawlv1.ProxyPool
-		got, replicas, lines, err = e2eutil.PoolServing(ctx, c, key, 2, objs.Host.Name)
-		if reps, lerr := e2eutil.PoolReplicas(ctx, c, pool); lerr == nil {
-			seen = remember(seen, reps)
+	t := time.Now()
+	replicas, lines, err := waitPoolServing(ctx, c, cfg, objs, pool, t, &seen)
+	if err != nil {
+		return err
+	}
+	if err := showAndProve(ctx, cfg, key, time.Since(t), replicas, lines); err != nil {
+		return err
+	}
+
+	if once {
+		say("DEMO_ONCE: deleting the ProxyPool and exiting")
+		return nil
+	}
+	printTryIt(cfg, op, key)
+	select {
+	case <-ctx.Done():
+		say("interrupted: cleaning up")
+	case <-op.Manager.Done():
+		return fmt.Errorf("the manager exited; see %s", op.LogPath())
+	}
+	return nil
+}
+
+// dumpDiagnostics writes what the manager, the cluster and the hypervisor
+// show into path, for a run that failed.
+func dumpDiagnostics(path string, op *e2eutil.LocalOperator, hv e2eutil.Host, objs *e2eutil.Objects) {
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	e2eutil.Dump(context.Background(), f, op, hv, objs, "")
+	_ = f.Close()
+	say("diagnostics in %s", path)
+}
+
+// createHostAndImage creates the namespace, the SSH Secret, the KVMHost and
+// the KVMImage.
+func createHostAndImage(ctx context.Context, c client.Client, cfg e2eutil.Config, objs *e2eutil.Objects) error {
+	for _, o := range []client.Object{objs.Namespace, objs.Secret, objs.Host, objs.Image} {
+		if err := c.Create(ctx, o); err != nil {
+			return fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
 		}
-		if got != nil {
-			st := got.Status
-			if s := fmt.Sprintf("%d replicas, %d ready, %d available; Available %s", st.Replicas, st.ReadyReplicas, st.AvailableReplicas,
-				conditions.GetReason(got, crawlv1.PoolAvailableCondition)); s != last {
-				last = s
-				say("  [+%s] %s", e2eutil.Seconds(time.Since(t)), s)
+	}
+	say("created KVMHost %s (ssh %s@%s, pool %s, network %s, domain type %s) and KVMImage %s",
+		objs.Host.Name, cfg.User, cfg.Address, cfg.Pool, cfg.Network, cfg.DomainType, objs.Image.Name)
+	return nil
+}
+
+func waitHostReady(ctx context.Context, c client.Client, cfg e2eutil.Config, objs *e2eutil.Objects) error {
+	t := time.Now()
+	var h *crawlv1.KVMHost
+	if err := e2eutil.Poll(ctx, cfg.HostReadyTimeout, time.Second, func(ctx context.Context) (err error) {
+		h, err = e2eutil.HostReady(ctx, c, objs.Host.Name)
+		return err
+	}); err != nil {
+		return err
+	}
+	say("KVMHost Ready after %s: libvirt %s, pool %s with %s free", e2eutil.Seconds(time.Since(t)),
+		h.Status.LibvirtVersion, h.Status.Pool.Name, h.Status.Pool.Available)
+	return nil
+}
+
+// waitImageCached waits for the image to be verified on the host, printing
+// the download's progress.
+func waitImageCached(ctx context.Context, c client.Client, cfg e2eutil.Config, objs *e2eutil.Objects) error {
+	t := time.Now()
+	lastBytes := int64(-1)
+	if err := e2eutil.Poll(ctx, cfg.ImageTimeout, 2*time.Second, func(ctx context.Context) error {
+		img, err := e2eutil.ImageVerified(ctx, c, objs.Image.Name, objs.Host.Name)
+		if err != nil && img != nil {
+			if hs := img.Status.HostStatus(objs.Host.Name); hs != nil && hs.Bytes != lastBytes {
+				lastBytes = hs.Bytes
+				say("  image %s: %d/%d bytes", hs.Phase, hs.Bytes, hs.TotalBytes)
 			}
 		}
 		return err
 	}); err != nil {
 		return err
 	}
-	ttr := time.Since(t)
+	say("KVMImage verified (sha256) and cached on the host after %s", e2eutil.Seconds(time.Since(t)))
+	return nil
+}
 
+// waitPoolServing waits for the pool to publish both replicas, printing its
+// status (time since start) as it changes; every replica it ever had is
+// added to seen.
+func waitPoolServing(ctx context.Context, c client.Client, cfg e2eutil.Config, objs *e2eutil.Objects, pool *crawlv1.ProxyPool,
+	start time.Time, seen *[]e2eutil.ProxyRef) (replicas []crawlv1.Proxy, lines []string, err error) {
+	key := client.ObjectKeyFromObject(pool)
+	last := ""
+	err = e2eutil.Poll(ctx, cfg.ProxyReadyTimeout+time.Minute, time.Second, func(ctx context.Context) (err error) {
+		var got *crawlv1.ProxyPool
+		got, replicas, lines, err = e2eutil.PoolServing(ctx, c, key, 2, objs.Host.Name)
+		if reps, lerr := e2eutil.PoolReplicas(ctx, c, pool); lerr == nil {
+			*seen = remember(*seen, reps)
+		}
+		if got != nil {
+			st := got.Status
+			if s := fmt.Sprintf("%d replicas, %d ready, %d available; Available %s", st.Replicas, st.ReadyReplicas, st.AvailableReplicas,
+				conditions.GetReason(got, crawlv1.PoolAvailableCondition)); s != last {
+				last = s
+				say("  [+%s] %s", e2eutil.Seconds(time.Since(start)), s)
+			}
+		}
+		return err
+	})
+	return replicas, lines, err
+}
+
+// showAndProve prints the replicas and the published list (passwords
+// masked) and proves each entry with a request through it.
+func showAndProve(ctx context.Context, cfg e2eutil.Config, key client.ObjectKey, ttr time.Duration, replicas []crawlv1.Proxy, lines []string) error {
 	fmt.Printf("\ndemo: ProxyPool %s is Available after %s: every replica Ready and published\n", key, e2eutil.Seconds(ttr))
 	for _, p := range replicas {
 		fmt.Printf("demo:   replica %-14s %-9s %s (from the %s) on %s\n", p.Name, p.Status.Phase, p.Status.Endpoint,
@@ -201,11 +259,11 @@ func run(manager, dir string, once bool) (reterr error) {
 		fmt.Printf("demo:   proven: GET %s through %s → 204 in %s\n", cfg.ProbeURL, via.Endpoint, took.Round(time.Millisecond))
 	}
 	fmt.Println()
+	return nil
+}
 
-	if once {
-		say("DEMO_ONCE: deleting the ProxyPool and exiting")
-		return nil
-	}
+// printTryIt tells how to reach the running demo.
+func printTryIt(cfg e2eutil.Config, op *e2eutil.LocalOperator, key client.ObjectKey) {
 	fmt.Printf(`demo: try it (the guest network exists only in the hypervisor's namespace):
 demo:   ip netns exec %[1]s kubectl --kubeconfig %[2]s -n %[3]s get proxypools,proxies
 demo:   ip netns exec %[1]s kubectl --kubeconfig %[2]s -n %[3]s get secret %[4]s -o jsonpath='{.data.proxies\.txt}' | base64 -d
@@ -213,13 +271,6 @@ demo:   ip netns exec %[1]s kubectl --kubeconfig %[2]s -n %[3]s scale proxypool 
 demo: running; Ctrl-C deletes the ProxyPool (and its VMs) and stops the control plane.
 demo: afterwards, `+"`make demo-down`"+` stops the test hypervisor.
 `, cfg.NetNS, op.Kubeconfig(), key.Namespace, crawlv1.PublishedName(key.Name), key.Name)
-	select {
-	case <-ctx.Done():
-		say("interrupted: cleaning up")
-	case <-op.Manager.Done():
-		return fmt.Errorf("the manager exited; see %s", op.LogPath())
-	}
-	return nil
 }
 
 // remember adds the replicas not seen yet, so the check after deletion

@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -102,7 +103,7 @@ func applyDir(ctx context.Context, c client.Client, dir string) error {
 		dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 		for {
 			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err == io.EOF {
+			if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
 				break
 			} else if err != nil {
 				return fmt.Errorf("%s: %w", f, err)

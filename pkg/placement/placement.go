@@ -107,13 +107,15 @@ type Request struct {
 	CPUOvercommit int64
 }
 
-// Blocked says why no host can take the replica now.
+// Blocked says why no host can take the replica now. It is an outcome the
+// caller reports (the pool's PlacementBlocked condition), not an error: as
+// an error type it would read as one dropped where the caller returns nil.
 type Blocked struct {
 	Reason  string
 	Message string
 }
 
-func (b *Blocked) Error() string { return b.Reason + ": " + b.Message }
+func (b *Blocked) String() string { return b.Reason + ": " + b.Message }
 
 // Room is what a host can still give, after everything placed on it. It is
 // negative where the host is already short.

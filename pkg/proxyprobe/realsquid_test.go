@@ -81,7 +81,7 @@ func startSquid(t *testing.T, c squid.Config, originPort int) int32 {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
+		t.Logf("squid stopped: %v", <-exited)
 	})
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port))
 	deadline := time.Now().Add(20 * time.Second)

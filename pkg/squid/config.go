@@ -133,6 +133,31 @@ func (c Config) Validate() error {
 // ValidateFields is Validate with the field paths under fldPath (nil for
 // the bare names), for a webhook that validates spec.access.
 func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
+	errs := c.validateListener(fldPath)
+
+	srcPath := fldPath.Child("allowedSourceCIDRs")
+	if len(c.AllowedSourceCIDRs) == 0 {
+		errs = append(errs, field.Required(srcPath, "list the client ranges that may use the proxy; an empty list would make it unusable or, worse, open"))
+	}
+	sources, srcErrs := parsePrefixes(srcPath, c.AllowedSourceCIDRs)
+	errs = append(errs, srcErrs...)
+	errs = append(errs, c.validateAuth(fldPath, sources)...)
+
+	for i, p := range c.AllowedPorts {
+		if p < 1 || p > 65535 {
+			errs = append(errs, field.Invalid(fldPath.Child("allowedPorts").Index(i), p, "must be between 1 and 65535"))
+		}
+	}
+	errs = append(errs, c.validateDestinations(fldPath)...)
+
+	if c.MaxConnectionsPerClient < 0 {
+		errs = append(errs, field.Invalid(fldPath.Child("maxConnectionsPerClient"), c.MaxConnectionsPerClient, fmt.Sprintf("must be positive (0 selects %d)", DefaultMaxConnectionsPerClient)))
+	}
+	return append(errs, c.validatePaths(fldPath.Child("paths"))...)
+}
+
+// validateListener checks where squid listens.
+func (c Config) validateListener(fldPath *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	if c.ListenAddress != "" {
 		a, err := netip.ParseAddr(c.ListenAddress)
@@ -143,14 +168,14 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 	if c.Port < 0 || c.Port > 65535 {
 		errs = append(errs, field.Invalid(fldPath.Child("port"), c.Port, "must be between 1 and 65535 (0 selects 3128)"))
 	}
+	return errs
+}
 
-	srcPath := fldPath.Child("allowedSourceCIDRs")
-	if len(c.AllowedSourceCIDRs) == 0 {
-		errs = append(errs, field.Required(srcPath, "list the client ranges that may use the proxy; an empty list would make it unusable or, worse, open"))
-	}
-	sources, srcErrs := parsePrefixes(srcPath, c.AllowedSourceCIDRs)
-	errs = append(errs, srcErrs...)
-
+// validateAuth checks the auth type and what it needs: Basic a credential,
+// None narrow sources (the parsed AllowedSourceCIDRs; invalid ones are the
+// zero Prefix).
+func (c Config) validateAuth(fldPath *field.Path, sources []netip.Prefix) field.ErrorList {
+	var errs field.ErrorList
 	authPath := fldPath.Child("auth")
 	switch c.Auth.Type {
 	case AuthBasic:
@@ -163,8 +188,8 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 			errs = append(errs, field.Forbidden(authPath, "username and password are only used with type Basic"))
 		}
 		for i, p := range sources {
-			if !c.BroadSourcesWithoutAuth && p.IsValid() && ((p.Addr().Is4() && p.Bits() < noAuthMinBitsV4) || (p.Addr().Is6() && p.Bits() < noAuthMinBitsV6)) {
-				errs = append(errs, field.Invalid(srcPath.Index(i), c.AllowedSourceCIDRs[i], fmt.Sprintf("with auth type None each range must be /%d or narrower (IPv6 /%d): the source list is the only guard", noAuthMinBitsV4, noAuthMinBitsV6)))
+			if !c.BroadSourcesWithoutAuth && tooBroadWithoutAuth(p) {
+				errs = append(errs, field.Invalid(fldPath.Child("allowedSourceCIDRs").Index(i), c.AllowedSourceCIDRs[i], fmt.Sprintf("with auth type None each range must be /%d or narrower (IPv6 /%d): the source list is the only guard", noAuthMinBitsV4, noAuthMinBitsV6)))
 			}
 		}
 	case "":
@@ -172,15 +197,19 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 	default:
 		errs = append(errs, field.NotSupported(authPath.Child("type"), c.Auth.Type, []AuthType{AuthBasic, AuthNone}))
 	}
+	return errs
+}
 
-	for i, p := range c.AllowedPorts {
-		if p < 1 || p > 65535 {
-			errs = append(errs, field.Invalid(fldPath.Child("allowedPorts").Index(i), p, "must be between 1 and 65535"))
-		}
-	}
+// tooBroadWithoutAuth reports a valid source range wider than auth None
+// admits.
+func tooBroadWithoutAuth(p netip.Prefix) bool {
+	return p.IsValid() && ((p.Addr().Is4() && p.Bits() < noAuthMinBitsV4) || (p.Addr().Is6() && p.Bits() < noAuthMinBitsV6))
+}
 
-	extra, extraErrs := parsePrefixes(fldPath.Child("extraDeniedDestinations"), c.ExtraDeniedDestinations)
-	errs = append(errs, extraErrs...)
+// validateDestinations checks the extra denied destinations and the
+// exceptions to the default denied ones.
+func (c Config) validateDestinations(fldPath *field.Path) field.ErrorList {
+	extra, errs := parsePrefixes(fldPath.Child("extraDeniedDestinations"), c.ExtraDeniedDestinations)
 	exPath := fldPath.Child("allowedDestinationExceptions")
 	exceptions, exErrs := parsePrefixes(exPath, c.AllowedDestinationExceptions)
 	errs = append(errs, exErrs...)
@@ -199,12 +228,12 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 			}
 		}
 	}
+	return errs
+}
 
-	if c.MaxConnectionsPerClient < 0 {
-		errs = append(errs, field.Invalid(fldPath.Child("maxConnectionsPerClient"), c.MaxConnectionsPerClient, fmt.Sprintf("must be positive (0 selects %d)", DefaultMaxConnectionsPerClient)))
-	}
-
-	pathsPath := fldPath.Child("paths")
+// validatePaths checks the paths squid.conf names, under pathsPath.
+func (c Config) validatePaths(pathsPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
 	for _, p := range []struct {
 		name, value string
 		none        bool

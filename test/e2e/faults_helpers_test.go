@@ -298,7 +298,7 @@ func waitProxyReady(ctx context.Context, key client.ObjectKey) *crawlv1.Proxy {
 // checkServedThrough notes how long, between from and to, the main proxy
 // failed the test's requests and was not Ready: a fault of the host's
 // management plane must cost the running proxy nothing.
-func checkServedThrough(ctx context.Context, o *e2eutil.Observer, from, to time.Time, r *faultRow) {
+func checkServedThrough(o *e2eutil.Observer, from, to time.Time, r *faultRow) {
 	tl := o.Timeline()
 	failing := tl.Held(e2eutil.SigServing, "fail", from, to)
 	notReady := tl.Held(e2eutil.SigReady, "False", from, to)

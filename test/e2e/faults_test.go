@@ -465,7 +465,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		thawed := time.Now()
 		Expect(lh.Libvirtd(ctx, "cont")).To(Succeed())
 		hostHealed(ctx, thawed, 2*bound, "SIGCONT → KVMHost Ready", row)
-		checkServedThrough(ctx, obs, stopped, thawed, row)
+		checkServedThrough(obs, stopped, thawed, row)
 	}, NodeTimeout(10*time.Minute))
 
 	It("8: the host key rotated with the old key still in known_hosts: every dial refused, both fingerprints in the reason; a Secret update heals without a restart", func(ctx SpecContext) {
@@ -499,7 +499,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		updated := time.Now()
 		row.note("refused logins in sshd's log between rotation and the update: %d accepted", countMatches(sshdLog, offset, "Accepted publickey"))
 		hostHealed(ctx, updated, 2*time.Minute, "Secret updated → KVMHost Ready", row)
-		checkServedThrough(ctx, obs, rotated, time.Now(), row)
+		checkServedThrough(obs, rotated, time.Now(), row)
 	}, NodeTimeout(10*time.Minute))
 
 	It("9: the SSH Secret deleted, then re-created: what runs keeps running, a new dial fails naming the Secret, re-creation heals", func(ctx SpecContext) {
@@ -543,7 +543,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(k8s.Create(ctx, recreated)).To(Succeed())
 		back := time.Now()
 		hostHealed(ctx, back, 2*time.Minute, "Secret re-created → KVMHost Ready", row)
-		checkServedThrough(ctx, obs, deleted, time.Now(), row)
+		checkServedThrough(obs, deleted, time.Now(), row)
 	}, NodeTimeout(10*time.Minute))
 
 	It("4: libvirtd killed during an image upload, then restarted: verified exactly once, no partial volume marked, used or left", func(ctx SpecContext) {
@@ -595,7 +595,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(err).NotTo(HaveOccurred())
 		Expect(backing).To(MatchRegexp(`<backingStore>\s*<path>[^<]*` + regexp.QuoteMeta(v.Volume) + `</path>`))
 		deleteAndWait(ctx, getProxy(ctx, key))
-		checkServedThrough(ctx, obs, killed, time.Now(), row)
+		checkServedThrough(obs, killed, time.Now(), row)
 		// The KVMImage stays: a verified image no VM uses yet, as a fleet
 		// pre-caches the next version (fault 12 watches it).
 	}, NodeTimeout(15*time.Minute))

@@ -247,8 +247,12 @@ func TestKVMProviderCreateGetDelete(t *testing.T) {
 	}
 	// Looked up on the host directly, over the same pooled connection.
 	err = connPool.Do(ctx, hostName, func(c virt.Client) error {
-		if _, err := c.DomainLookupByName(domxml.DomainName(m.Namespace, m.Name)); !virt.IsCode(err, libvirt.ErrNoDomain) {
-			return fmt.Errorf("domain lookup after Delete: %v (want no domain)", err)
+		domain := domxml.DomainName(m.Namespace, m.Name)
+		switch _, err := c.DomainLookupByName(domain); {
+		case err == nil:
+			return fmt.Errorf("domain %s still defined after Delete", domain)
+		case !virt.IsCode(err, libvirt.ErrNoDomain):
+			return fmt.Errorf("domain lookup after Delete: %w (want no domain)", err)
 		}
 		sp, err := c.StoragePoolLookupByName(pool)
 		if err != nil {
@@ -259,8 +263,11 @@ func TestKVMProviderCreateGetDelete(t *testing.T) {
 		}
 		var errs []error
 		for _, v := range []string{domxml.DiskVolumeName(m.UID), domxml.SeedVolumeName(m.UID)} {
-			if _, err := c.StorageVolLookupByName(sp, v); !virt.IsCode(err, libvirt.ErrNoStorageVol) {
-				errs = append(errs, fmt.Errorf("volume %s after Delete: %v (want none)", v, err))
+			switch _, err := c.StorageVolLookupByName(sp, v); {
+			case err == nil:
+				errs = append(errs, fmt.Errorf("volume %s still exists after Delete", v))
+			case !virt.IsCode(err, libvirt.ErrNoStorageVol):
+				errs = append(errs, fmt.Errorf("volume %s after Delete: %w (want none)", v, err))
 			}
 		}
 		return errors.Join(errs...)

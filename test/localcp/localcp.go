@@ -124,7 +124,10 @@ func (m *Manager) waitReady(ctx context.Context, limit time.Duration) error {
 	for time.Now().Before(deadline) {
 		select {
 		case <-m.done:
-			return fmt.Errorf("manager exited before becoming ready: %v", m.err)
+			if m.err == nil {
+				return errors.New("manager exited (status 0) before becoming ready")
+			}
+			return fmt.Errorf("manager exited before becoming ready: %w", m.err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(200 * time.Millisecond):

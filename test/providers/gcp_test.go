@@ -176,8 +176,8 @@ var _ = Describe("gcp provider", func() {
 		before := computeFake.Count(gcptest.CallInsert)
 
 		ns := newNamespace()
-		p := createProxy(ns, "quota", crawlv1.ProviderGCP)
-		p = waitPhaseReason(ns, "quota", crawlv1.ProxyFailed, crawlv1.ProxyPermanentErrorReason, 15*time.Second)
+		createProxy(ns, "quota", crawlv1.ProviderGCP)
+		p := waitPhaseReason(ns, "quota", crawlv1.ProxyFailed, crawlv1.ProxyPermanentErrorReason, 15*time.Second)
 		Expect(conditions.GetMessage(p, crawlv1.ReadyCondition)).To(ContainSubstring("Quota 'CPUS' exceeded"))
 		Expect(conditions.GetReason(p, crawlv1.InstanceProvisionedCondition)).To(Equal(crawlv1.ProxyPermanentErrorReason))
 

@@ -100,6 +100,27 @@ var (
 )
 
 func (w *ProxyPoolWebhook) validateTemplate(p *crawlv1.ProxyPool) field.ErrorList {
+	errs := validateSelection(p)
+	// Each replica is the template, placed by the pool, defaulted and
+	// validated by the Proxy webhook.
+	replica := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "replica"}, Spec: *p.Spec.Template.Spec.DeepCopy()}
+	errs = append(errs, w.placeReplica(p, replica)...)
+	w.Proxy.DefaultProxy(replica)
+	for _, e := range w.Proxy.ValidateProxy(replica) {
+		rest, ok := strings.CutPrefix(e.Field, "spec")
+		if !ok {
+			continue // the replica's name is the pool's, checked above
+		}
+		e.Field = "spec.template.spec" + rest
+		errs = append(errs, e)
+	}
+	return errs
+}
+
+// validateSelection checks that the pool finds its replicas (the selector
+// matches the template's labels) and that the template leaves the pool's
+// own marks to the pool.
+func validateSelection(p *crawlv1.ProxyPool) field.ErrorList {
 	spec := field.NewPath("spec")
 	meta := spec.Child("template", "metadata")
 	tpl := &p.Spec.Template
@@ -126,16 +147,21 @@ func (w *ProxyPoolWebhook) validateTemplate(p *crawlv1.ProxyPool) field.ErrorLis
 			errs = append(errs, field.Forbidden(meta.Child("annotations").Key(k), "set on one replica, never on every replica"))
 		}
 	}
+	return errs
+}
 
-	// Each replica is the template, placed by the pool, defaulted and
-	// validated by the Proxy webhook.
-	replica := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "replica"}, Spec: *tpl.Spec.DeepCopy()}
+// placeReplica gives replica the pool's placement as the pool will, and
+// checks that each placement field applies to the replicas' placement
+// domain and is not also set in the template.
+func (w *ProxyPoolWebhook) placeReplica(p *crawlv1.ProxyPool, replica *crawlv1.Proxy) field.ErrorList {
+	spec := field.NewPath("spec")
 	pl, tplPl := &p.Spec.Placement, spec.Child("template", "spec", "placement")
 	plugins := w.Proxy.Plugins
 	domain := plugins.DomainOf(string(replica.Spec.Provider))
 	onlyFor := func(d plugin.Domain) string {
 		return "only for " + strings.Join(plugins.NamesIn(d), ", ") + " replicas"
 	}
+	var errs field.ErrorList
 	switch {
 	case pl.HostSelector != nil && domain != plugin.Hosts:
 		errs = append(errs, field.Forbidden(spec.Child("placement", "hostSelector"), onlyFor(plugin.Hosts)))
@@ -158,22 +184,20 @@ func (w *ProxyPoolWebhook) validateTemplate(p *crawlv1.ProxyPool) field.ErrorLis
 		case replica.Spec.Placement.Zone != "":
 			errs = append(errs, field.Forbidden(tplPl.Child("zone"), "spec.placement.zones places the replicas: leave zone out of the template"))
 		}
-		for i, z := range pl.Zones {
-			if z == "" {
-				errs = append(errs, field.Required(zones.Index(i), "a zone name"))
-			} else if slices.Index(pl.Zones, z) < i {
-				errs = append(errs, field.Duplicate(zones.Index(i), z))
-			}
-		}
+		errs = append(errs, validateZoneNames(zones, pl.Zones)...)
 	}
-	w.Proxy.DefaultProxy(replica)
-	for _, e := range w.Proxy.ValidateProxy(replica) {
-		rest, ok := strings.CutPrefix(e.Field, "spec")
-		if !ok {
-			continue // the replica's name is the pool's, checked above
+	return errs
+}
+
+// validateZoneNames refuses empty and repeated zone names.
+func validateZoneNames(path *field.Path, zones []string) field.ErrorList {
+	var errs field.ErrorList
+	for i, z := range zones {
+		if z == "" {
+			errs = append(errs, field.Required(path.Index(i), "a zone name"))
+		} else if slices.Index(zones, z) < i {
+			errs = append(errs, field.Duplicate(path.Index(i), z))
 		}
-		e.Field = "spec.template.spec" + rest
-		errs = append(errs, e)
 	}
 	return errs
 }

@@ -44,7 +44,10 @@ func ratchet(errs, stored field.ErrorList) field.ErrorList {
 // false for other operations (and outside an admission request).
 func storedObject(ctx context.Context, old any) (bool, error) {
 	req, err := admission.RequestFromContext(ctx)
-	if err != nil || req.Operation != admissionv1.Update || len(req.OldObject.Raw) == 0 {
+	if err != nil {
+		return false, nil //nolint:nilerr // no admission request: validated as a create
+	}
+	if req.Operation != admissionv1.Update || len(req.OldObject.Raw) == 0 {
 		return false, nil
 	}
 	if err := json.Unmarshal(req.OldObject.Raw, old); err != nil {

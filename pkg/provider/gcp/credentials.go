@@ -70,7 +70,7 @@ type credentialFile struct {
 func checkCredentials(data []byte) (option.CredentialsType, error) {
 	var f credentialFile
 	if err := json.Unmarshal(data, &f); err != nil {
-		return "", fmt.Errorf("not a JSON credential document: %v", jsonSyntaxOnly(err))
+		return "", fmt.Errorf("not a JSON credential document: %w", jsonSyntaxOnly(err))
 	}
 	switch option.CredentialsType(f.Type) {
 	case option.ServiceAccount:

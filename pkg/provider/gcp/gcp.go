@@ -433,42 +433,51 @@ func (p *Provider) checkFirewall(ctx context.Context) error {
 	return nil
 }
 
+// admits reports whether fw lets clients reach the proxies: an enabled
+// ingress rule of network, applying to the proxies' instances, allowing
+// TCP to the proxy port.
 func (p *Provider) admits(fw *compute.Firewall, network string) bool {
 	if fw.Disabled || (fw.Direction != "" && fw.Direction != "INGRESS") || lastSegment(fw.Network) != network {
 		return false
 	}
+	if !p.targetsProxies(fw) {
+		return false
+	}
+	return slices.ContainsFunc(fw.Allowed, func(a *compute.FirewallAllowed) bool {
+		return allowsTCPPort(a, int(p.opts.ProxyPort))
+	})
+}
+
+// targetsProxies reports whether fw applies to the proxies' instances:
+// every instance, or one of their network tags. A rule by service
+// account never does: we attach none.
+func (p *Provider) targetsProxies(fw *compute.Firewall) bool {
 	if len(fw.TargetServiceAccounts) > 0 {
-		return false // we attach no service account
+		return false
 	}
-	if len(fw.TargetTags) > 0 {
-		hit := false
-		for _, t := range fw.TargetTags {
-			hit = hit || slices.Contains(p.opts.NetworkTags, t)
-		}
-		if !hit {
-			return false
-		}
+	return len(fw.TargetTags) == 0 || slices.ContainsFunc(fw.TargetTags, func(t string) bool {
+		return slices.Contains(p.opts.NetworkTags, t)
+	})
+}
+
+// allowsTCPPort reports whether a allows TCP to port.
+func allowsTCPPort(a *compute.FirewallAllowed, port int) bool {
+	if a.IPProtocol != "tcp" && a.IPProtocol != "all" && a.IPProtocol != "6" {
+		return false
 	}
-	for _, a := range fw.Allowed {
-		if a.IPProtocol != "tcp" && a.IPProtocol != "all" && a.IPProtocol != "6" {
-			continue
-		}
-		if len(a.Ports) == 0 {
-			return true
-		}
-		for _, r := range a.Ports {
-			lo, hi, _ := strings.Cut(r, "-")
-			if hi == "" {
-				hi = lo
-			}
-			l, err1 := strconv.Atoi(lo)
-			h, err2 := strconv.Atoi(hi)
-			if err1 == nil && err2 == nil && int(p.opts.ProxyPort) >= l && int(p.opts.ProxyPort) <= h {
-				return true
-			}
-		}
+	return len(a.Ports) == 0 || slices.ContainsFunc(a.Ports, func(r string) bool { return portInRange(r, port) })
+}
+
+// portInRange reports whether r, a firewall rule's port ("3128") or port
+// range ("3000-4000"), includes port.
+func portInRange(r string, port int) bool {
+	lo, hi, _ := strings.Cut(r, "-")
+	if hi == "" {
+		hi = lo
 	}
-	return false
+	l, err1 := strconv.Atoi(lo)
+	h, err2 := strconv.Atoi(hi)
+	return err1 == nil && err2 == nil && port >= l && port <= h
 }
 
 // wait blocks until op is DONE, then returns its classified error.

@@ -699,7 +699,14 @@ func TestCheckNamesAMissingFirewallRule(t *testing.T) {
 		{"port range", func(f *compute.Firewall) { f.Allowed[0].Ports = []string{"3000-4000"} }, true},
 		{"all ports", func(f *compute.Firewall) { f.Allowed[0].Ports = nil }, true},
 		{"all instances", func(f *compute.Firewall) { f.TargetTags = nil }, true},
+		{"one of its tags ours", func(f *compute.Firewall) { f.TargetTags = []string{"web", DefaultNetworkTag} }, true},
+		{"all protocols", func(f *compute.Firewall) { f.Allowed[0].IPProtocol = "all" }, true},
+		{"tcp by number", func(f *compute.Firewall) { f.Allowed[0].IPProtocol = "6" }, true},
+		{"port in a later entry", func(f *compute.Firewall) {
+			f.Allowed = []*compute.FirewallAllowed{{IPProtocol: "udp", Ports: []string{"3128"}}, {IPProtocol: "tcp", Ports: []string{"22", "3128"}}}
+		}, true},
 		{"no rule at all", nil, false},
+		{"by service account", func(f *compute.Firewall) { f.TargetServiceAccounts = []string{"sa@example.iam.gserviceaccount.com"} }, false},
 		{"other port", func(f *compute.Firewall) { f.Allowed[0].Ports = []string{"22"} }, false},
 		{"other tag", func(f *compute.Firewall) { f.TargetTags = []string{"web"} }, false},
 		{"udp", func(f *compute.Firewall) { f.Allowed[0].IPProtocol = "udp" }, false},
@@ -728,6 +735,30 @@ func TestCheckNamesAMissingFirewallRule(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestPortInRange(t *testing.T) {
+	for _, tc := range []struct {
+		r    string
+		port int
+		want bool
+	}{
+		{"3128", 3128, true},
+		{"3129", 3128, false},
+		{"3000-4000", 3128, true},
+		{"3000-4000", 3000, true},
+		{"3000-4000", 4000, true},
+		{"3129-4000", 3128, false},
+		{"4000-3000", 3128, false}, // not a range Compute Engine accepts
+		{"3128-", 3128, true},      // no upper bound: the port alone
+		{"", 3128, false},
+		{"http", 3128, false},
+		{"3000-x", 3128, false},
+	} {
+		if got := portInRange(tc.r, tc.port); got != tc.want {
+			t.Errorf("portInRange(%q, %d) = %v, want %v", tc.r, tc.port, got, tc.want)
+		}
 	}
 }
 

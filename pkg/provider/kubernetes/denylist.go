@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"crawl.example.com/proxy-operator/pkg/squid"
 )
@@ -161,7 +161,7 @@ func (p *Provider) applyClusterRanges(ctx context.Context, discovered []netip.Pr
 		}
 		next := cm.DeepCopy()
 		next.Data[ClusterRangesKey] = file
-		log.FromContext(ctx).V(1).Info("updating what the proxy refuses", "object", "ConfigMap "+cm.Namespace+"/"+cm.Name)
+		logf.FromContext(ctx).V(1).Info("updating what the proxy refuses", "object", "ConfigMap "+cm.Namespace+"/"+cm.Name)
 		if err := p.c.Update(ctx, next); err != nil {
 			errs = append(errs, classify(err, "update ConfigMap "+cm.Namespace+"/"+cm.Name))
 			continue
@@ -191,6 +191,6 @@ func (p *Provider) updateEgress(ctx context.Context, cm *corev1.ConfigMap, denie
 	}
 	np.Spec.Egress = egress
 	np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
-	log.FromContext(ctx).V(1).Info("updating what the proxy refuses", "object", "NetworkPolicy "+k.String())
+	logf.FromContext(ctx).V(1).Info("updating what the proxy refuses", "object", "NetworkPolicy "+k.String())
 	return classify(p.c.Update(ctx, np), "update NetworkPolicy "+k.String())
 }

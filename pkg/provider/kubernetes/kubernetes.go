@@ -107,7 +107,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/squid"
@@ -378,27 +378,56 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 	if err := validateMachine(m); err != nil {
 		return nil, err
 	}
+	files, err := p.ensureConfig(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	pod, next, recordedExists, err := p.currentPod(ctx, m, k.Name)
+	if err != nil {
+		return nil, err
+	}
+	if pod == nil {
+		name := PodName(m.Name, m.UID, next)
+		if m.ProviderID != "" && !recordedExists {
+			// The recorded pod is simply missing: recreate it where the
+			// status says it is, whatever today's naming would be.
+			name = k.Name
+		}
+		pod = p.pod(m, types.NamespacedName{Namespace: m.Namespace, Name: name}, next, files.Password != nil)
+		if _, err := p.ensure(ctx, m, pod); err != nil {
+			return nil, err
+		}
+	}
+	if pod.DeletionTimestamp != nil {
+		return nil, provider.Transientf("kubernetes: pod %s/%s is terminating; it is recreated once gone", pod.Namespace, pod.Name)
+	}
+	return instance(pod), nil
+}
 
+// ensureConfig makes what the pod runs with match m: the squid ConfigMap,
+// the password Secret when there is one, and a managed squid's
+// NetworkPolicy.
+func (p *Provider) ensureConfig(ctx context.Context, m *provider.Machine) (squidFiles, error) {
 	cluster, err := p.clusterRanges(ctx)
 	if err != nil {
-		return nil, provider.Transientf("kubernetes: %w", err)
+		return squidFiles{}, provider.Transientf("kubernetes: %w", err)
 	}
 	files, err := p.renderSquid(m, cluster)
 	if err != nil {
-		return nil, err
+		return squidFiles{}, err
 	}
 	if err := p.converge(ctx, m, p.configMap(m, files), func(have, want client.Object) bool {
 		h, w := have.(*corev1.ConfigMap), want.(*corev1.ConfigMap)
 		return equality.Semantic.DeepEqual(h.Data, w.Data) && h.Annotations[AnnotationDeniedDestinations] == w.Annotations[AnnotationDeniedDestinations]
 	}); err != nil {
-		return nil, err
+		return squidFiles{}, err
 	}
 	if files.Password != nil {
 		if err := p.converge(ctx, m, p.secret(m, files), func(have, _ client.Object) bool {
 			// The hash's salt is random: compare what it admits.
 			return squid.PasswordFileMatches(have.(*corev1.Secret).Data[PasswordKey], files.auth)
 		}); err != nil {
-			return nil, err
+			return squidFiles{}, err
 		}
 	}
 	if files.Managed {
@@ -406,47 +435,37 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 		if err := p.converge(ctx, m, np, func(have, want client.Object) bool {
 			return equality.Semantic.DeepEqual(have.(*networkingv1.NetworkPolicy).Spec, want.(*networkingv1.NetworkPolicy).Spec)
 		}); err != nil {
-			return nil, err
+			return squidFiles{}, err
 		}
 	}
+	return files, nil
+}
+
+// currentPod deletes the Proxy's pods gone for good and returns the one to
+// report: the recorded pod or (nothing recorded: a crash between our create
+// and the status write) the newest live one; nil when there is none. next
+// is the incarnation a new pod gets, recordedExists whether the recorded
+// pod is still there.
+func (p *Provider) currentPod(ctx context.Context, m *provider.Machine, recorded string) (current *corev1.Pod, next int, recordedExists bool, err error) {
 	pods, err := p.podsOf(ctx, m)
 	if err != nil {
-		return nil, err
+		return nil, 0, false, err
 	}
-	next, recordedExists := 0, false
 	for i := range pods {
 		pod := &pods[i]
 		next = max(next, incarnation(pod)+1)
-		recordedExists = recordedExists || pod.Name == k.Name
+		recordedExists = recordedExists || pod.Name == recorded
 		if why := p.gone(ctx, pod); why != "" {
 			if err := p.deleteGone(ctx, m, pod, why); err != nil {
-				return nil, err
+				return nil, 0, false, err
 			}
 			continue
 		}
-		// The recorded pod, or (nothing recorded: a crash between our
-		// create and the status write) the newest live one.
-		if m.ProviderID == "" || pod.Name == k.Name {
-			if pod.DeletionTimestamp != nil {
-				return nil, provider.Transientf("kubernetes: pod %s/%s is terminating; it is recreated once gone", pod.Namespace, pod.Name)
-			}
-			return instance(pod), nil
+		if m.ProviderID == "" || pod.Name == recorded {
+			return pod, next, recordedExists, nil
 		}
 	}
-	name := PodName(m.Name, m.UID, next)
-	if m.ProviderID != "" && !recordedExists {
-		// The recorded pod is simply missing: recreate it where the
-		// status says it is, whatever today's naming would be.
-		name = k.Name
-	}
-	pod := p.pod(m, types.NamespacedName{Namespace: m.Namespace, Name: name}, next, files.Password != nil)
-	if _, err := p.ensure(ctx, m, pod); err != nil {
-		return nil, err
-	}
-	if pod.DeletionTimestamp != nil {
-		return nil, provider.Transientf("kubernetes: pod %s/%s is terminating; it is recreated once gone", pod.Namespace, pod.Name)
-	}
-	return instance(pod), nil
+	return nil, next, recordedExists, nil
 }
 
 // podsOf lists the Proxy's pods, newest incarnation first, through the API
@@ -491,7 +510,7 @@ func (p *Provider) gone(ctx context.Context, pod *corev1.Pod) string {
 			return "pod stuck terminating, node " + pod.Spec.NodeName + " is gone"
 		}
 		// Cannot tell: a pod that may still run is not written off.
-		log.FromContext(ctx).V(1).Info("cannot read the node of a pod stuck terminating", "pod", pod.Name, "node", pod.Spec.NodeName, "err", err)
+		logf.FromContext(ctx).V(1).Info("cannot read the node of a pod stuck terminating", "pod", pod.Name, "node", pod.Spec.NodeName, "err", err)
 		return ""
 	}
 	for _, c := range node.Status.Conditions {
@@ -509,7 +528,7 @@ func (p *Provider) gone(ctx context.Context, pod *corev1.Pod) string {
 // container stopped; the replacement's new name does not need the old one
 // gone.
 func (p *Provider) deleteGone(ctx context.Context, m *provider.Machine, pod *corev1.Pod, why string) error {
-	log.FromContext(ctx).Info("replacing a pod gone for good", "pod", pod.Name, "reason", why)
+	logf.FromContext(ctx).Info("replacing a pod gone for good", "pod", pod.Name, "reason", why)
 	if pod.DeletionTimestamp != nil {
 		return nil
 	}

@@ -11,7 +11,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -64,8 +64,8 @@ type rangeWatch struct {
 func (w *rangeWatch) NeedLeaderElection() bool { return true }
 
 func (w *rangeWatch) Start(ctx context.Context) error {
-	logger := log.FromContext(ctx).WithName("cluster-ranges")
-	ctx = log.IntoContext(ctx, logger)
+	logger := logf.FromContext(ctx).WithName("cluster-ranges")
+	ctx = logf.IntoContext(ctx, logger)
 	poke := make(chan struct{}, 1)
 	kick := func() {
 		select {
@@ -145,12 +145,12 @@ func (w *rangeWatch) pass(ctx context.Context) error {
 		return err
 	}
 	if changed {
-		log.FromContext(ctx).Info("the cluster's own ranges, refused by every kubernetes Proxy", "ranges", formatPrefixes(ranges),
+		logf.FromContext(ctx).Info("the cluster's own ranges, refused by every kubernetes Proxy", "ranges", formatPrefixes(ranges),
 			"extra", formatPrefixes(w.p.opts.ExtraClusterRanges), "notAddresses", skipped)
 	}
 	updated, err := w.p.applyClusterRanges(ctx, ranges)
 	if updated > 0 {
-		log.FromContext(ctx).Info("updated the proxies' deny lists in place (ConfigMap, NetworkPolicy)", "proxies", updated)
+		logf.FromContext(ctx).Info("updated the proxies' deny lists in place (ConfigMap, NetworkPolicy)", "proxies", updated)
 	}
 	return err
 }

@@ -9,7 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
 )
@@ -65,7 +65,7 @@ func (p *Provider) converge(ctx context.Context, m *provider.Machine, want clien
 	case *networkingv1.NetworkPolicy:
 		h.Spec = want.(*networkingv1.NetworkPolicy).Spec
 	}
-	log.FromContext(ctx).Info("updating what the proxy runs with", "object", kindOf(want)+" "+want.GetNamespace()+"/"+want.GetName())
+	logf.FromContext(ctx).Info("updating what the proxy runs with", "object", kindOf(want)+" "+want.GetNamespace()+"/"+want.GetName())
 	return classify(p.c.Update(ctx, have), fmt.Sprintf("update %s %s/%s", kindOf(want), want.GetNamespace(), want.GetName()))
 }
 

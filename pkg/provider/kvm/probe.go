@@ -39,7 +39,7 @@ func (p *Provider) Probe(ctx context.Context, host string) (HostHealth, error) {
 		if r.err != nil && ctx.Err() != nil {
 			// The deadline cut the probe short (e.g. a dial into a
 			// blackhole): that is a Timeout, whatever stage it was in.
-			return HostHealth{}, fmt.Errorf("health check of host %q: %w (%v)", host, ctx.Err(), r.err)
+			return HostHealth{}, fmt.Errorf("health check of host %q: %w (%v)", host, ctx.Err(), r.err) //nolint:errorlint // the deadline is the verdict; the stage's error is only told
 		}
 		return r.h, r.err
 	case <-ctx.Done():

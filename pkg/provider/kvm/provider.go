@@ -595,7 +595,7 @@ func readMetadata(c virt.Client, dom libvirt.Domain) (md domxml.Metadata, ok boo
 	}
 	md, err = domxml.ParseMetadata(s)
 	if err != nil {
-		return domxml.Metadata{}, false, nil
+		return domxml.Metadata{}, false, nil //nolint:nilerr // metadata that does not parse is not ours: the domain is foreign
 	}
 	return md, true, nil
 }
@@ -678,8 +678,8 @@ func ensureOverlay(c virt.Client, pool libvirt.StoragePool, m *provider.Machine,
 	capacity := m.DiskBytes
 	// An overlay smaller than its backing image would hide the image's tail.
 	if iv, err := c.StorageVolLookupByName(pool, img.VolumeName); err == nil {
-		if _, cap, _, err := c.StorageVolGetInfo(iv); err == nil && int64(cap) > capacity {
-			capacity = int64(cap)
+		if _, imageCapacity, _, err := c.StorageVolGetInfo(iv); err == nil && int64(imageCapacity) > capacity {
+			capacity = int64(imageCapacity)
 		}
 	}
 	xml, err := domxml.OverlayVolume(name, capacity, img.Path, m.Image.Format)
@@ -881,61 +881,84 @@ func (p *Provider) SweepVolumes(ctx context.Context, host string, collect func(u
 		if err != nil {
 			return err
 		}
-		vols, _, err := c.StoragePoolListAllVolumes(pool, 1, 0)
-		if err != nil {
-			return classify(err)
-		}
-		byUID := map[string][]libvirt.StorageVol{}
-		var uids []string
-		for _, v := range vols {
-			if uid, ok := domxml.VolumeOwnerUID(v.Name); ok {
-				if byUID[uid] == nil {
-					uids = append(uids, uid)
-				}
-				byUID[uid] = append(byUID[uid], v)
-			}
-		}
-		if len(uids) == 0 {
-			return nil
-		}
-		docs, err := domainDocuments(c)
-		if err != nil {
-			return err
-		}
-		backing, err := backingPaths(c, vols)
-		if err != nil {
-			return err
-		}
 		log := logr.FromContextOrDiscard(ctx).WithValues("host", host, "pool", hs.Pool)
-		for _, uid := range uids {
-			if slices.ContainsFunc(docs, func(doc string) bool { return strings.Contains(doc, uid) }) {
-				continue
-			}
-			candidates = append(candidates, uid)
-			if !collect(uid) {
-				continue
-			}
-			for _, v := range byUID[uid] {
-				path, err := volPath(c, v)
-				if err != nil {
-					return err
-				}
-				if backing[path] || backing[v.Name] {
-					log.V(1).Info("Not sweeping volume that backs another", "volume", v.Name)
-					continue
-				}
-				if err := c.StorageVolDelete(v, 0); err != nil && !virt.IsCode(err, libvirt.ErrNoStorageVol) {
-					return classify(fmt.Errorf("deleting volume %s: %w", v.Name, err))
-				}
-				deleted = append(deleted, v.Name)
-			}
-		}
-		return nil
+		candidates, deleted, err = sweepPool(log, c, pool, collect)
+		return err
 	})
 	if errors.Is(err, conn.ErrHostNotConfigured) {
 		return nil, nil, nil
 	}
 	return candidates, deleted, err
+}
+
+// sweepPool is SweepVolumes on one host's pool.
+func sweepPool(log logr.Logger, c virt.Client, pool libvirt.StoragePool, collect func(uid string) bool) (candidates, deleted []string, err error) {
+	vols, _, err := c.StoragePoolListAllVolumes(pool, 1, 0)
+	if err != nil {
+		return nil, nil, classify(err)
+	}
+	uids, byUID := volumesByOwner(vols)
+	if len(uids) == 0 {
+		return nil, nil, nil
+	}
+	docs, err := domainDocuments(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	backing, err := backingPaths(c, vols)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, uid := range uids {
+		if slices.ContainsFunc(docs, func(doc string) bool { return strings.Contains(doc, uid) }) {
+			continue
+		}
+		candidates = append(candidates, uid)
+		if !collect(uid) {
+			continue
+		}
+		gone, err := deleteUnlessBacking(log, c, byUID[uid], backing)
+		deleted = append(deleted, gone...)
+		if err != nil {
+			return candidates, deleted, err
+		}
+	}
+	return candidates, deleted, nil
+}
+
+// volumesByOwner groups the per-Proxy volumes among vols by their owner's
+// UID; uids in the order first seen.
+func volumesByOwner(vols []libvirt.StorageVol) (uids []string, byUID map[string][]libvirt.StorageVol) {
+	byUID = map[string][]libvirt.StorageVol{}
+	for _, v := range vols {
+		if uid, ok := domxml.VolumeOwnerUID(v.Name); ok {
+			if byUID[uid] == nil {
+				uids = append(uids, uid)
+			}
+			byUID[uid] = append(byUID[uid], v)
+		}
+	}
+	return uids, byUID
+}
+
+// deleteUnlessBacking deletes each of vols that no volume names as its
+// backing file (backing: paths and names), and returns the names deleted.
+func deleteUnlessBacking(log logr.Logger, c virt.Client, vols []libvirt.StorageVol, backing map[string]bool) (deleted []string, err error) {
+	for _, v := range vols {
+		path, err := volPath(c, v)
+		if err != nil {
+			return deleted, err
+		}
+		if backing[path] || backing[v.Name] {
+			log.V(1).Info("Not sweeping volume that backs another", "volume", v.Name)
+			continue
+		}
+		if err := c.StorageVolDelete(v, 0); err != nil && !virt.IsCode(err, libvirt.ErrNoStorageVol) {
+			return deleted, classify(fmt.Errorf("deleting volume %s: %w", v.Name, err))
+		}
+		deleted = append(deleted, v.Name)
+	}
+	return deleted, nil
 }
 
 // domainDocuments returns the live and persistent XML of every domain on

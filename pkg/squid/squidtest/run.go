@@ -157,26 +157,7 @@ type Squid struct {
 // one process group) is killed when the test ends.
 func Start(t testing.TB, o Options) *Squid {
 	t.Helper()
-	bin := Binary(t)
-	if o.Dir == "" {
-		o.Dir = TempDir(t)
-	}
-	if o.Listen == "" {
-		t.Fatal("squidtest: Options.Listen is required")
-	}
-	if !o.placed() {
-		if o.ConfPath == "" {
-			o.ConfPath = filepath.Join(o.Dir, "squid.conf")
-		}
-		if err := os.WriteFile(o.ConfPath, o.Conf, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	} else if o.ConfPath == "" {
-		t.Fatal("squidtest: a placed squid needs ConfPath (provided by its Mounts)")
-	}
-	if len(o.Command) == 0 {
-		o.Command = []string{bin, "-N", "-f", o.ConfPath}
-	}
+	o = o.prepare(t)
 
 	s := &Squid{Dir: o.Dir, exited: make(chan error, 1)}
 	host, port, err := net.SplitHostPort(o.Listen)
@@ -202,6 +183,41 @@ func Start(t testing.TB, o Options) *Squid {
 		t.Fatalf("squid -k parse rejects the config:\n%s", strings.Join(problems, "\n"))
 	}
 
+	s.start(t, o)
+	s.waitAccepting(t)
+	return s
+}
+
+// prepare fills in o's defaults and, for a plain run, writes the config.
+func (o Options) prepare(t testing.TB) Options {
+	t.Helper()
+	bin := Binary(t)
+	if o.Dir == "" {
+		o.Dir = TempDir(t)
+	}
+	if o.Listen == "" {
+		t.Fatal("squidtest: Options.Listen is required")
+	}
+	if !o.placed() {
+		if o.ConfPath == "" {
+			o.ConfPath = filepath.Join(o.Dir, "squid.conf")
+		}
+		if err := os.WriteFile(o.ConfPath, o.Conf, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	} else if o.ConfPath == "" {
+		t.Fatal("squidtest: a placed squid needs ConfPath (provided by its Mounts)")
+	}
+	if len(o.Command) == 0 {
+		o.Command = []string{bin, "-N", "-f", o.ConfPath}
+	}
+	return o
+}
+
+// start starts squid with its output in files of o.Dir, killed with its
+// process group when the test ends.
+func (s *Squid) start(t testing.TB, o Options) {
+	t.Helper()
 	var files [2]*os.File
 	for i, name := range []string{"stdout", "stderr"} {
 		f, err := os.Create(filepath.Join(o.Dir, "squid."+name))
@@ -234,13 +250,18 @@ func Start(t testing.TB, o Options) *Squid {
 		err := <-s.exited
 		s.exited <- err
 	})
+}
 
+// waitAccepting waits until squid accepts connections on s.Addr; the test
+// fails if squid exits first or does not listen within 20 s.
+func (s *Squid) waitAccepting(t testing.TB) {
+	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		conn, err := net.DialTimeout("tcp", s.Addr, time.Second)
 		if err == nil {
 			conn.Close()
-			return s
+			return
 		}
 		select {
 		case err := <-s.exited:

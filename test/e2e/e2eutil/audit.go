@@ -193,48 +193,14 @@ func (inv Inventory) Audit(proxies []ProxyRef, foreign Foreign) Audit {
 	for _, p := range proxies {
 		uids[p.UID] = p.Domain
 	}
-	for name, d := range inv.Domains {
-		if want, ok := foreign.Domains[name]; ok {
-			if d.UUID != want.UUID || d.State != want.State {
-				a.ForeignTouched = append(a.ForeignTouched, fmt.Sprintf("domain %s: %s %s, was %s %s", name, d.UUID, d.State, want.UUID, want.State))
-			}
-			continue
-		}
-		if d.Metadata != nil && uids[d.Metadata.UID] == name {
-			continue
-		}
-		a.LeakedDomains = append(a.LeakedDomains, name)
-	}
-	for name := range foreign.Domains {
-		if _, ok := inv.Domains[name]; !ok {
-			a.ForeignTouched = append(a.ForeignTouched, "domain "+name+": gone")
-		}
-	}
+	inv.auditDomains(&a, uids, foreign)
 	for pool, vols := range inv.Volumes {
 		for _, v := range vols {
-			switch {
-			case slices.Contains(foreign.Volumes[pool], v):
-			case isImageVolume(v):
-				if !slices.Contains(vols, v+".sha256") {
-					a.LeakedVolumes = append(a.LeakedVolumes, pool+"/"+v+" (no marker: never verified)")
-				}
-			case isImageMarker(v):
-				if !slices.Contains(vols, strings.TrimSuffix(v, ".sha256")) {
-					a.LeakedVolumes = append(a.LeakedVolumes, pool+"/"+v+" (marker without its volume)")
-				}
-			case isImageClaim(v):
-				// An install's claim on a cached image (installs sharing
-				// a pool): accounted for while its image is there. One
-				// left without it outlived the prune that should have
-				// taken it, or a failed upload whose KVMImage is gone.
-				if !slices.Contains(vols, imageClaimRE.FindStringSubmatch(v)[1]) {
-					a.LeakedVolumes = append(a.LeakedVolumes, pool+"/"+v+" (claim without its image)")
-				}
-			default:
-				if uid, ok := domxml.VolumeOwnerUID(v); ok && uids[uid] != "" {
-					continue
-				}
-				a.LeakedVolumes = append(a.LeakedVolumes, pool+"/"+v)
+			if slices.Contains(foreign.Volumes[pool], v) {
+				continue
+			}
+			if why, leaked := volumeLeak(v, vols, uids); leaked {
+				a.LeakedVolumes = append(a.LeakedVolumes, pool+"/"+v+why)
 			}
 		}
 		for _, v := range foreign.Volumes[pool] {
@@ -255,6 +221,47 @@ func (inv Inventory) Audit(proxies []ProxyRef, foreign Foreign) Audit {
 		sort.Strings(s)
 	}
 	return a
+}
+
+// auditDomains adds to a the domains no Proxy (uids: UID -> its domain's
+// name) or foreign record explains, and the foreign ones changed or gone.
+func (inv Inventory) auditDomains(a *Audit, uids map[string]string, foreign Foreign) {
+	for name, d := range inv.Domains {
+		if want, ok := foreign.Domains[name]; ok {
+			if d.UUID != want.UUID || d.State != want.State {
+				a.ForeignTouched = append(a.ForeignTouched, fmt.Sprintf("domain %s: %s %s, was %s %s", name, d.UUID, d.State, want.UUID, want.State))
+			}
+			continue
+		}
+		if d.Metadata != nil && uids[d.Metadata.UID] == name {
+			continue
+		}
+		a.LeakedDomains = append(a.LeakedDomains, name)
+	}
+	for name := range foreign.Domains {
+		if _, ok := inv.Domains[name]; !ok {
+			a.ForeignTouched = append(a.ForeignTouched, "domain "+name+": gone")
+		}
+	}
+}
+
+// volumeLeak reports whether v, a volume of a pool holding vols and no
+// foreign volume, is leaked, and why when its name does not say.
+func volumeLeak(v string, vols []string, uids map[string]string) (why string, leaked bool) {
+	switch {
+	case isImageVolume(v):
+		return " (no marker: never verified)", !slices.Contains(vols, v+".sha256")
+	case isImageMarker(v):
+		return " (marker without its volume)", !slices.Contains(vols, strings.TrimSuffix(v, ".sha256"))
+	case isImageClaim(v):
+		// An install's claim on a cached image (installs sharing a
+		// pool): accounted for while its image is there. One left
+		// without it outlived the prune that should have taken it, or a
+		// failed upload whose KVMImage is gone.
+		return " (claim without its image)", !slices.Contains(vols, imageClaimRE.FindStringSubmatch(v)[1])
+	}
+	uid, ok := domxml.VolumeOwnerUID(v)
+	return "", !ok || uids[uid] == ""
 }
 
 // Image volumes are image-sha256_<64 hex>.<format>; markers add .sha256.

@@ -128,6 +128,19 @@ func FromEnv() (Config, error) {
 		SSHDStartCmd:    os.Getenv("KVM_TEST_SSHD_START_CMD"),
 		ManagerLogLevel: envOr("E2E_MANAGER_LOG_LEVEL", "info"),
 	}
+	errs := c.readTimings()
+	errs = append(errs, c.readSSH()...)
+	if c.ProbeURL == "" {
+		errs = append(errs, errors.New("KVM_TEST_PROBE_URL is not set (a URL answering 204, reachable from the guests)"))
+	}
+	if c.ImagePath == "" && (c.ImageURL == "" || c.ImageChecksum == "") {
+		errs = append(errs, errors.New("set KVM_TEST_IMAGE (a guest qcow2, see test/e2e/infra/guest-image.sh) or KVM_TEST_IMAGE_URL and KVM_TEST_IMAGE_CHECKSUM"))
+	}
+	return c, errors.Join(errs...)
+}
+
+// readTimings reads the E2E_* durations into c.
+func (c *Config) readTimings() []error {
 	var errs []error
 	dur := func(name string, def time.Duration) time.Duration {
 		v := os.Getenv(name)
@@ -153,7 +166,13 @@ func FromEnv() (Config, error) {
 	if c.CheckTimeout > c.CheckInterval {
 		errs = append(errs, fmt.Errorf("E2E_CHECK_TIMEOUT %s exceeds E2E_CHECK_INTERVAL %s", c.CheckTimeout, c.CheckInterval))
 	}
+	return errs
+}
 
+// readSSH settles how the hypervisor's sshd is reached (inside its network
+// namespace or through KVM_TEST_ADDRESS) and reads the key and known_hosts.
+func (c *Config) readSSH() []error {
+	var errs []error
 	if c.NetNS != "" {
 		in, err := InNetNS(c.NetNS)
 		if err != nil {
@@ -192,13 +211,7 @@ func FromEnv() (Config, error) {
 	if len(bytes.TrimSpace(c.KnownHosts)) == 0 && c.Address != "" {
 		errs = append(errs, errors.New("no known_hosts for the hypervisor: set KVM_TEST_KNOWN_HOSTS (a file with its host key line)"))
 	}
-	if c.ProbeURL == "" {
-		errs = append(errs, errors.New("KVM_TEST_PROBE_URL is not set (a URL answering 204, reachable from the guests)"))
-	}
-	if c.ImagePath == "" && (c.ImageURL == "" || c.ImageChecksum == "") {
-		errs = append(errs, errors.New("set KVM_TEST_IMAGE (a guest qcow2, see test/e2e/infra/guest-image.sh) or KVM_TEST_IMAGE_URL and KVM_TEST_IMAGE_CHECKSUM"))
-	}
-	return c, errors.Join(errs...)
+	return errs
 }
 
 // Local says the hypervisor is the local test hypervisor of hypervisor.sh.

@@ -302,36 +302,52 @@ func (cr *Crawler) read(ctx context.Context) {
 	cr.stats.LongestList = max(cr.stats.LongestList, len(lines))
 }
 
+// request sends one request through the next published proxy and records
+// how it went.
 func (cr *Crawler) request(ctx context.Context) {
-	cr.mu.Lock()
-	var line string
-	if len(cr.list) > 0 {
-		line = cr.list[cr.next%len(cr.list)]
-		cr.next++
-	}
-	cr.mu.Unlock()
-
-	var err error
-	var took time.Duration
-	if line == "" {
-		err = errors.New("the published list is empty")
-	} else {
-		var via Via
-		if via, err = ViaURL(line); err == nil {
-			via.Timeout = cr.RequestTimeout
-			if via.Timeout == 0 {
-				via.Timeout = 10 * time.Second
-			}
-			var code int
-			code, took, err = via.Get(ctx, cr.Target)
-			if err == nil && code != http.StatusNoContent {
-				err = fmt.Errorf("status %d, want 204", code)
-			}
-		}
-	}
+	line := cr.nextEntry()
+	took, err := cr.send(ctx, line)
 	if ctx.Err() != nil {
 		return // stopped mid-request: not the proxy's failure
 	}
+	cr.record(line, took, err)
+}
+
+// nextEntry is the list's next entry, round robin; "" while it is empty.
+func (cr *Crawler) nextEntry() string {
+	cr.mu.Lock()
+	defer cr.mu.Unlock()
+	if len(cr.list) == 0 {
+		return ""
+	}
+	line := cr.list[cr.next%len(cr.list)]
+	cr.next++
+	return line
+}
+
+// send asks for cr.Target through the proxy of the list entry line and
+// wants 204.
+func (cr *Crawler) send(ctx context.Context, line string) (time.Duration, error) {
+	if line == "" {
+		return 0, errors.New("the published list is empty")
+	}
+	via, err := ViaURL(line)
+	if err != nil {
+		return 0, err
+	}
+	via.Timeout = cr.RequestTimeout
+	if via.Timeout == 0 {
+		via.Timeout = 10 * time.Second
+	}
+	code, took, err := via.Get(ctx, cr.Target)
+	if err == nil && code != http.StatusNoContent {
+		err = fmt.Errorf("status %d, want 204", code)
+	}
+	return took, err
+}
+
+// record counts a request through line that took took, or failed with err.
+func (cr *Crawler) record(line string, took time.Duration, err error) {
 	cr.mu.Lock()
 	defer cr.mu.Unlock()
 	cr.stats.Sent++
@@ -351,13 +367,18 @@ func (cr *Crawler) request(ctx context.Context) {
 		cr.stats.TimedOut++
 	}
 	if len(cr.stats.Failures) < 20 {
-		if via, verr := ViaURL(line); verr == nil && via.Credentials != nil {
-			if pass, ok := via.Credentials.Password(); ok && pass != "" {
-				msg = strings.ReplaceAll(msg, pass, "xxxxx")
-			}
-		}
-		cr.stats.Failures = append(cr.stats.Failures, fmt.Sprintf("%s via %s: %s", time.Now().UTC().Format("15:04:05.000"), MaskURL(line), msg))
+		cr.stats.Failures = append(cr.stats.Failures, fmt.Sprintf("%s via %s: %s", time.Now().UTC().Format("15:04:05.000"), MaskURL(line), withoutPassword(msg, line)))
 	}
+}
+
+// withoutPassword is msg with the password of the list entry line masked.
+func withoutPassword(msg, line string) string {
+	if via, err := ViaURL(line); err == nil && via.Credentials != nil {
+		if pass, ok := via.Credentials.Password(); ok && pass != "" {
+			return strings.ReplaceAll(msg, pass, "xxxxx")
+		}
+	}
+	return msg
 }
 
 // PoolWatch is an observer of one pool's replicas independent of the

@@ -45,11 +45,11 @@ func ExtraSource(ctx context.Context, local string) (addr string, remove func(co
 			}
 			cidr := fmt.Sprintf("%s/%d", next, ones)
 			if out, err := exec.CommandContext(ctx, "ip", "addr", "add", cidr, "dev", ifc.Name).CombinedOutput(); err != nil {
-				return "", nil, fmt.Errorf("ip addr add %s dev %s: %v: %s", cidr, ifc.Name, err, strings.TrimSpace(string(out)))
+				return "", nil, fmt.Errorf("ip addr add %s dev %s: %w: %s", cidr, ifc.Name, err, strings.TrimSpace(string(out)))
 			}
 			remove = func(ctx context.Context) error {
 				if out, err := exec.CommandContext(ctx, "ip", "addr", "del", cidr, "dev", ifc.Name).CombinedOutput(); err != nil {
-					return fmt.Errorf("ip addr del %s dev %s: %v: %s", cidr, ifc.Name, err, strings.TrimSpace(string(out)))
+					return fmt.Errorf("ip addr del %s dev %s: %w: %s", cidr, ifc.Name, err, strings.TrimSpace(string(out)))
 				}
 				return nil
 			}

@@ -920,10 +920,10 @@ func parseFilter(f string) (func(*compute.Instance) bool, error) {
 		for _, t := range terms {
 			var got string
 			var has bool
-			switch {
-			case t.field == "name":
+			switch t.field {
+			case "name":
 				got, has = inst.Name, true
-			case t.field == "status":
+			case "status":
 				got, has = inst.Status, true
 			default:
 				got, has = inst.Labels[strings.TrimPrefix(t.field, "labels.")]

@@ -91,7 +91,7 @@ func withCause(ctx context.Context, err error) error {
 	if errors.Is(err, cause) {
 		return err
 	}
-	return fmt.Errorf("%w (%v)", cause, err)
+	return fmt.Errorf("%w (%v)", cause, err) //nolint:errorlint // the cause is what callers classify; err is only the symptom it led to
 }
 
 // loadMaterial reads the material afresh for every dial, never from a cache:

@@ -98,12 +98,6 @@ func (e *connectEvents) last(t *testing.T) <-chan struct{} {
 	return nil
 }
 
-func (e *connectEvents) count() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.discs)
-}
-
 func newPool(t *testing.T, opts Options) *Pool {
 	t.Helper()
 	if opts.Logger.GetSink() == nil {

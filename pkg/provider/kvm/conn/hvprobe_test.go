@@ -81,7 +81,7 @@ func TestUploadProbe(t *testing.T) {
 		if err := direct.ConnectToURI(libvirt.QEMUSystem); err != nil {
 			t.Fatal(err)
 		}
-		defer direct.Disconnect()
+		defer func() { _ = direct.Disconnect() }()
 		do = func(f func(virt.Client) error) error { return f(direct) }
 	} else {
 		pool := sshPool(t)
@@ -299,7 +299,7 @@ func sshCat(file string) error {
 		os.Getenv("KVM_TEST_USER")+"@127.0.0.1", "cat > "+os.Getenv("KVM_TEST_POOL_PATH")+"/x")
 	cmd.Stdin = in
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%v: %s", err, out)
+		return fmt.Errorf("%w: %s", err, out)
 	}
 	return nil
 }

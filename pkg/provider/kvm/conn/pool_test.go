@@ -706,7 +706,7 @@ func TestUploadDoesNotBlockHealthChecks(t *testing.T) {
 		})
 		// An upload that ends early stops reading: unblock the writes below,
 		// or the test hangs instead of failing.
-		body.CloseWithError(fmt.Errorf("upload ended: %v", err))
+		body.CloseWithError(fmt.Errorf("upload ended: %w", err))
 		uploaded <- err
 	}()
 	buf := bytes.Repeat([]byte{0xa5}, chunk)
@@ -849,11 +849,11 @@ func TestTransportErrorsDropTheLink(t *testing.T) {
 	}
 	ctx := testCtx(t, 10*time.Second)
 	noDomain := virt.NewError(libvirt.ErrNoDomain, "Domain not found")
-	if err := p.Do(ctx, "hv1", func(virt.Client) error { return noDomain }); err != noDomain {
+	if err := p.Do(ctx, "hv1", func(virt.Client) error { return noDomain }); err != noDomain { //nolint:errorlint // identity: Do hands back fn's error itself, not a wrap of it
 		t.Fatalf("Do changed fn's error: %v", err)
 	}
 	disc := ev.last(t)
-	if err := p.Do(ctx, "hv1", func(virt.Client) error { return io.EOF }); err != io.EOF {
+	if err := p.Do(ctx, "hv1", func(virt.Client) error { return io.EOF }); err != io.EOF { //nolint:errorlint // identity, as above
 		t.Fatalf("Do changed fn's error: %v", err)
 	}
 	waitClosed(t, disc, time.Second, "link after a transport error")

@@ -221,38 +221,79 @@ func (p Params) iface() libvirtxml.DomainInterface {
 	return iface
 }
 
+// validate checks p before any XML is made, in the order the domain
+// reads: identity, machine, disks, network, owner, MAC.
 func (p Params) validate() error {
-	bad := func(format string, a ...any) error {
-		return provider.Permanentf("domain %q: "+format, append([]any{p.Name}, a...)...)
+	for _, check := range []func() error{p.checkIdentity, p.checkMachine, p.checkDisks, p.checkNetwork, p.checkOwner, p.checkMAC} {
+		if err := check(); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// invalid is a permanent error about domain p.Name.
+func (p Params) invalid(format string, a ...any) error {
+	return provider.Permanentf("domain %q: "+format, append([]any{p.Name}, a...)...)
+}
+
+func (p Params) checkIdentity() error {
 	switch {
 	case p.Name == "" || strings.ContainsAny(p.Name, "/\x00") || len(p.Name) > MaxDomainNameLen:
-		return bad("name must be 1-%d characters without '/'", MaxDomainNameLen)
+		return p.invalid("name must be 1-%d characters without '/'", MaxDomainNameLen)
 	case p.UUID != "" && !validUUID(p.UUID):
-		return bad("UUID %q is not a UUID", p.UUID)
+		return p.invalid("UUID %q is not a UUID", p.UUID)
 	case p.DomainType != "" && p.DomainType != DomainTypeKVM && p.DomainType != DomainTypeQEMU:
-		return bad("domain type %q: want %s or %s", p.DomainType, DomainTypeKVM, DomainTypeQEMU)
-	case p.VCPUs < 1:
-		return bad("%d vCPUs: want at least 1", p.VCPUs)
-	case p.MemoryBytes < 1<<20:
-		return bad("memory %d bytes: want at least 1MiB", p.MemoryBytes)
-	case p.Firmware != "" && p.Firmware != FirmwareUEFI && p.Firmware != FirmwareBIOS:
-		return bad("firmware %q: want %s or %s", p.Firmware, FirmwareUEFI, FirmwareBIOS)
-	case !strings.HasPrefix(p.DiskPath, "/"):
-		return bad("disk path %q is not an absolute file path", p.DiskPath)
-	case !strings.HasPrefix(p.SeedPath, "/"):
-		return bad("seed path %q is not an absolute file path", p.SeedPath)
-	case p.Network.Type != "" && p.Network.Type != NetworkTypeNetwork && p.Network.Type != NetworkTypeBridge:
-		return bad("network type %q: want %s or %s", p.Network.Type, NetworkTypeNetwork, NetworkTypeBridge)
-	case p.Network.Name == "":
-		return bad("no network or bridge name")
-	case p.Metadata.UID == "":
-		return bad("metadata has no owner UID")
+		return p.invalid("domain type %q: want %s or %s", p.DomainType, DomainTypeKVM, DomainTypeQEMU)
 	}
-	if p.MAC != "" {
-		if hw, err := net.ParseMAC(p.MAC); err != nil || len(hw) != 6 {
-			return bad("MAC %q is not a 48-bit MAC address", p.MAC)
-		}
+	return nil
+}
+
+func (p Params) checkMachine() error {
+	switch {
+	case p.VCPUs < 1:
+		return p.invalid("%d vCPUs: want at least 1", p.VCPUs)
+	case p.MemoryBytes < 1<<20:
+		return p.invalid("memory %d bytes: want at least 1MiB", p.MemoryBytes)
+	case p.Firmware != "" && p.Firmware != FirmwareUEFI && p.Firmware != FirmwareBIOS:
+		return p.invalid("firmware %q: want %s or %s", p.Firmware, FirmwareUEFI, FirmwareBIOS)
+	}
+	return nil
+}
+
+func (p Params) checkDisks() error {
+	switch {
+	case !strings.HasPrefix(p.DiskPath, "/"):
+		return p.invalid("disk path %q is not an absolute file path", p.DiskPath)
+	case !strings.HasPrefix(p.SeedPath, "/"):
+		return p.invalid("seed path %q is not an absolute file path", p.SeedPath)
+	}
+	return nil
+}
+
+func (p Params) checkNetwork() error {
+	switch {
+	case p.Network.Type != "" && p.Network.Type != NetworkTypeNetwork && p.Network.Type != NetworkTypeBridge:
+		return p.invalid("network type %q: want %s or %s", p.Network.Type, NetworkTypeNetwork, NetworkTypeBridge)
+	case p.Network.Name == "":
+		return p.invalid("no network or bridge name")
+	}
+	return nil
+}
+
+func (p Params) checkOwner() error {
+	if p.Metadata.UID == "" {
+		return p.invalid("metadata has no owner UID")
+	}
+	return nil
+}
+
+func (p Params) checkMAC() error {
+	if p.MAC == "" {
+		return nil
+	}
+	if hw, err := net.ParseMAC(p.MAC); err != nil || len(hw) != 6 {
+		return p.invalid("MAC %q is not a 48-bit MAC address", p.MAC)
 	}
 	return nil
 }

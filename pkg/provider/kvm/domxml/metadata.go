@@ -121,7 +121,7 @@ func MetadataFromDomainXML(domainXML string) (m Metadata, found bool, err error)
 	var path []string // local names of the open elements
 	for {
 		tok, err := d.Token()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return Metadata{}, false, errors.New("domain XML: no <domain> element")
 		}
 		if err != nil {

@@ -5,8 +5,6 @@ import (
 	"testing"
 )
 
-const sum = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-
 func TestDomainName(t *testing.T) {
 	long63 := strings.Repeat("n", 63)
 	tests := []struct {

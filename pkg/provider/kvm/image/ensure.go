@@ -167,7 +167,7 @@ func (c *Cache) Ensure(ctx context.Context, lv virt.Client, pool libvirt.Storage
 			return res, err
 		}
 	}
-	return c.fetch(ctx, log, lv, pool, s, st, progress)
+	return c.fetch(ctx, log, lv, pool, s, progress)
 }
 
 // unclaimFailed takes back c.Holder's claim after an attempt that failed
@@ -405,23 +405,15 @@ func (c *Cache) busy(pool libvirt.StoragePool, volume string) bool {
 }
 
 // fetch is the slow path; the caller holds the upload slot.
-func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool libvirt.StoragePool, s spec, st state, progress func(done, total int64)) (Result, error) {
+func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool libvirt.StoragePool, s spec, progress func(done, total int64)) (Result, error) {
 	start := c.now()
 
 	// Open the source before touching the pool: a wrong URL costs nothing.
-	src, err := c.open(ctx, s)
+	src, capacity, err := c.openSniffed(ctx, s)
 	if err != nil {
 		return Result{}, err
 	}
 	defer src.close()
-	head, err := src.br.Peek(sniffLen)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return Result{}, src.readError(ctx, s, err)
-	}
-	capacity, err := sniff(s.img.Format, head, src.size)
-	if err != nil {
-		return Result{}, fmt.Errorf("image %s: %w", s.label(), err)
-	}
 
 	// Claimed before the names are looked at again, so that another
 	// install's Prune, which checks claims after deleting the marker, either
@@ -429,59 +421,127 @@ func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool
 	if err := c.claim(lv, pool, s); err != nil {
 		return Result{}, err
 	}
-	if st, err = lookup(lv, pool, s); err != nil {
+	st, err := lookup(lv, pool, s)
+	if err != nil {
 		return Result{}, err
 	}
 	if st.ready() {
 		return cached(lv, pool, s, st)
 	}
-	if st.vol != nil {
-		// Unverified: an upload in progress or an interrupted one. Another
-		// install may be uploading it right now; so that two installs do not
-		// delete each other's uploads in turn, only the first claimant
-		// (lowest holder name) replaces it and the others wait for it.
-		holders, err := claimsOf(lv, pool, s.volume)
-		if err != nil {
-			return Result{}, err
-		}
-		slices.Sort(holders)
-		if len(holders) > 0 && holders[0] < holderName(c.Holder) {
-			return Result{}, provider.Transientf("image %s: volume %s in pool %s is not verified yet; install %s, which holds it too, replaces or completes it",
-				s.label(), s.volume, pool.Name, holders[0])
-		}
+	if err := c.yieldToFirstClaimant(lv, pool, s, st); err != nil {
+		return Result{}, err
 	}
+	if err := clearNames(log, lv, pool, s, st); err != nil {
+		return Result{}, err
+	}
+	vol, err := createVolume(lv, pool, s, capacity)
+	if err != nil {
+		return Result{}, err
+	}
+	log.Info("Uploading image", "url", provider.RedactURL(s.img.URL), "bytes", src.size, "capacity", capacity)
 
-	// Clear the names. The marker goes first so no moment shows a marker
-	// next to a volume that is not complete.
+	n, err := c.upload(ctx, lv, pool, s, src, vol, progress)
+	if err == nil {
+		err = commit(log, lv, pool, s)
+	}
+	if err != nil {
+		discard(log, lv, vol)
+		return Result{}, err
+	}
+	path, err := lv.StorageVolGetPath(vol)
+	if err != nil {
+		// Verified and marked: the next call takes the fast path.
+		return Result{}, virtError("getting path of volume", s.volume, pool, err)
+	}
+	elapsed := c.now().Sub(start)
+	log.Info("Image cached", "bytes", n, "elapsed", elapsed.Round(time.Millisecond).String(), "bytesPerSecond", rate(n, elapsed))
+	return Result{VolumeName: s.volume, Path: path, Bytes: n, Checksum: s.checksum()}, nil
+}
+
+// openSniffed opens s's source and reads the image's virtual size from its
+// head; the caller closes the source.
+func (c *Cache) openSniffed(ctx context.Context, s spec) (*source, uint64, error) {
+	src, err := c.open(ctx, s)
+	if err != nil {
+		return nil, 0, err
+	}
+	head, err := src.br.Peek(sniffLen)
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = src.readError(ctx, s, err)
+		src.close()
+		return nil, 0, err
+	}
+	capacity, err := sniff(s.img.Format, head, src.size)
+	if err != nil {
+		src.close()
+		return nil, 0, fmt.Errorf("image %s: %w", s.label(), err)
+	}
+	return src, capacity, nil
+}
+
+// yieldToFirstClaimant refuses to replace an unverified volume (an upload
+// in progress or an interrupted one) that another install may be uploading
+// right now: so that two installs do not delete each other's uploads in
+// turn, only the first claimant (lowest holder name) replaces it and the
+// others wait for it.
+func (c *Cache) yieldToFirstClaimant(lv virt.Client, pool libvirt.StoragePool, s spec, st state) error {
+	if st.vol == nil {
+		return nil
+	}
+	holders, err := claimsOf(lv, pool, s.volume)
+	if err != nil {
+		return err
+	}
+	slices.Sort(holders)
+	if len(holders) > 0 && holders[0] < holderName(c.Holder) {
+		return provider.Transientf("image %s: volume %s in pool %s is not verified yet; install %s, which holds it too, replaces or completes it",
+			s.label(), s.volume, pool.Name, holders[0])
+	}
+	return nil
+}
+
+// clearNames deletes what a previous attempt left under s's names. The
+// marker goes first so no moment shows a marker next to a volume that is
+// not complete.
+func clearNames(log logr.Logger, lv virt.Client, pool libvirt.StoragePool, s spec, st state) error {
 	if st.marker != nil {
 		log.Info("Deleting marker whose image volume is missing")
 		if err := deleteVolume(lv, *st.marker); err != nil {
-			return Result{}, virtError("deleting stale marker", s.marker, pool, err)
+			return virtError("deleting stale marker", s.marker, pool, err)
 		}
 	}
 	if st.vol != nil {
 		// Left by an interrupted or failed upload: it was never verified.
 		log.Info("Deleting unverified image volume")
 		if err := deleteVolume(lv, *st.vol); err != nil {
-			return Result{}, virtError("deleting unverified volume", s.volume, pool, err)
+			return virtError("deleting unverified volume", s.volume, pool, err)
 		}
 	}
+	return nil
+}
 
+// createVolume creates the empty image volume the upload fills.
+func createVolume(lv virt.Client, pool libvirt.StoragePool, s spec, capacity uint64) (libvirt.StorageVol, error) {
 	xml, err := volumeXML(s.volume, s.img.Format, capacity)
 	if err != nil {
-		return Result{}, provider.Permanentf("image %s: building volume XML: %w", s.label(), err)
+		return libvirt.StorageVol{}, provider.Permanentf("image %s: building volume XML: %w", s.label(), err)
 	}
 	vol, err := lv.StorageVolCreateXML(pool, xml, 0)
 	if virt.IsCode(err, libvirt.ErrStorageVolExist) {
 		// Someone outside this process created it since the lookup, so an
 		// upload is under way; its outcome decides the next reconcile.
-		return Result{}, provider.Transientf("image %s: volume %s in pool %s appeared meanwhile; upload in progress elsewhere", s.label(), s.volume, pool.Name)
+		return libvirt.StorageVol{}, provider.Transientf("image %s: volume %s in pool %s appeared meanwhile; upload in progress elsewhere", s.label(), s.volume, pool.Name)
 	}
 	if err != nil {
-		return Result{}, virtError("creating volume", s.volume, pool, err)
+		return libvirt.StorageVol{}, virtError("creating volume", s.volume, pool, err)
 	}
-	log.Info("Uploading image", "url", provider.RedactURL(s.img.URL), "bytes", src.size, "capacity", capacity)
+	return vol, nil
+}
 
+// upload streams src into vol and verifies what was sent: every byte the
+// source announced, with s's digest. It returns the bytes sent; on an
+// error the volume holds nothing usable.
+func (c *Cache) upload(ctx context.Context, lv virt.Client, pool libvirt.StoragePool, s spec, src *source, vol libvirt.StorageVol, progress func(done, total int64)) (int64, error) {
 	up := &uploadReader{
 		src:      src,
 		hash:     sha256.New(),
@@ -494,35 +554,18 @@ func (c *Cache) fetch(ctx context.Context, log logr.Logger, lv virt.Client, pool
 	upErr := lv.StorageVolUpload(vol, up, 0, uint64(max(src.size, 0)), 0)
 	n, sum, readErr := up.finish()
 
-	var fail error
 	switch {
 	case readErr != nil:
-		fail = src.readError(ctx, s, readErr)
+		return n, src.readError(ctx, s, readErr)
 	case upErr != nil:
-		fail = virtError("uploading to volume", s.volume, pool, upErr)
+		return n, virtError("uploading to volume", s.volume, pool, upErr)
 	case src.size >= 0 && n != src.size:
-		fail = provider.Transientf("image %s: source sent %d of %d bytes", s.label(), n, src.size)
+		return n, provider.Transientf("image %s: source sent %d of %d bytes", s.label(), n, src.size)
 	case sum != s.digest:
-		fail = provider.Permanentf("image %s: checksum mismatch: expected %s, got %s:%s (%d bytes from %s)",
+		return n, provider.Permanentf("image %s: checksum mismatch: expected %s, got %s:%s (%d bytes from %s)",
 			s.label(), s.checksum(), Algorithm, sum, n, provider.RedactURL(s.img.URL))
 	}
-	if fail != nil {
-		discard(log, lv, vol)
-		return Result{}, fail
-	}
-
-	if err := commit(log, lv, pool, s); err != nil {
-		discard(log, lv, vol)
-		return Result{}, err
-	}
-	path, err := lv.StorageVolGetPath(vol)
-	if err != nil {
-		// Verified and marked: the next call takes the fast path.
-		return Result{}, virtError("getting path of volume", s.volume, pool, err)
-	}
-	elapsed := c.now().Sub(start)
-	log.Info("Image cached", "bytes", n, "elapsed", elapsed.Round(time.Millisecond).String(), "bytesPerSecond", rate(n, elapsed))
-	return Result{VolumeName: s.volume, Path: path, Bytes: n, Checksum: s.checksum()}, nil
+	return n, nil
 }
 
 // volumeXML describes a new volume of capacity bytes, not preallocated.

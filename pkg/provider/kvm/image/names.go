@@ -184,27 +184,38 @@ type parsedName struct {
 // package, shared or legacy, and its digests.
 func parseName(vol string) (parsedName, bool) {
 	if rest, ok := strings.CutPrefix(vol, sharedPrefix); ok {
-		digest, rest, _ := strings.Cut(rest, ".")
-		format, rest, _ := strings.Cut(rest, ".")
-		if len(digest) != digestHexLen || !isLowerHex(digest) || checkFormat(format) != nil {
-			return parsedName{}, false
-		}
-		p := parsedName{digest: digest, short: digest[:shortDigestLen], image: sharedPrefix + digest + "." + format}
-		switch holder, claim := strings.CutPrefix("."+rest, claimInfix); {
-		case rest == "":
-		case "."+rest == markerSuffix:
-			p.marker = true
-		case claim && (holder == noInstall || provider.ValidateInstallID(holder) == nil):
-			p.holder = holder
-		default:
-			return parsedName{}, false
-		}
-		return p, true
+		return parseSharedName(rest)
 	}
-	rest, ok := strings.CutPrefix(vol, namePrefix)
-	if !ok {
+	if rest, ok := strings.CutPrefix(vol, namePrefix); ok {
+		return parseLegacyName(rest)
+	}
+	return parsedName{}, false
+}
+
+// parseSharedName parses what follows sharedPrefix:
+// <digest>.<format>, then nothing (the image), the marker suffix or a claim.
+func parseSharedName(rest string) (parsedName, bool) {
+	digest, rest, _ := strings.Cut(rest, ".")
+	format, rest, _ := strings.Cut(rest, ".")
+	if len(digest) != digestHexLen || !isLowerHex(digest) || checkFormat(format) != nil {
 		return parsedName{}, false
 	}
+	p := parsedName{digest: digest, short: digest[:shortDigestLen], image: sharedPrefix + digest + "." + format}
+	switch holder, claim := strings.CutPrefix("."+rest, claimInfix); {
+	case rest == "":
+	case "."+rest == markerSuffix:
+		p.marker = true
+	case claim && (holder == noInstall || provider.ValidateInstallID(holder) == nil):
+		p.holder = holder
+	default:
+		return parsedName{}, false
+	}
+	return p, true
+}
+
+// parseLegacyName parses what follows namePrefix:
+// <name>-<short digest>.<format>, a marker adding .<digest> and the suffix.
+func parseLegacyName(rest string) (parsedName, bool) {
 	p := parsedName{legacy: true}
 	if base, ok := strings.CutSuffix(rest, markerSuffix); ok {
 		i := strings.LastIndexByte(base, '.')

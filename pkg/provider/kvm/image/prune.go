@@ -44,17 +44,70 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 		return res, virtError("listing volumes of", "pool", pool, err)
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("pool", pool.Name)
-	holder := holderName(c.Holder)
 
-	type cachedImage struct {
-		vol     *libvirt.StorageVol
-		markers []libvirt.StorageVol
-		claim   *libvirt.StorageVol // c.Holder's
-		others  []string            // holders other than c.Holder
-		digest  string
+	var backing *backingSet
+	var errs []error
+	for _, ci := range groupCached(vols, holderName(c.Holder)) {
+		if !c.prunable(log, pool, ci, keep, &res) {
+			continue
+		}
+		if len(ci.others) > 0 {
+			held, err := c.releaseShared(log, lv, pool, ci, &res)
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if err != nil || held {
+				continue
+			}
+		}
+		if ci.vol != nil {
+			if backing == nil {
+				b, err := backingFiles(lv, pool, vols)
+				if err != nil {
+					return res, errors.Join(append(errs, err)...)
+				}
+				backing = &b
+			}
+			inUse, err := backing.uses(lv, *ci.vol)
+			if err != nil {
+				errs = append(errs, virtError("getting path of volume", ci.name, pool, err))
+				continue
+			}
+			if inUse {
+				log.V(1).Info("Not pruning image volume in use as a backing file", "volume", ci.name)
+				res.inUse(ci.digest)
+				continue
+			}
+		}
+		if err := c.dropLast(log, lv, pool, ci.name, ci.vol, ci.markers, &res); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if len(ci.others) == 0 {
+			if err := c.release(log, lv, pool, *ci.claim, &res); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
+	return res, errors.Join(errs...)
+}
+
+// cachedImage is one image volume's name and the volumes that go with it.
+type cachedImage struct {
+	name    string // the image volume's
+	vol     *libvirt.StorageVol
+	markers []libvirt.StorageVol
+	claim   *libvirt.StorageVol // holder's
+	others  []string            // holders other than holder
+	digest  string
+}
+
+// groupCached sorts the volumes of ours among vols by the image they
+// belong to, in the order the images first appear; holder is this
+// install's claim holder name.
+func groupCached(vols []libvirt.StorageVol, holder string) []*cachedImage {
 	images := map[string]*cachedImage{}
-	var order []string
+	var order []*cachedImage
 	for _, v := range vols {
 		p, ours := parseName(v.Name)
 		if !ours {
@@ -62,9 +115,9 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 		}
 		ci := images[p.image]
 		if ci == nil {
-			ci = &cachedImage{}
+			ci = &cachedImage{name: p.image}
 			images[p.image] = ci
-			order = append(order, p.image)
+			order = append(order, ci)
 		}
 		switch {
 		case p.holder == holder:
@@ -80,71 +133,46 @@ func (c *Cache) Prune(ctx context.Context, lv virt.Client, pool libvirt.StorageP
 			ci.digest = p.digest
 		}
 	}
-	var backing *backingSet
-	var errs []error
-	for _, name := range order {
-		ci := images[name]
-		switch {
-		case ci.claim == nil:
-			if ci.vol != nil && len(ci.others) == 0 && !keep(ci.digest) {
-				log.V(1).Info("Leaving unwanted image volume that no install claims: cached before claims, its holders are unknown", "volume", name)
-			}
-			continue
-		case keep(ci.digest):
-			continue
-		case c.busy(pool, name):
-			log.V(1).Info("Not pruning volume being uploaded", "volume", name)
-			res.inUse(ci.digest)
-			continue
+	return order
+}
+
+// prunable reports whether this install may let go of ci: it claims it,
+// keep does not want it, and this Cache is not uploading it.
+func (c *Cache) prunable(log logr.Logger, pool libvirt.StoragePool, ci *cachedImage, keep func(digest string) bool, res *PruneResult) bool {
+	switch {
+	case ci.claim == nil:
+		if ci.vol != nil && len(ci.others) == 0 && !keep(ci.digest) {
+			log.V(1).Info("Leaving unwanted image volume that no install claims: cached before claims, its holders are unknown", "volume", ci.name)
 		}
-		if len(ci.others) > 0 {
-			// Theirs now. Should they be letting go at this very moment
-			// too, whoever looks last finds no claim and deletes (if a disk
-			// still uses it then, it is left unclaimed: kept for good).
-			if err := c.release(log, lv, pool, *ci.claim, &res); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			others, err := claimsOf(lv, pool, name)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if len(others) > 0 {
-				log.V(1).Info("Released image claim; other installs still hold it", "volume", name, "holders", strings.Join(others, ","))
-				continue
-			}
-		}
-		if ci.vol != nil {
-			if backing == nil {
-				b, err := backingFiles(lv, pool, vols)
-				if err != nil {
-					return res, errors.Join(append(errs, err)...)
-				}
-				backing = &b
-			}
-			inUse, err := backing.uses(lv, *ci.vol)
-			if err != nil {
-				errs = append(errs, virtError("getting path of volume", name, pool, err))
-				continue
-			}
-			if inUse {
-				log.V(1).Info("Not pruning image volume in use as a backing file", "volume", name)
-				res.inUse(ci.digest)
-				continue
-			}
-		}
-		if err := c.dropLast(log, lv, pool, name, ci.vol, ci.markers, &res); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if ci.claim != nil && len(ci.others) == 0 {
-			if err := c.release(log, lv, pool, *ci.claim, &res); err != nil {
-				errs = append(errs, err)
-			}
-		}
+		return false
+	case keep(ci.digest):
+		return false
+	case c.busy(pool, ci.name):
+		log.V(1).Info("Not pruning volume being uploaded", "volume", ci.name)
+		res.inUse(ci.digest)
+		return false
 	}
-	return res, errors.Join(errs...)
+	return true
+}
+
+// releaseShared gives up this install's claim on an image other installs
+// claim too; held says whether one of them still does. Theirs now: should
+// they be letting go at this very moment too, whoever looks last finds no
+// claim and deletes (if a disk still uses it then, it is left unclaimed:
+// kept for good).
+func (c *Cache) releaseShared(log logr.Logger, lv virt.Client, pool libvirt.StoragePool, ci *cachedImage, res *PruneResult) (held bool, err error) {
+	if err := c.release(log, lv, pool, *ci.claim, res); err != nil {
+		return false, err
+	}
+	others, err := claimsOf(lv, pool, ci.name)
+	if err != nil {
+		return false, err
+	}
+	if len(others) > 0 {
+		log.V(1).Info("Released image claim; other installs still hold it", "volume", ci.name, "holders", strings.Join(others, ","))
+		return true, nil
+	}
+	return false, nil
 }
 
 // dropLast deletes an image this install was the last to hold: markers

@@ -1,6 +1,7 @@
 package image
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -337,6 +338,74 @@ func TestEnsureReplacesAnUnverifiedSharedVolumeOnlyAsFirstClaimant(t *testing.T)
 				t.Fatal(err)
 			}
 			e.assertCached(img, b)
+		})
+	}
+}
+
+// groupCached is what Prune decides on: each image of ours with its marker,
+// this install's claim and the other holders, whatever order the pool
+// lists them in; volumes not of ours are no image.
+func TestGroupCached(t *testing.T) {
+	const a = "0000000000000000000000000000000000000000000000000000000000000000"
+	const b = "1111111111111111111111111111111111111111111111111111111111111111"
+	volA, volB := "image-sha256_"+a+".qcow2", "image-sha256_"+b+".raw"
+	legacy := "image-deb-" + b[:12] + ".raw"
+	type want struct {
+		name, vol, claim, digest string
+		markers, others          []string
+	}
+	for _, tc := range []struct {
+		name string
+		vols []string
+		want []want
+	}{
+		{"nothing of ours", []string{"proxy-x-disk.qcow2", "image-deb.raw"}, nil},
+		{
+			"image, marker and claims",
+			[]string{volA, volA + ".sha256", claimName(volA, "me"), claimName(volA, "other"), claimName(volA, "")},
+			[]want{{name: volA, vol: volA, claim: claimName(volA, "me"), digest: a, markers: []string{volA + ".sha256"}, others: []string{"other", noInstall}}},
+		},
+		{
+			"claim and marker listed before the image; images in the order first seen",
+			[]string{claimName(volB, "me"), volA + ".sha256", volB, volA},
+			[]want{
+				{name: volB, vol: volB, claim: claimName(volB, "me"), digest: b},
+				{name: volA, vol: volA, digest: a, markers: []string{volA + ".sha256"}},
+			},
+		},
+		{
+			"legacy image has its digest from its marker",
+			[]string{legacy, legacy + "." + b + ".sha256"},
+			[]want{{name: legacy, vol: legacy, digest: b, markers: []string{legacy + "." + b + ".sha256"}}},
+		},
+		{
+			"marker and claims without their image",
+			[]string{volA + ".sha256", claimName(volA, "other")},
+			[]want{{name: volA, digest: a, markers: []string{volA + ".sha256"}, others: []string{"other"}}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var vols []libvirt.StorageVol
+			for _, n := range tc.vols {
+				vols = append(vols, libvirt.StorageVol{Name: n, Pool: "default"})
+			}
+			var got []want
+			for _, ci := range groupCached(vols, holderName("me")) {
+				w := want{name: ci.name, digest: ci.digest, others: ci.others}
+				if ci.vol != nil {
+					w.vol = ci.vol.Name
+				}
+				if ci.claim != nil {
+					w.claim = ci.claim.Name
+				}
+				for _, m := range ci.markers {
+					w.markers = append(w.markers, m.Name)
+				}
+				got = append(got, w)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("groupCached =\n%+v\nwant\n%+v", got, tc.want)
+			}
 		})
 	}
 }

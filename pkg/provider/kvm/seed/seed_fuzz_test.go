@@ -3,6 +3,7 @@ package seed
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
 	"io"
 	"mime"
 	"mime/multipart"
@@ -93,7 +94,7 @@ func FuzzComposeVendorData(f *testing.F) {
 		var got [][]byte
 		for !(isMIME(user) && len(got) == len(parts)) {
 			p, err := r.NextRawPart()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {

@@ -3,6 +3,7 @@ package seed
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
 	"io"
 	"mime"
 	"mime/multipart"
@@ -56,7 +57,7 @@ func parseEntity(t *testing.T, ctype, cte string, raw []byte) mimePart {
 	r := multipart.NewReader(bytes.NewReader(raw), params["boundary"])
 	for {
 		part, err := r.NextRawPart()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

@@ -243,7 +243,7 @@ func results[T any](res func(T) []any, v T, err error) []any {
 // context.DeadlineExceeded) holds for callers and classifiers.
 func ctxErr(ctx context.Context, rpc, what string) error {
 	err := ctx.Err()
-	if cause := context.Cause(ctx); cause != nil && cause != err {
+	if cause := context.Cause(ctx); cause != nil && cause != err { //nolint:errorlint // identity: a cause other than ctx.Err() itself
 		return fmt.Errorf("libvirt %s %s: %w: %w", rpc, what, err, cause)
 	}
 	return fmt.Errorf("libvirt %s %s: %w", rpc, what, err)

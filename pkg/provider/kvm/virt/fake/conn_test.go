@@ -203,8 +203,8 @@ func TestFaultInjection(t *testing.T) {
 			}
 			testutil.WaitFor(t, func() bool { return f.Blocked(virt.RPCConnectGetHostname) == 2 })
 			select {
-			case <-done:
-				t.Fatal("blocked call returned")
+			case err := <-done:
+				t.Fatalf("blocked call returned (%v)", err)
 			case <-time.After(20 * time.Millisecond):
 			}
 			release()

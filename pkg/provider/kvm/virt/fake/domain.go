@@ -86,56 +86,89 @@ func parseDomain(doc string) (*definition, error) {
 	if dom.Name == "" {
 		return nil, virt.NewError(libvirt.ErrNoName, "missing name information")
 	}
-	if dom.UUID == "" {
-		dom.UUID = virt.FormatUUID(virt.NewUUID())
-	} else {
-		u, err := virt.ParseUUID(dom.UUID)
-		if err != nil {
-			return nil, lverr(libvirt.ErrInternalError, "malformed uuid element")
-		}
-		dom.UUID = virt.FormatUUID(u)
+	if err := canonicalUUID(dom); err != nil {
+		return nil, err
 	}
 	dom.ID = nil
-	def := &definition{dom: dom, meta: meta}
-
-	dom.Metadata = nil
-	if len(meta) > 0 {
-		var b strings.Builder
-		for _, m := range meta {
-			b.WriteString(m.String())
-		}
-		dom.Metadata = &libvirtxml.DomainMetadata{XML: b.String()}
-	}
-
-	if os := dom.OS; os != nil {
-		def.nvram = os.Firmware == "efi" || os.NVRam != nil || (os.Loader != nil && os.Loader.Type == "pflash")
-		if def.nvram && os.NVRam == nil {
-			// libvirt picks the variables file at define time.
-			os.NVRam = &libvirtxml.DomainNVRam{NVRam: "/var/lib/libvirt/qemu/nvram/" + dom.Name + "_VARS.fd"}
-		}
-	}
+	dom.Metadata = metadataElement(meta)
+	def := &definition{dom: dom, meta: meta, nvram: defineNVRAM(dom)}
 	if dom.Devices != nil {
-		for _, ch := range dom.Devices.Channels {
-			if ch.Target != nil && ch.Target.VirtIO != nil && ch.Target.VirtIO.Name == guestAgentChannel {
-				def.agent = true
-			}
-		}
-		for i := range dom.Devices.Interfaces {
-			ifc := &dom.Devices.Interfaces[i]
-			if ifc.MAC == nil || ifc.MAC.Address == "" {
-				ifc.MAC = &libvirtxml.DomainInterfaceMAC{Address: randomMAC()}
-			}
-			n := nic{mac: strings.ToLower(ifc.MAC.Address)}
-			if ifc.Source != nil && ifc.Source.Network != nil {
-				n.network = ifc.Source.Network.Network
-			}
-			if ifc.Target != nil {
-				n.dev = ifc.Target.Dev
-			}
-			def.nics = append(def.nics, n)
-		}
+		def.agent = hasGuestAgent(dom.Devices)
+		def.nics = defineNICs(dom.Devices)
 	}
 	return def, nil
+}
+
+// canonicalUUID gives dom a UUID when it has none and writes the one it
+// has in canonical form.
+func canonicalUUID(dom *libvirtxml.Domain) error {
+	if dom.UUID == "" {
+		dom.UUID = virt.FormatUUID(virt.NewUUID())
+		return nil
+	}
+	u, err := virt.ParseUUID(dom.UUID)
+	if err != nil {
+		return lverr(libvirt.ErrInternalError, "malformed uuid element")
+	}
+	dom.UUID = virt.FormatUUID(u)
+	return nil
+}
+
+// metadataElement is <metadata> holding the sanitized children; nil
+// without any.
+func metadataElement(meta []*xnode) *libvirtxml.DomainMetadata {
+	if len(meta) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	for _, m := range meta {
+		b.WriteString(m.String())
+	}
+	return &libvirtxml.DomainMetadata{XML: b.String()}
+}
+
+// defineNVRAM reports whether dom has UEFI variables and, as libvirt does
+// at define time, names their file when dom does not.
+func defineNVRAM(dom *libvirtxml.Domain) bool {
+	os := dom.OS
+	if os == nil {
+		return false
+	}
+	nvram := os.Firmware == "efi" || os.NVRam != nil || (os.Loader != nil && os.Loader.Type == "pflash")
+	if nvram && os.NVRam == nil {
+		os.NVRam = &libvirtxml.DomainNVRam{NVRam: "/var/lib/libvirt/qemu/nvram/" + dom.Name + "_VARS.fd"}
+	}
+	return nvram
+}
+
+func hasGuestAgent(devs *libvirtxml.DomainDeviceList) bool {
+	for _, ch := range devs.Channels {
+		if ch.Target != nil && ch.Target.VirtIO != nil && ch.Target.VirtIO.Name == guestAgentChannel {
+			return true
+		}
+	}
+	return false
+}
+
+// defineNICs returns devs' interfaces, giving each without a MAC a random
+// one as libvirt does.
+func defineNICs(devs *libvirtxml.DomainDeviceList) []nic {
+	var nics []nic
+	for i := range devs.Interfaces {
+		ifc := &devs.Interfaces[i]
+		if ifc.MAC == nil || ifc.MAC.Address == "" {
+			ifc.MAC = &libvirtxml.DomainInterfaceMAC{Address: randomMAC()}
+		}
+		n := nic{mac: strings.ToLower(ifc.MAC.Address)}
+		if ifc.Source != nil && ifc.Source.Network != nil {
+			n.network = ifc.Source.Network.Network
+		}
+		if ifc.Target != nil {
+			n.dev = ifc.Target.Dev
+		}
+		nics = append(nics, n)
+	}
+	return nics
 }
 
 // randomMAC returns an address in QEMU's 52:54:00 range, as libvirt assigns.

@@ -74,92 +74,124 @@ func isDecl(a xml.Attr) (prefix string, ok bool) {
 // of /domain/metadata.
 func parseDomainDoc(doc string) (root string, meta []*xnode, err error) {
 	d := xml.NewDecoder(strings.NewReader(doc))
-	var (
-		scope nsScope
-		stack []*xnode // open metadata elements
-		// bindings in scope at the current metadata child's start tag
-		inherited map[string]string
-		depth     int
-		inMeta    bool
-	)
+	var p docParser
 	for {
 		tok, err := d.RawToken()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return root, nil, err
+			return p.root, nil, err
 		}
 		switch t := tok.(type) {
 		case xml.StartElement:
-			depth++
-			frame := map[string]string{}
-			var decls, attrs []xml.Attr
-			for _, a := range t.Attr {
-				if p, ok := isDecl(a); ok {
-					frame[p] = a.Value
-					decls = append(decls, a)
-				} else {
-					attrs = append(attrs, a)
-				}
-			}
-			scope = append(scope, frame)
-			switch {
-			case depth == 1:
-				root = t.Name.Local
-				if t.Name.Space != "" {
-					root = t.Name.Space + ":" + t.Name.Local
-				}
-			case depth == 2 && t.Name.Space == "" && t.Name.Local == "metadata" && !inMeta && meta == nil:
-				inMeta = true
-			case inMeta:
-				uri, ok := scope.resolve(t.Name.Space)
-				if !ok {
-					return root, nil, fmt.Errorf("namespace prefix %q is not defined", t.Name.Space)
-				}
-				n := &xnode{uri: uri, prefix: t.Name.Space, local: t.Name.Local, decls: decls, attrs: attrs}
-				if len(stack) > 0 {
-					parent := stack[len(stack)-1]
-					parent.kids = append(parent.kids, n)
-				} else {
-					inherited = scope[:len(scope)-1].flatten()
-					if sanitized(meta, n) {
-						meta = append(meta, n)
-					}
-				}
-				stack = append(stack, n)
+			if err := p.start(t); err != nil {
+				return p.root, nil, err
 			}
 		case xml.EndElement:
-			if inMeta {
-				if len(stack) == 0 {
-					inMeta = false // </metadata>
-					if meta == nil {
-						meta = []*xnode{} // remember metadata was seen
-					}
-				} else {
-					n := stack[len(stack)-1]
-					stack = stack[:len(stack)-1]
-					if len(stack) == 0 {
-						n.reconcile(n, inherited, map[string]bool{})
-					}
-				}
-			}
-			scope = scope[:len(scope)-1]
-			depth--
+			p.end()
 		case xml.CharData:
-			if len(stack) > 0 && strings.TrimSpace(string(t)) != "" {
-				parent := stack[len(stack)-1]
-				parent.kids = append(parent.kids, string(t))
-			}
+			p.text(t)
 		}
 	}
 	switch {
-	case depth > 0:
-		return root, nil, errors.New("premature end of data")
-	case root == "":
+	case p.depth > 0:
+		return p.root, nil, errors.New("premature end of data")
+	case p.root == "":
 		return "", nil, errors.New("start tag expected")
 	}
-	return root, meta, nil
+	return p.root, p.meta, nil
+}
+
+// docParser is parseDomainDoc's state between tokens.
+type docParser struct {
+	root  string
+	meta  []*xnode // nil until </metadata>, unless a child was kept
+	scope nsScope
+	stack []*xnode // open metadata elements
+	// bindings in scope at the current metadata child's start tag
+	inherited map[string]string
+	depth     int
+	inMeta    bool
+}
+
+func (p *docParser) start(t xml.StartElement) error {
+	p.depth++
+	frame := map[string]string{}
+	var decls, attrs []xml.Attr
+	for _, a := range t.Attr {
+		if prefix, ok := isDecl(a); ok {
+			frame[prefix] = a.Value
+			decls = append(decls, a)
+		} else {
+			attrs = append(attrs, a)
+		}
+	}
+	p.scope = append(p.scope, frame)
+	switch {
+	case p.depth == 1:
+		p.root = t.Name.Local
+		if t.Name.Space != "" {
+			p.root = t.Name.Space + ":" + t.Name.Local
+		}
+	case p.depth == 2 && t.Name.Space == "" && t.Name.Local == "metadata" && !p.inMeta && p.meta == nil:
+		p.inMeta = true
+	case p.inMeta:
+		return p.openMetaElement(t, decls, attrs)
+	}
+	return nil
+}
+
+// openMetaElement adds an element inside <metadata> to the tree: a child
+// of <metadata> itself only if sanitizing keeps it.
+func (p *docParser) openMetaElement(t xml.StartElement, decls, attrs []xml.Attr) error {
+	uri, ok := p.scope.resolve(t.Name.Space)
+	if !ok {
+		return fmt.Errorf("namespace prefix %q is not defined", t.Name.Space)
+	}
+	n := &xnode{uri: uri, prefix: t.Name.Space, local: t.Name.Local, decls: decls, attrs: attrs}
+	if len(p.stack) > 0 {
+		parent := p.stack[len(p.stack)-1]
+		parent.kids = append(parent.kids, n)
+	} else {
+		p.inherited = p.scope[:len(p.scope)-1].flatten()
+		if sanitized(p.meta, n) {
+			p.meta = append(p.meta, n)
+		}
+	}
+	p.stack = append(p.stack, n)
+	return nil
+}
+
+func (p *docParser) end() {
+	if p.inMeta {
+		p.closeMetaElement()
+	}
+	p.scope = p.scope[:len(p.scope)-1]
+	p.depth--
+}
+
+// closeMetaElement ends an element inside <metadata>, or <metadata> itself.
+func (p *docParser) closeMetaElement() {
+	if len(p.stack) == 0 {
+		p.inMeta = false // </metadata>
+		if p.meta == nil {
+			p.meta = []*xnode{} // remember metadata was seen
+		}
+		return
+	}
+	n := p.stack[len(p.stack)-1]
+	p.stack = p.stack[:len(p.stack)-1]
+	if len(p.stack) == 0 {
+		n.reconcile(n, p.inherited, map[string]bool{})
+	}
+}
+
+func (p *docParser) text(t xml.CharData) {
+	if len(p.stack) > 0 && strings.TrimSpace(string(t)) != "" {
+		parent := p.stack[len(p.stack)-1]
+		parent.kids = append(parent.kids, string(t))
+	}
 }
 
 // sanitized reports whether virXMLNodeSanitizeNamespaces keeps n next to meta.
