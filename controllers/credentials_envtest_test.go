@@ -105,12 +105,13 @@ var _ = Describe("credentials", func() {
 			Expect(strings.Contains(logged, leak)).To(BeFalse(), "the logs carry the password")
 		}
 
-		// Events are sent asynchronously by the recorder.
+		// Events are sent asynchronously by the recorder; on a loaded
+		// machine seconds after the fact.
 		events := &corev1.EventList{}
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.List(ctx, events, client.InNamespace(ns))).To(Succeed())
 			g.Expect(events.Items).NotTo(BeEmpty())
-		}).WithTimeout(10 * time.Second).Should(Succeed())
+		}).WithTimeout(30 * time.Second).Should(Succeed())
 		for _, ev := range events.Items {
 			for _, leak := range leaks {
 				Expect(strings.Contains(ev.Message, leak)).To(BeFalse(), "event %s %s carries the password", ev.Reason, ev.Message)
@@ -133,11 +134,13 @@ var _ = Describe("credentials", func() {
 		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "byo"},
 			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: h.name, Image: image}, Port: 3128, Access: access}}
 		Expect(k8sClient.Create(ctx, p)).To(Succeed())
+		// The credentials phase comes after placement and the image's:
+		// generous for a loaded machine.
 		Eventually(func(g Gomega) {
 			got := getProxy(ns, "byo")
 			g.Expect(conditions.GetReason(got, crawlv1.InstanceProvisionedCondition)).To(Equal(crawlv1.ProxyCredentialsMissingReason))
 			g.Expect(conditions.GetMessage(got, crawlv1.ReadyCondition)).To(ContainSubstring("Secret " + ns + "/crawler-credential (spec.access.auth.secretRef) not found"))
-		}).WithTimeout(10 * time.Second).Should(Succeed())
+		}).WithTimeout(30 * time.Second).Should(Succeed())
 		Expect(h.fake.DomainNames()).NotTo(ContainElement(ns+".byo"), "an instance was created without a credential")
 
 		const pass = "a-password-of-the-users-own-choosing"
