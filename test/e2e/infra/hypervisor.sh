@@ -101,6 +101,9 @@ case "$STATE" in
 	die "STATE_DIR must not be under a directory the host namespace overlays" ;;
 esac
 
+HOSTB=$STATE/hostb # host B (cmd_hostb_up)
+HOSTB_POOL=e2e-b
+
 # ---------------------------------------------------------------- helpers ----
 state_get() { # state_get KEY -> value ('' if absent)
 	[ -f "$STATE/state.env" ] || return 0
@@ -147,19 +150,36 @@ stop_pid() {
 	rm -f "$f"
 }
 
-holder_pid() { # PID holding the host's mount namespace, or fail
-	local ns
+# holder_pid [b]: PID holding the host's mount namespace (host B's with b),
+# or fail.
+holder_pid() {
+	local ns pidf=$STATE/run/holder.pid marker=pxe2e-holder
+	[ "${1:-}" = b ] && pidf=$HOSTB/run/holder.pid marker=pxe2e-hostb
 	ns=$(state_get NETNS)
-	[ -n "$ns" ] && pid_alive "$STATE/run/holder.pid" "pxe2e-holder-$ns" || return 1
-	cat "$STATE/run/holder.pid"
+	[ -n "$ns" ] && pid_alive "$pidf" "$marker-$ns" || return 1
+	cat "$pidf"
 }
 
-# in_host CMD...: run CMD inside the host's netns and mount namespace.
+# in_holder PID CMD...: run CMD in the network and mount namespaces PID holds.
+in_holder() {
+	local h=$1
+	shift
+	nsenter --target "$h" --mount --net -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+		HOME=/root LANG=C.UTF-8 LIBVIRT_DEFAULT_URI=qemu:///system "$@"
+}
+
+# in_host CMD...: run CMD inside the host's netns and mount namespace;
+# in_hostb CMD...: inside host B's.
 in_host() {
 	local h
 	h=$(holder_pid) || die "hypervisor in $STATE is not up"
-	nsenter --target "$h" --mount --net -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-		HOME=/root LANG=C.UTF-8 LIBVIRT_DEFAULT_URI=qemu:///system "$@"
+	in_holder "$h" "$@"
+}
+
+in_hostb() {
+	local h
+	h=$(holder_pid b) || die "host B in $STATE is not up"
+	in_holder "$h" "$@"
 }
 
 ensure_packages() {
@@ -468,7 +488,7 @@ cmd_down() {
 	[ -d "$STATE" ] || return 0
 	local ns p i
 	ns=$(state_get NETNS)
-	if hostb_holder_pid >/dev/null 2>&1 && pid_alive "$HOSTB/run/libvirtd.pid" libvirtd; then
+	if holder_pid b >/dev/null 2>&1 && pid_alive "$HOSTB/run/libvirtd.pid" libvirtd; then
 		for d in $(in_hostb virsh -q list --all --name 2>/dev/null); do
 			in_hostb virsh -q destroy "$d" >/dev/null 2>&1 || true
 			in_hostb virsh -q undefine "$d" --nvram --managed-save --snapshots-metadata >/dev/null 2>&1 ||
@@ -637,28 +657,11 @@ cmd_tmpfs_pool() {
 # they get the host network's DHCP and reach its probe server, and the
 # manager's probes reach them. Wedging one daemon leaves the other
 # answering. `down` removes it with the rest.
-HOSTB=$STATE/hostb
-HOSTB_POOL=e2e-b
-
-hostb_holder_pid() {
-	local ns
-	ns=$(state_get NETNS)
-	[ -n "$ns" ] && pid_alive "$HOSTB/run/holder.pid" "pxe2e-hostb-$ns" || return 1
-	cat "$HOSTB/run/holder.pid"
-}
-
-in_hostb() {
-	local h
-	h=$(hostb_holder_pid) || die "host B in $STATE is not up"
-	nsenter --target "$h" --mount --net -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-		HOME=/root LANG=C.UTF-8 LIBVIRT_DEFAULT_URI=qemu:///system "$@"
-}
-
 cmd_hostb_up() {
 	local ns h
 	ns=$(state_get NETNS)
 	h=$(holder_pid) || die "hypervisor in $STATE is not up"
-	if ! hostb_holder_pid >/dev/null 2>&1; then
+	if ! holder_pid b >/dev/null 2>&1; then
 		mkdir -p "$HOSTB"/{run,pool,varlog/libvirt/qemu} "$HOSTB"/libvirt/{etc,lib,cache,run}
 		write_libvirt_config "$HOSTB/libvirt/etc"
 		cat >"$HOSTB/run/holder.sh" <<EOF
@@ -679,11 +682,13 @@ EOF
 			bash "$HOSTB/run/holder.sh" </dev/null >"$STATE/logs/hostb-holder.log" 2>&1 &
 		echo $! >"$HOSTB/run/holder.pid"
 		for _ in $(seq 100); do [ -f "$HOSTB/run/holder.ready" ] && break || sleep 0.1; done
-		hostb_holder_pid >/dev/null || die "host B's namespace setup failed: $(cat "$STATE/logs/hostb-holder.log")"
+		holder_pid b >/dev/null || die "host B's namespace setup failed: $(cat "$STATE/logs/hostb-holder.log")"
 	fi
 	if ! pid_alive "$HOSTB/run/libvirtd.pid" libvirtd; then
-		in_hostb virtlogd -d -p "$HOSTB/run/virtlogd.pid"
-		in_hostb libvirtd -d -p "$HOSTB/run/libvirtd.pid"
+		# Not on our stdout: whoever reads it (the fault suite) would wait
+		# for the daemons.
+		in_hostb virtlogd -d -p "$HOSTB/run/virtlogd.pid" </dev/null >>"$STATE/logs/hostb-daemons.log" 2>&1
+		in_hostb libvirtd -d -p "$HOSTB/run/libvirtd.pid" </dev/null >>"$STATE/logs/hostb-daemons.log" 2>&1
 		for _ in $(seq 100); do
 			in_hostb virsh -q version >/dev/null 2>&1 && break || sleep 0.2
 		done
