@@ -263,19 +263,7 @@ func (f *Fake) Delay(rpc string, d time.Duration) {
 func (f *Fake) Block(rpc string) (release func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	h := f.hook(rpc)
-	if h.block == nil {
-		h.block = &gate{ch: make(chan struct{})}
-	}
-	g := h.block
-	return func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if h.block == g {
-			h.block = nil
-		}
-		g.open()
-	}
+	return f.closeGate(&f.hook(rpc).block)
 }
 
 // Stop makes the whole daemon stop answering, as SIGSTOP does to
@@ -286,15 +274,22 @@ func (f *Fake) Block(rpc string) (release func()) {
 func (f *Fake) Stop() (cont func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.stopped == nil {
-		f.stopped = &gate{ch: make(chan struct{})}
+	return f.closeGate(&f.stopped)
+}
+
+// closeGate puts a closed gate in *slot (keeping one already there) and
+// returns the idempotent func that opens it and takes it out. Call with
+// f.mu held.
+func (f *Fake) closeGate(slot **gate) (open func()) {
+	if *slot == nil {
+		*slot = &gate{ch: make(chan struct{})}
 	}
-	g := f.stopped
+	g := *slot
 	return func() {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		if f.stopped == g {
-			f.stopped = nil
+		if *slot == g {
+			*slot = nil
 		}
 		g.open()
 	}
