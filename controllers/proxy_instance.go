@@ -31,14 +31,15 @@ func (r *ProxyReconciler) reconcileInstance(ctx context.Context, s *proxyScope) 
 	if err := r.attachSquid(p, s.machine, s.creds); err != nil {
 		return r.fail(p, reasonFor(err), err)
 	}
+	// probeOnly after a call: the provider could not be asked; nothing to
+	// record, and the instance was not read.
 	if p.Status.ProviderID != "" {
-		// probeOnly now: the provider could not be asked; nothing to record.
 		if res, err := r.readRecorded(ctx, s); ends(res, err) || s.probeOnly {
 			return res, err
 		}
 	}
 	if s.instance == nil {
-		if res, err := r.createInstance(ctx, s); ends(res, err) {
+		if res, err := r.createInstance(ctx, s); ends(res, err) || s.probeOnly {
 			return res, err
 		}
 	}
