@@ -30,6 +30,7 @@ import (
 	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
 
@@ -53,6 +54,9 @@ type ProxyReconciler struct {
 	// squid's allowed sources with Basic auth (where they still need the
 	// credential). See proxyaccess.SquidConfig.
 	ProbeSourceCIDRs []string
+	// Plugins are the providers' plug-ins (Plugins): how a Proxy becomes
+	// its provider's Machine.
+	Plugins plugin.List
 
 	// ProbeInterval re-probes a Ready proxy.
 	ProbeInterval time.Duration
@@ -124,7 +128,7 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Opt
 func (r *ProxyReconciler) complete() error {
 	if err := requireDeps("ProxyReconciler", map[string]bool{
 		"Client": r.Client != nil, "APIReader": r.APIReader != nil, "Recorder": r.Recorder != nil,
-		"Prober": r.Prober != nil, "Registry": r.Registry != nil,
+		"Prober": r.Prober != nil, "Registry": r.Registry != nil, "Plugins": r.Plugins != nil,
 	}); err != nil {
 		return err
 	}
@@ -370,7 +374,7 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, s *proxyScope) (c
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if p.Spec.Provider == crawlv1.ProviderKVM && m.Host == "" {
+	if r.neverPlaced(p, m) {
 		// Never placed, so nothing was ever created.
 		r.Recorder.Eventf(p, "Normal", "Deleted", "never placed on a host; nothing to delete")
 		r.release(p)

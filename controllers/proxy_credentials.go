@@ -244,10 +244,7 @@ func credentialsURL(p *crawlv1.Proxy, c *credentials) string {
 	if p.Status.Address == "" {
 		return ""
 	}
-	port := p.Spec.Port
-	if port == 0 {
-		port = crawlv1.DefaultProxyPort
-	}
+	port := defaulted(&p.Spec).Port
 	u := url.URL{Scheme: "http", User: url.UserPassword(c.Username, c.Password), Host: net.JoinHostPort(p.Status.Address, strconv.Itoa(int(port)))}
 	return u.String()
 }

@@ -151,6 +151,7 @@ func testReconciler(t *testing.T, prober proxyprobe.Prober, clk *clocktesting.Fa
 		APIReader: c,
 		Recorder:  record.NewFakeRecorder(100),
 		Registry:  provider.NewRegistry(),
+		Plugins:   Plugins(),
 		Prober:    prober,
 		Tag:       "unit",
 	}
@@ -171,8 +172,8 @@ func TestReconcilersRejectMissingDependencies(t *testing.T) {
 		complete func() error
 		want     string
 	}{
-		{"Proxy", (&ProxyReconciler{Registry: provider.NewRegistry()}).complete, "ProxyReconciler: missing APIReader, Client, Prober, Recorder"},
-		{"ProxyPool", (&ProxyPoolReconciler{}).complete, "ProxyPoolReconciler: missing Client, Publisher, Recorder, Scheme"},
+		{"Proxy", (&ProxyReconciler{Registry: provider.NewRegistry()}).complete, "ProxyReconciler: missing APIReader, Client, Plugins, Prober, Recorder"},
+		{"ProxyPool", (&ProxyPoolReconciler{}).complete, "ProxyPoolReconciler: missing Client, Plugins, Publisher, Recorder, Scheme"},
 		{"KVMImage", (&KVMImageReconciler{JobContext: context.Background()}).complete, "KVMImageReconciler: missing Cacher, Client, Recorder"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -30,6 +30,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	poolfleet "crawl.example.com/proxy-operator/pkg/fleet"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
 
 // ProxyPoolReconciler keeps a ProxyPool's replicas (Proxies it owns) at
@@ -54,6 +55,9 @@ type ProxyPoolReconciler struct {
 	// RepublishInterval: an unchanged list is published again this often,
 	// so published objects changed by hand come back.
 	RepublishInterval time.Duration
+	// Plugins are the providers' plug-ins (Plugins): where a provider's
+	// replicas are placed.
+	Plugins plugin.List
 	// HostCheckInterval is the KVMHosts' default check interval: placement
 	// waits about that long for a running replica to show in its host's
 	// capacity figures.
@@ -110,6 +114,7 @@ func (r *ProxyPoolReconciler) SetupWithManager(mgr ctrl.Manager, opts controller
 func (r *ProxyPoolReconciler) complete() error {
 	if err := requireDeps("ProxyPoolReconciler", map[string]bool{
 		"Client": r.Client != nil, "Scheme": r.Scheme != nil, "Recorder": r.Recorder != nil, "Publisher": r.Publisher != nil,
+		"Plugins": r.Plugins != nil,
 	}); err != nil {
 		return err
 	}

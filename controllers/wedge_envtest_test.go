@@ -33,6 +33,10 @@ var _ = Describe("a KVM host whose libvirtd stops answering lookups", func() {
 		created := time.Now()
 		createProxy(ns, "wedged", h.name, image)
 		want := fmt.Sprintf("libvirt %s on host %s did not answer within %s", virt.RPCDomainLookupByName, h.name, virt.DefaultQueryDeadline)
+		// Every condition seen on the way, so a failure says what the
+		// reconcile reported instead.
+		var seen []string
+		last := ""
 		// Generous for a loaded machine, and far below the call's 10
 		// minutes: without per-RPC deadlines the reconcile is still
 		// waiting here.
@@ -40,8 +44,12 @@ var _ = Describe("a KVM host whose libvirtd stops answering lookups", func() {
 			p := getProxy(ns, "wedged")
 			c := conditions.Get(p, crawlv1.InstanceProvisionedCondition)
 			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal(crawlv1.ProxyTransientErrorReason), "message: %s", c.Message)
-			g.Expect(c.Message).To(ContainSubstring(want))
+			if now := c.Reason + ": " + c.Message; now != last {
+				last = now
+				seen = append(seen, fmt.Sprintf("%v %s", time.Since(created).Round(time.Millisecond), now))
+			}
+			g.Expect(c.Reason).To(Equal(crawlv1.ProxyTransientErrorReason), "seen: %q", seen)
+			g.Expect(c.Message).To(ContainSubstring(want), "seen: %q", seen)
 		}).WithTimeout(virt.DefaultQueryDeadline + time.Minute).WithPolling(100 * time.Millisecond).Should(Succeed())
 		GinkgoWriter.Printf("Proxy created -> transient error at the lookup's deadline in %v\n", time.Since(created))
 		Expect(h.fake.Blocked(virt.RPCDomainLookupByName)).To(BeNumerically(">=", 1), "the lookup was answered after all")
