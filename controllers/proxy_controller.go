@@ -156,8 +156,11 @@ func (r *ProxyReconciler) complete() error {
 	return nil
 }
 
-// DefaultProviderCallTimeout bounds one provider call. A kvm Create may
-// download and upload an image that is not cached yet, so it is generous.
+// DefaultProviderCallTimeout bounds one provider call as a whole. A kvm
+// Create may download and upload an image that is not cached yet, so it is
+// generous. For kvm it is only a backstop: each libvirt RPC of a call has
+// its own deadline (pkg/provider/kvm/virt/deadline.go), so a host that
+// stops answering holds a worker for one RPC's deadline, not for this.
 const DefaultProviderCallTimeout = 10 * time.Minute
 
 // providerCall is the context of one provider call.
