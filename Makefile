@@ -75,7 +75,7 @@ test-e2e: build ## Real end to end (root): a hypervisor in a netns, a Proxy VM b
 	test/e2e/run.sh
 
 .PHONY: test-faults
-test-faults: build ## Fault suite on the real test hypervisor (root): twelve faults, their invariants and figures (docs/reliability.md).
+test-faults: build ## Fault suite on the real test hypervisor (root): thirteen faults, their invariants and figures (docs/reliability.md).
 	E2E_SUITE=faults test/e2e/run.sh
 
 .PHONY: test-e2e-pool

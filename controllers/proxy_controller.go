@@ -156,8 +156,11 @@ func (r *ProxyReconciler) complete() error {
 	return nil
 }
 
-// DefaultProviderCallTimeout bounds one provider call. A kvm Create may
-// download and upload an image that is not cached yet, so it is generous.
+// DefaultProviderCallTimeout bounds one provider call as a whole. A kvm
+// Create may download and upload an image that is not cached yet, so it is
+// generous. For kvm it is only a backstop: each libvirt RPC of a call has
+// its own deadline (pkg/provider/kvm/virt/deadline.go), so a host that
+// stops answering holds a worker for one RPC's deadline, not for this.
 const DefaultProviderCallTimeout = 10 * time.Minute
 
 // providerCall is the context of one provider call.
@@ -385,6 +388,16 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, s *proxyScope) (c
 	callCtx, cancel := r.providerCall(ctx)
 	err = prov.Delete(callCtx, m)
 	cancel()
+	noteHost(p, err)
+	if errors.Is(err, provider.ErrUnavailable) {
+		// Not an error to back off from: the deletion waits for the host,
+		// without a worker, and the provider wakes it when the host
+		// answers.
+		conditions.Set(p, metav1.Condition{Type: crawlv1.DeletionBlockedCondition, Status: metav1.ConditionTrue,
+			Reason:  crawlv1.ProxyHostNotAnsweringReason,
+			Message: err.Error() + "; deletion waits for it, or set annotation " + crawlv1.SkipCleanupAnnotation + "=true to release without cleanup"})
+		return ctrl.Result{RequeueAfter: dependencyPoll}, nil
+	}
 	if err != nil {
 		var idErr *provider.IdentityError
 		if errors.As(err, &idErr) || provider.Class(err) == provider.ClassPermanent {

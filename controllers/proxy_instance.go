@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -30,14 +31,15 @@ func (r *ProxyReconciler) reconcileInstance(ctx context.Context, s *proxyScope) 
 	if err := r.attachSquid(p, s.machine, s.creds); err != nil {
 		return r.fail(p, reasonFor(err), err)
 	}
+	// probeOnly after a call: the provider could not be asked; nothing to
+	// record, and the instance was not read.
 	if p.Status.ProviderID != "" {
-		// probeOnly now: the provider could not be asked; nothing to record.
 		if res, err := r.readRecorded(ctx, s); ends(res, err) || s.probeOnly {
 			return res, err
 		}
 	}
 	if s.instance == nil {
-		if res, err := r.createInstance(ctx, s); ends(res, err) {
+		if res, err := r.createInstance(ctx, s); ends(res, err) || s.probeOnly {
 			return res, err
 		}
 	}
@@ -51,10 +53,12 @@ func (r *ProxyReconciler) reconcileInstance(ctx context.Context, s *proxyScope) 
 // leaves it nil for createInstance.
 func (r *ProxyReconciler) readRecorded(ctx context.Context, s *proxyScope) (ctrl.Result, error) {
 	p := s.proxy
-	inst, err := r.get(ctx, s.provider, s.machine)
+	inst, err := r.get(ctx, s)
 	switch {
 	case provider.Class(err) == provider.ClassNotFound:
 		return r.rebuild(ctx, p)
+	case errors.Is(err, provider.ErrUnavailable):
+		return r.hostNotAnswering(s, err)
 	case err != nil && provider.Class(err) == provider.ClassTransient && conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition):
 		// The provider could not be asked (host busy, link down, call
 		// deadline): that says nothing about an instance last seen
@@ -93,14 +97,20 @@ func (r *ProxyReconciler) createInstance(ctx context.Context, s *proxyScope) (ct
 	callCtx, cancel := r.providerCall(ctx)
 	created, err := s.provider.Create(callCtx, m)
 	cancel()
-	if err != nil {
+	noteHost(p, err)
+	switch {
+	case errors.Is(err, provider.ErrUnavailable):
+		return r.hostNotAnswering(s, err)
+	case err != nil:
 		return r.fail(p, reasonFor(err), err)
 	}
 	r.recordInstance(p, created)
-	inst, err := r.get(ctx, s.provider, m)
+	inst, err := r.get(ctx, s)
 	switch {
 	case provider.Class(err) == provider.ClassNotFound:
 		return r.rebuild(ctx, p)
+	case errors.Is(err, provider.ErrUnavailable):
+		return r.hostNotAnswering(s, err)
 	case err != nil:
 		return r.fail(p, reasonFor(err), err)
 	}
@@ -108,10 +118,45 @@ func (r *ProxyReconciler) createInstance(ctx context.Context, s *proxyScope) (ct
 	return ctrl.Result{}, nil
 }
 
-func (r *ProxyReconciler) get(ctx context.Context, prov provider.Provider, m *provider.Machine) (*provider.Instance, error) {
+// get reads s's instance.
+func (r *ProxyReconciler) get(ctx context.Context, s *proxyScope) (*provider.Instance, error) {
 	callCtx, cancel := r.providerCall(ctx)
 	defer cancel()
-	return prov.Get(callCtx, m)
+	inst, err := s.provider.Get(callCtx, s.machine)
+	noteHost(s.proxy, err)
+	return inst, err
+}
+
+// noteHost records what a provider call (its error, err) says of the
+// instance's host: HostUnavailable while the provider refuses to call it
+// (provider.ErrUnavailable), removed as soon as a call goes to the host,
+// whatever it returns.
+func noteHost(p *crawlv1.Proxy, err error) {
+	if errors.Is(err, provider.ErrUnavailable) {
+		conditions.Set(p, metav1.Condition{Type: crawlv1.HostUnavailableCondition, Status: metav1.ConditionTrue,
+			Reason: crawlv1.ProxyHostNotAnsweringReason, Message: err.Error()})
+		return
+	}
+	conditions.Delete(p, crawlv1.HostUnavailableCondition)
+}
+
+// hostNotAnswering ends a phase whose provider call was refused because the
+// instance's host does not answer (noteHost recorded it). What is known of
+// the instance stays: a provisioned Proxy goes on to be probed, its proxy
+// likely serving still (a hung libvirtd stops no guest), and is read again
+// when the host answers; the provider wakes it then, and its probe
+// schedule brings it back in any case. A Proxy without a provisioned
+// instance says why it waits, and is retried within dependencyPoll: no
+// worker waits on the host meanwhile.
+func (r *ProxyReconciler) hostNotAnswering(s *proxyScope, err error) (ctrl.Result, error) {
+	p := s.proxy
+	s.log.V(1).Info("host not answering; instance not read, keeping its last state", "providerID", p.Status.ProviderID, "err", err)
+	if conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition) {
+		s.probeOnly = true
+		return ctrl.Result{}, nil
+	}
+	r.setNotProvisioned(p, crawlv1.ProxyHostNotAnsweringReason, err.Error())
+	return ctrl.Result{RequeueAfter: dependencyPoll}, nil
 }
 
 // rebuild forgets an instance its host reports gone (the host answered, so

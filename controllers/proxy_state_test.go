@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"slices"
@@ -104,6 +105,10 @@ func running(addr string) func(*provider.Machine) (*provider.Instance, error) {
 func stopped(*provider.Machine) (*provider.Instance, error) {
 	return &provider.Instance{ProviderID: stateProviderID, Host: "node1", State: provider.StateStopped}, nil
 }
+
+// notAnswering is the kvm provider's refusal to call a host whose health
+// check got no answer.
+var notAnswering = fmt.Errorf("get: %w", &provider.UnavailableError{Place: `KVM host "hv1"`, Reason: "no answer to its health checks since 2026-12-05T05:47:11Z"})
 
 func failWith(err error) func(*provider.Machine) (*provider.Instance, error) {
 	return func(*provider.Machine) (*provider.Instance, error) { return nil, err }
@@ -209,6 +214,8 @@ func TestProxyStateMachine(t *testing.T) {
 		wantCond map[string]string // condition type → reason after the last step
 		// wantCondMsg: condition type → text its message contains after the last step.
 		wantCondMsg map[string]string
+		// wantNoCond: condition types absent after the last step.
+		wantNoCond []string
 	}{{
 		name: "no instance recorded: Create then Get, Ready",
 		prov: &scriptedProvider{create: running(stateAddress), get: running(stateAddress)},
@@ -306,6 +313,46 @@ func TestProxyStateMachine(t *testing.T) {
 			wantReason: crawlv1.ProxyReadyReason, wantMsg: "serving at " + stateEndpoint, wantRequeue: 200 * time.Millisecond}},
 		wantCond: map[string]string{crawlv1.InstanceProvisionedCondition: crawlv1.ProxyReadyReason},
 	}, {
+		// Issue 31: a host whose health check got no answer is not called;
+		// what is known of the instance stays, the proxy is still probed.
+		name: "Ready proxy on a host that does not answer: stays Ready and probed, HostUnavailable, no Create",
+		setup: func(p *crawlv1.Proxy) {
+			recorded(p)
+			p.Status.Address, p.Status.Endpoint = stateAddress, stateEndpoint
+			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason, Message: "running on node1"})
+			conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
+		},
+		prov: &scriptedProvider{get: failWith(notAnswering)},
+		steps: []step{{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+			wantReason: crawlv1.ProxyReadyReason, wantMsg: "serving at " + stateEndpoint, wantRequeue: time.Second}},
+		wantCond:    map[string]string{crawlv1.InstanceProvisionedCondition: crawlv1.ProxyReadyReason, crawlv1.HostUnavailableCondition: crawlv1.ProxyHostNotAnsweringReason},
+		wantCondMsg: map[string]string{crawlv1.InstanceProvisionedCondition: "running on node1", crawlv1.HostUnavailableCondition: `KVM host "hv1" is not answering`},
+	}, {
+		name: "no instance yet on a host that does not answer: waits without an error, created once it answers",
+		prov: &scriptedProvider{get: running(stateAddress), create: func() func(*provider.Machine) (*provider.Instance, error) {
+			n := 0
+			return func(m *provider.Machine) (*provider.Instance, error) {
+				if n++; n == 1 {
+					return nil, notAnswering
+				}
+				return running(stateAddress)(m)
+			}
+		}()},
+		steps: []step{
+			{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
+				wantReason: crawlv1.ProxyHostNotAnsweringReason, wantMsg: `KVM host "hv1" is not answering`, wantRequeue: dependencyPoll},
+			{wantCalls: []string{"Create", "Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+				wantReason: crawlv1.ProxyReadyReason, wantRequeue: time.Second},
+		},
+		wantNoCond: []string{crawlv1.HostUnavailableCondition},
+	}, {
+		name:  "provisioning proxy on a host that does not answer: keeps its instance, waits, no Create",
+		setup: recorded,
+		prov:  &scriptedProvider{get: failWith(notAnswering)},
+		steps: []step{{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyProvisioning, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyHostNotAnsweringReason, wantMsg: "not called until it answers", wantRequeue: dependencyPoll}},
+		wantCond: map[string]string{crawlv1.HostUnavailableCondition: crawlv1.ProxyHostNotAnsweringReason},
+	}, {
 		name: "transient Create error: retried with backoff, not Failed",
 		prov: &scriptedProvider{create: failWith(provider.Transientf("apiserver timeout"))},
 		steps: []step{{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
@@ -353,6 +400,31 @@ func TestProxyStateMachine(t *testing.T) {
 		steps: []step{{wantCalls: []string{"Delete"}, wantPhase: crawlv1.ProxyDeleting, wantReady: metav1.ConditionFalse,
 			wantReason: crawlv1.ProxyDeletingReason, wantMsg: "deleting instance " + stateProviderID, wantErr: true}},
 		wantCond: map[string]string{crawlv1.DeletionBlockedCondition: crawlv1.ProxyTransientErrorReason},
+	}, {
+		name:  "delete on a host that does not answer: DeletionBlocked HostNotAnswering, no error to back off from",
+		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },
+		prov:  &scriptedProvider{delete: func(*provider.Machine) error { return notAnswering }},
+		steps: []step{{wantCalls: []string{"Delete"}, wantPhase: crawlv1.ProxyDeleting, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyDeletingReason, wantRequeue: dependencyPoll}},
+		wantCond:    map[string]string{crawlv1.DeletionBlockedCondition: crawlv1.ProxyHostNotAnsweringReason, crawlv1.HostUnavailableCondition: crawlv1.ProxyHostNotAnsweringReason},
+		wantCondMsg: map[string]string{crawlv1.DeletionBlockedCondition: `KVM host "hv1" is not answering (no answer to its health checks since 2026-12-05T05:47:11Z); not called until it answers; deletion waits for it, or set annotation ` + crawlv1.SkipCleanupAnnotation + "=true"},
+	}, {
+		name:  "delete on a host that does not answer: DeletionBlocked, waits without an error, released once it answers",
+		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },
+		prov: &scriptedProvider{delete: func() func(*provider.Machine) error {
+			n := 0
+			return func(*provider.Machine) error {
+				if n++; n == 1 {
+					return notAnswering
+				}
+				return nil
+			}
+		}()},
+		steps: []step{
+			{wantCalls: []string{"Delete"}, wantPhase: crawlv1.ProxyDeleting, wantReady: metav1.ConditionFalse,
+				wantReason: crawlv1.ProxyDeletingReason, wantRequeue: dependencyPoll},
+			{wantCalls: []string{"Delete"}, wantGone: true},
+		},
 	}, {
 		name:  "IdentityError on Delete: DeletionBlocked, finalizer kept, no hot loop",
 		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },
@@ -451,6 +523,11 @@ func TestProxyStateMachine(t *testing.T) {
 			for typ, reason := range tc.wantCond {
 				if c := conditions.Get(got, typ); c == nil || c.Reason != reason {
 					t.Fatalf("%s = %+v, want reason %s", typ, c, reason)
+				}
+			}
+			for _, typ := range tc.wantNoCond {
+				if c := conditions.Get(got, typ); c != nil {
+					t.Fatalf("%s = %+v, want it gone", typ, c)
 				}
 			}
 			for typ, msg := range tc.wantCondMsg {

@@ -361,6 +361,7 @@ func setupKVM(ctx context.Context, mgr ctrl.Manager, k *KVMDeps, installID strin
 		Observer:           k.Observer,
 		MaxUploadsPerHost:  k.MaxUploadsPerHost,
 		MaxInFlightPerHost: orDefaultInt(k.MaxInFlightPerHost, max(1, proxyWorkers/4)),
+		CheckInterval:      k.CheckInterval,
 		Logger:             k.Logger,
 		OnImageUpload:      ObserveImageUpload,
 	}

@@ -20,8 +20,15 @@ const (
 	SecureCondition = "Secure"
 
 	// DeletionBlockedCondition (Proxy): deletion cannot converge without an
-	// operator, e.g. a same-named domain that is not this Proxy's.
+	// operator, e.g. a same-named domain that is not this Proxy's, or until
+	// the host the instance is on answers again (HostNotAnswering).
 	DeletionBlockedCondition = "DeletionBlocked"
+
+	// HostUnavailableCondition (Proxy): True while the provider does not
+	// call the host the instance is on (a KVM host whose health checks get
+	// no answer), so the Proxy keeps its last known instance state and
+	// its proxy is still probed. Removed once a call reaches the host.
+	HostUnavailableCondition = "HostUnavailable"
 )
 
 // KVMHost Ready reasons. The dial-stage reasons name where the connection
@@ -52,6 +59,11 @@ const (
 	ProxyPermanentErrorReason    = "PermanentError"
 	ProxyProviderDisabledReason  = "ProviderNotEnabled"
 	ProxyInstanceMissingReason   = "InstanceMissing"
+	// ProxyHostNotAnsweringReason (HostUnavailable; InstanceProvisioned
+	// while no instance serves; DeletionBlocked): the provider did not call
+	// the instance's host, which does not answer its health checks; retried
+	// when it does.
+	ProxyHostNotAnsweringReason = "HostNotAnswering"
 	// ProxyInstanceNotRunningReason (ProxyHealthy): the provider reported
 	// the instance not running; it is being started.
 	ProxyInstanceNotRunningReason = "InstanceNotRunning"

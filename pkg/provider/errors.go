@@ -19,6 +19,11 @@ var (
 	ErrPermanent = errors.New("permanent")
 	// ErrNotFound: the instance does not exist.
 	ErrNotFound = errors.New("not found")
+	// ErrUnavailable: the place the instance lives in (a KVM host, a zone)
+	// is known not to answer now, so the provider did not call it. It is
+	// transient and says nothing about the instance. UnavailableError
+	// carries the place and why.
+	ErrUnavailable = errors.New("unavailable")
 )
 
 // ErrorClass is the outcome of Class.
@@ -106,3 +111,25 @@ func (e *IdentityError) Error() string {
 }
 
 func (e *IdentityError) Is(target error) bool { return target == ErrPermanent }
+
+// UnavailableError is a provider's verdict that the place an instance lives
+// in does not answer (its health checks time out): the call failed at once,
+// without asking it, rather than spending a deadline on it. The Proxy keeps
+// its last known state and is retried when the place answers again. It
+// matches ErrUnavailable and ErrTransient.
+type UnavailableError struct {
+	// Place names it, e.g. `KVM host "hv1"`.
+	Place string
+	// Reason says what the provider knows, e.g. "no answer to its health
+	// checks since 2026-12-05T05:47:11Z". Stable while the outage lasts, so
+	// a condition carrying it is not rewritten at every retry.
+	Reason string
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("%s is not answering (%s); not called until it answers", e.Place, e.Reason)
+}
+
+func (e *UnavailableError) Is(target error) bool {
+	return target == ErrUnavailable || target == ErrTransient
+}

@@ -22,6 +22,7 @@ func TestClass(t *testing.T) {
 		{"wrapped permanent", fmt.Errorf("create: %w", Permanentf("x")), ClassPermanent},
 		{"identity error is permanent", &IdentityError{Kind: "domain", Name: "d", Mismatch: "uid"}, ClassPermanent},
 		{"deadline", context.DeadlineExceeded, ClassTransient},
+		{"unavailable is transient", fmt.Errorf("get: %w", &UnavailableError{Place: `KVM host "hv1"`, Reason: "no answer"}), ClassTransient},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -46,6 +47,21 @@ func TestClassedKeepsMessageAndCause(t *testing.T) {
 	}
 	if Transient(nil) != nil {
 		t.Errorf("Transient(nil) must be nil")
+	}
+}
+
+// TestUnavailableError: a refusal names the place and why, is transient
+// (retried, never Failed) and is told apart from other transient errors.
+func TestUnavailableError(t *testing.T) {
+	err := fmt.Errorf("get: %w", &UnavailableError{Place: `KVM host "hv1"`, Reason: "no answer to its health checks since 2026-12-05T05:47:11Z"})
+	if want := `get: KVM host "hv1" is not answering (no answer to its health checks since 2026-12-05T05:47:11Z); not called until it answers`; err.Error() != want {
+		t.Errorf("message %q, want %q", err, want)
+	}
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrTransient) || !HasClass(err) {
+		t.Errorf("%v must match ErrUnavailable and ErrTransient", err)
+	}
+	if errors.Is(Transientf("host busy"), ErrUnavailable) {
+		t.Errorf("a plain transient error must not read as unavailable")
 	}
 }
 

@@ -9,17 +9,23 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
 	"golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -625,5 +631,195 @@ func (f *fakeSSHPort) Answer() error {
 func (f *fakeSSHPort) Close() {
 	if f.ln != nil {
 		_ = f.ln.Close()
+	}
+}
+
+// idleDomainXML is a domain that boots nothing and costs nothing while it
+// runs (SeaBIOS finds no boot device and halts, never rebooting), carrying
+// the operator's metadata for p, so the operator takes it for p's instance.
+func idleDomainXML(p *crawlv1.Proxy, tag, installID string) string {
+	md := domxml.Metadata{ManagedBy: domxml.ManagedBy, Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Tag: tag, InstallID: installID}
+	return fmt.Sprintf(`<domain type='qemu'><name>%s</name><metadata>%s</metadata><memory unit='MiB'>32</memory><vcpu>1</vcpu>`+
+		`<os><type arch='x86_64' machine='pc'>hvm</type><bios rebootTimeout='-1'/></os><devices></devices></domain>`,
+		domxml.DomainName(p.Namespace, p.Name), md.XML())
+}
+
+// installID is the install id the run's manager writes on its domains (the
+// UID of kube-system: no --install-id is given).
+func installID(ctx context.Context) string {
+	ns := &corev1.Namespace{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Name: "kube-system"}, ns)).To(Succeed())
+	return string(ns.UID)
+}
+
+// bridgeOf names the bridge of the host's libvirt network.
+func bridgeOf(ctx context.Context, network string) string {
+	out, err := e2eutil.Virsh(ctx, hv, "net-info", network)
+	Expect(err).NotTo(HaveOccurred())
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "Bridge:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	Fail("no bridge in net-info " + network + ": " + out)
+	return ""
+}
+
+// roundTrip is one create → instance recorded → delete → gone of a Proxy,
+// timed from each API write to the manager's answer to it.
+type roundTrip struct {
+	Name              string
+	Recorded, Deleted time.Duration
+}
+
+// roundTrips creates Proxies named prefix-N on host one after another,
+// each deleted once its instance is recorded, until n are done or, with n
+// 0, until until has passed.
+func roundTrips(ctx context.Context, host, prefix string, n int, until time.Time) []roundTrip {
+	GinkgoHelper()
+	var out []roundTrip
+	for i := 0; n > 0 && i < n || n == 0 && time.Now().Before(until); i++ {
+		p := objs.NewProxy(fmt.Sprintf("%s-%d", prefix, i), 1, "512Mi")
+		p.Spec.Placement.Host = host
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		created := time.Now()
+		Eventually(instanceRecorded(client.ObjectKeyFromObject(p))).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(100 * time.Millisecond).Should(Succeed())
+		rt := roundTrip{Name: p.Name, Recorded: time.Since(created)}
+		Expect(k8s.Delete(ctx, p)).To(Succeed())
+		deleted := time.Now()
+		Eventually(gone(k8s, p)).WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(100 * time.Millisecond).Should(Succeed())
+		rt.Deleted = time.Since(deleted)
+		GinkgoWriter.Printf("%s: instance recorded %s after creation, gone %s after deletion\n", p.Name, e2eutil.Seconds(rt.Recorded), e2eutil.Seconds(rt.Deleted))
+		out = append(out, rt)
+	}
+	return out
+}
+
+// slowest is the longest create → recorded and delete → gone of rts.
+func slowest(rts []roundTrip) (recorded, deleted time.Duration) {
+	for _, rt := range rts {
+		recorded, deleted = max(recorded, rt.Recorded), max(deleted, rt.Deleted)
+	}
+	return recorded, deleted
+}
+
+// probeTimes collects the distinct status.probe.lastProbeTime values of
+// the Proxy at key, polled every second until ctx ends.
+func probeTimes(ctx context.Context, key client.ObjectKey) func() []time.Time {
+	var mu sync.Mutex
+	var seen []time.Time
+	go func() {
+		for ctx.Err() == nil {
+			p := &crawlv1.Proxy{}
+			if err := k8s.Get(ctx, key, p); err == nil && p.Status.Probe != nil && p.Status.Probe.LastProbeTime != nil {
+				t := p.Status.Probe.LastProbeTime.Time
+				mu.Lock()
+				if len(seen) == 0 || !t.Equal(seen[len(seen)-1]) {
+					seen = append(seen, t)
+				}
+				mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return func() []time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+}
+
+// longestGap is the longest time between two consecutive times of ts
+// (sorted) that lies in [from, to], counting from from and up to to.
+func longestGap(ts []time.Time, from, to time.Time) time.Duration {
+	var gap time.Duration
+	last := from
+	for _, t := range ts {
+		if t.Before(from) || t.After(to) {
+			continue
+		}
+		gap = max(gap, t.Sub(last))
+		last = t
+	}
+	return max(gap, to.Sub(last))
+}
+
+// reconcileBuckets reads the Proxy controller's reconcile-time histogram:
+// the cumulative count of reconciles at each bucket bound (seconds, +Inf
+// included).
+func reconcileBuckets(ctx context.Context) map[float64]float64 {
+	m, err := op.Metrics(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	re := regexp.MustCompile(`^controller_runtime_reconcile_time_seconds_bucket\{controller="proxy",le="([^"]+)"\} (\S+)$`)
+	out := map[float64]float64{}
+	for _, line := range strings.Split(m, "\n") {
+		if g := re.FindStringSubmatch(line); g != nil {
+			le, err1 := strconv.ParseFloat(g[1], 64)
+			n, err2 := strconv.ParseFloat(g[2], 64)
+			if err1 == nil && err2 == nil {
+				out[le] = n
+			}
+		}
+	}
+	Expect(out).To(HaveKey(math.Inf(1)), "the manager's Proxy reconcile histogram")
+	return out
+}
+
+// slowestBucket is the smallest bucket bound (seconds) every reconcile
+// between the snapshots before and after fits under, and how many
+// reconciles there were.
+func slowestBucket(before, after map[float64]float64) (bound float64, n float64) {
+	n = after[math.Inf(1)] - before[math.Inf(1)]
+	bounds := slices.Sorted(maps.Keys(after))
+	for _, le := range bounds {
+		if after[le]-before[le] == n {
+			return le, n
+		}
+	}
+	return math.Inf(1), n
+}
+
+// sampleGauge polls a gauge of the manager's metrics every second until
+// ctx ends; it returns the highest value seen so far.
+func sampleGauge(ctx context.Context, name string, labels ...string) func() float64 {
+	var mu sync.Mutex
+	var top float64
+	go func() {
+		for ctx.Err() == nil {
+			if m, err := op.Metrics(ctx); err == nil {
+				v := e2eutil.CounterSum(m, name, labels...)
+				mu.Lock()
+				top = max(top, v)
+				mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return top
+	}
+}
+
+// poke changes an annotation of each Proxy, which the Proxy controller
+// reconciles at once: a wave of events, as a resync or a burst of libvirt
+// events makes.
+func poke(ctx context.Context, keys []client.ObjectKey) {
+	GinkgoHelper()
+	stamp := time.Now().Format(time.RFC3339Nano)
+	for _, key := range keys {
+		updateWithRetry(ctx, key, func(p *crawlv1.Proxy) {
+			if p.Annotations == nil {
+				p.Annotations = map[string]string{}
+			}
+			p.Annotations["e2e.crawl.example.com/poked"] = stamp
+		})
 	}
 }

@@ -818,4 +818,196 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		b.Stop()
 		installB = nil
 	}, NodeTimeout(15*time.Minute))
+
+	It("13: libvirtd wedged for 2 minutes under 24 Proxies while a second host's Proxies are created, deleted and probed: that host keeps its latency, no worker is held, everything converges", func(ctx SpecContext) {
+		const (
+			onA   = 24 // more than the manager's 16 Proxy workers
+			wedge = 2 * time.Minute
+			// longestCall is the longest per-RPC deadline (start, resume,
+			// destroy; an upload's no-progress bound): no worker may be held
+			// longer. The reconcile histogram's last bound, 60 s, is below it.
+			longestCall = 2 * time.Minute
+		)
+		begin(ctx, 13, fmt.Sprintf("libvirtd wedged (SIGSTOP for %s, sshd alive) with %d Proxies' domains on the host, every one poked at the wedge's start; host B (a second libvirtd behind the same sshd) has a serving Proxy while Proxies are created and deleted on it", wedge, onA),
+			"host B's create → instance recorded and delete → gone within max(3× their slowest before the wedge, 60 s), its serving Proxy Ready, serving and probed throughout; no Proxy reconcile longer than 60 s; the wedged host's Proxies say HostNotAnswering, keep their instances and make no call once its check says Timeout; after SIGCONT each converges to its same domain, nothing lost or made twice")
+		if mainProxy != nil {
+			waitServing(ctx, obs)
+		}
+
+		// Host B and a serving Proxy on it.
+		b, socket, err := lh.HostB(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		bridge := bridgeOf(ctx, cfg.Network)
+		hostB := createHost(ctx, "hostb", func(s *crawlv1.KVMHostSpec) {
+			s.SocketPath, s.StoragePool = socket, e2eutil.HostBPool
+			s.NetworkMode, s.Network = crawlv1.NetworkModeBridge, bridge
+		})
+		defer func() { deleteHost(context.WithoutCancel(ctx), hostB.Name) }()
+		waitHostReason(ctx, hostB.Name, cfg.HostReadyTimeout, hostReady)
+		Eventually(imageVerified(k8s, objs.Image.Name, hostB.Name)).WithContext(ctx).WithTimeout(cfg.ImageTimeout).WithPolling(time.Second).Should(Succeed())
+		serving := objs.NewProxy("squid-b-serving", 1, "512Mi")
+		serving.Spec.Placement.Host = hostB.Name
+		Expect(k8s.Create(ctx, serving)).To(Succeed())
+		servingKey := client.ObjectKeyFromObject(serving)
+		defer func() { _ = client.IgnoreNotFound(k8s.Delete(context.WithoutCancel(ctx), serving)) }()
+		// No libvirt view: host B's guests have no lease on a libvirt
+		// network of its daemon, so the observer asks status.address.
+		obsB := e2eutil.Observe(context.Background(), e2eutil.ObserverConfig{Client: k8s, Proxy: servingKey, Target: cfg.ProbeURL})
+		defer obsB.Stop()
+		// Bridged: its address is the guest agent's, not a lease of the
+		// host's network (CheckReadyProxy's rule).
+		Eventually(func(ctx context.Context) error {
+			got := getProxy(ctx, servingKey)
+			if got.Status.Phase != crawlv1.ProxyReady || !strings.HasPrefix(got.Status.ProviderID, "kvm://"+hostB.Name+"/") {
+				return fmt.Errorf("Proxy on host B is %s (%s): %s", got.Status.Phase, got.Status.ProviderID, e2eutil.CondString(got, crawlv1.ReadyCondition))
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(time.Second).Should(Succeed())
+		waitServing(ctx, obsB)
+		row.note("host B: KVMHost %s, libvirt socket %s, pool %s, bridge %s; its serving Proxy booted in %s", hostB.Name, socket, e2eutil.HostBPool, bridge,
+			e2eutil.Seconds(time.Since(obsB.Started())))
+
+		// Host A's Proxies: idle domains the test defines with the
+		// operator's metadata (its Create finds them and records them),
+		// waiting for an address as booting guests do: every one is read
+		// every provision poll. Their KVMImage comes last, so none is
+		// created by the operator before its domain exists.
+		idleImage := objs.Image.DeepCopy()
+		idleImage.ObjectMeta = metav1.ObjectMeta{Name: objs.Image.Name + "-idle"}
+		var keys []client.ObjectKey
+		var files []string
+		tag, install := "pxe2e-"+runID, installID(ctx)
+		for i := range onA {
+			p := objs.NewProxy(fmt.Sprintf("squid-idle-%02d", i), 1, "512Mi")
+			p.Spec.Placement.Image = idleImage.Name
+			Expect(k8s.Create(ctx, p)).To(Succeed())
+			keys = append(keys, client.ObjectKeyFromObject(p))
+			f := filepath.Join(cfg.StateDir, "run", p.Name+".xml")
+			Expect(os.WriteFile(f, []byte(idleDomainXML(p, tag, install)), 0o644)).To(Succeed())
+			files = append(files, f)
+		}
+		defer func() {
+			for _, k := range keys {
+				_ = client.IgnoreNotFound(k8s.Delete(context.WithoutCancel(ctx), &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}))
+			}
+		}()
+		_, err = hv.Run(ctx, append([]string{"sh", "-c", `for f; do virsh -q -c qemu:///system define "$f" >/dev/null && virsh -q -c qemu:///system start "$(basename "$f" .xml | sed "s/^/` + objs.Namespace.Name + `./")" >/dev/null || exit 1; done`, "define"}, files...)...)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8s.Create(ctx, idleImage)).To(Succeed())
+		defer func() { _ = client.IgnoreNotFound(k8s.Delete(context.WithoutCancel(ctx), idleImage)) }()
+		instances := map[client.ObjectKey]string{}
+		Eventually(func(ctx context.Context) error {
+			for _, k := range keys {
+				got := getProxy(ctx, k)
+				if got.Status.ProviderID == "" || conditions.GetReason(got, crawlv1.InstanceProvisionedCondition) != crawlv1.ProxyWaitingForAddressReason {
+					return fmt.Errorf("%s: %s", k.Name, e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+				}
+				instances[k] = got.Status.ProviderID
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		for _, k := range keys {
+			checkOneDomain(ctx, getProxy(ctx, k), domxml.DomainName(k.Namespace, k.Name))
+		}
+
+		// Host B's latency before the wedge.
+		base := roundTrips(ctx, hostB.Name, "squid-b-before", 2, time.Time{})
+		baseRecorded, baseDeleted := slowest(base)
+		row.note("host B before the wedge: create → recorded ≤ %s, delete → gone ≤ %s (%d round trips)", e2eutil.Seconds(baseRecorded), e2eutil.Seconds(baseDeleted), len(base))
+
+		// The wedge, and a wave of reconciles of every Proxy on the host.
+		wctx, stopSampling := context.WithCancel(ctx)
+		defer stopSampling()
+		busiest := sampleGauge(wctx, "controller_runtime_active_workers", `controller="proxy"`)
+		probed := probeTimes(wctx, servingKey)
+		histBefore := reconcileBuckets(ctx)
+		stopped := time.Now()
+		Expect(lh.Libvirtd(ctx, "stop")).To(Succeed())
+		defer func() { _ = lh.Libvirtd(context.WithoutCancel(ctx), "cont") }()
+		poke(ctx, keys)
+		bound := cfg.CheckInterval + cfg.CheckTimeout + statusSlack
+		c := detectHost(ctx, stopped, 2*bound, hostFailedWith(crawlv1.HostTimeoutReason), "SIGSTOP → KVMHost Timeout", row)
+		row.note("host A: %q", c.Message)
+		Eventually(func(ctx context.Context) error {
+			for _, k := range keys {
+				got := getProxy(ctx, k)
+				if conditions.GetReason(got, crawlv1.HostUnavailableCondition) != crawlv1.ProxyHostNotAnsweringReason {
+					return fmt.Errorf("%s: HostUnavailable is %s", k.Name, e2eutil.CondString(got, crawlv1.HostUnavailableCondition))
+				}
+				if got.Status.ProviderID != instances[k] {
+					return StopTrying(fmt.Sprintf("%s: instance %q, was %q", k.Name, got.Status.ProviderID, instances[k]))
+				}
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(bound + time.Minute).WithPolling(time.Second).Should(Succeed())
+		turnedAway := time.Now()
+		row.note("every Proxy of host A said HostNotAnswering %s after SIGSTOP", e2eutil.Seconds(turnedAway.Sub(stopped)))
+		during := roundTrips(ctx, hostB.Name, "squid-b-during", 0, stopped.Add(wedge-30*time.Second))
+		time.Sleep(time.Until(stopped.Add(wedge)))
+		thawed := time.Now()
+		Expect(lh.Libvirtd(ctx, "cont")).To(Succeed())
+
+		// After: the host answers, its Proxies converge to what they were.
+		hostHealed(ctx, thawed, 2*bound, "SIGCONT → KVMHost Ready", row)
+		Eventually(func(ctx context.Context) error {
+			for _, k := range keys {
+				got := getProxy(ctx, k)
+				// Still waiting for an address, as before (AddressTimeout
+				// too, on a machine slow enough to take its 10 minutes).
+				if r := conditions.GetReason(got, crawlv1.InstanceProvisionedCondition); conditions.Get(got, crawlv1.HostUnavailableCondition) != nil ||
+					r != crawlv1.ProxyWaitingForAddressReason && r != crawlv1.ProxyAddressTimeoutReason {
+					return fmt.Errorf("%s: %s; %s", k.Name, e2eutil.CondString(got, crawlv1.HostUnavailableCondition), e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+				}
+				if got.Status.ProviderID != instances[k] {
+					return StopTrying(fmt.Sprintf("%s: instance %q, was %q", k.Name, got.Status.ProviderID, instances[k]))
+				}
+			}
+			return nil
+		}).WithContext(ctx).WithTimeout(2*bound + time.Minute).WithPolling(time.Second).Should(Succeed())
+		converged := time.Now()
+		row.recovered(thawed, converged, fmt.Sprintf("SIGCONT → all %d Proxies of host A read again, same instances", onA))
+		stopSampling()
+		histAfter := reconcileBuckets(ctx)
+		for _, k := range keys {
+			checkOneDomain(ctx, getProxy(ctx, k), domxml.DomainName(k.Namespace, k.Name))
+		}
+
+		// The figures.
+		duringRecorded, duringDeleted := slowest(during)
+		gap := longestGap(probed(), stopped, thawed)
+		le, n := slowestBucket(histBefore, histAfter)
+		workers := busiest()
+		row.note("host B during the wedge: %d round trips, slowest create → recorded %s, delete → gone %s; its serving Proxy probed at most %s apart",
+			len(during), e2eutil.Seconds(duringRecorded), e2eutil.Seconds(duringDeleted), e2eutil.Seconds(gap))
+		row.note("SIGSTOP → all settled: %.0f Proxy reconciles, every one ≤ %gs; at most %.0f of 16 Proxy workers busy at once", n, le, workers)
+		record("fault13_b_create_before", baseRecorded, "(slowest create → instance recorded on host B before the wedge)")
+		record("fault13_b_create_during", duringRecorded, "(slowest create → instance recorded on host B during the wedge)")
+		record("fault13_b_delete_before", baseDeleted, "(slowest delete → gone on host B before the wedge)")
+		record("fault13_b_delete_during", duringDeleted, "(slowest delete → gone on host B during the wedge)")
+		record("fault13_b_probe_gap", gap, "(longest time between two probes of host B's serving Proxy during the wedge)")
+		record("fault13_a_turned_away", turnedAway.Sub(stopped), "(SIGSTOP → every Proxy of host A HostNotAnswering)")
+		record("fault13_a_converged", converged.Sub(thawed), "(SIGCONT → every Proxy of host A read again)")
+		Expect(len(during)).To(BeNumerically(">=", 2), "round trips on host B during the wedge")
+		Expect(duringRecorded).To(BeNumerically("<=", max(3*baseRecorded, time.Minute)), "host B's creates kept their latency")
+		Expect(duringDeleted).To(BeNumerically("<=", max(3*baseDeleted, time.Minute)), "host B's deletes kept their latency")
+		Expect(gap).To(BeNumerically("<=", 3*e2eutil.ProxyProbeInterval), "host B's serving Proxy kept being probed")
+		Expect(le).To(BeNumerically("<=", 60), "no Proxy reconcile held its worker past 60 s (the longest per-call deadline is %s)", longestCall)
+		checkServedThrough(ctx, obsB, stopped, thawed, row)
+		if mainProxy != nil {
+			checkServedThrough(ctx, obs, stopped, thawed, row)
+		}
+
+		// Everything goes; host B keeps nothing of its Proxies.
+		for _, k := range keys {
+			deleteAndWait(ctx, getProxy(ctx, k))
+		}
+		deleteAndWait(ctx, getProxy(ctx, servingKey))
+		refs, err := e2eutil.ProxyRefs(ctx, k8s)
+		Expect(err).NotTo(HaveOccurred())
+		invB, err := e2eutil.TakeInventory(ctx, b, e2eutil.HostBPool)
+		Expect(err).NotTo(HaveOccurred())
+		auditB := invB.Audit(refs, e2eutil.Foreign{})
+		row.note("host B after: %s", auditB.String())
+		Expect(auditB.Leaks()).To(BeZero(), "host B: %s", auditB.String())
+	}, NodeTimeout(45*time.Minute))
 })

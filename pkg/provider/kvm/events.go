@@ -21,6 +21,10 @@ type DomainEvent struct {
 	// AgentConnected says the guest agent just connected: its addresses can
 	// be read now rather than at the next provision poll.
 	AgentConnected bool
+	// HostAnswers says the host answers its health check again after the
+	// Proxy was turned away while it did not (provider.UnavailableError):
+	// its instance can be read again now.
+	HostAnswers bool
 }
 
 // Events delivers lifecycle events of domains named like Proxies. When the

@@ -3,6 +3,8 @@ package kvm
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -83,3 +85,94 @@ type CachedImage struct {
 
 // Progress reports bytes downloaded so far and the total (-1 when unknown).
 type Progress func(done, total int64)
+
+// A host whose health check gets no answer (Reason Timeout: libvirtd
+// stopped or hung behind a live sshd, a blackholed host) is not called by
+// Create, Get, Delete or the sweep while that verdict stands: each fails at
+// once with a provider.UnavailableError instead of spending an RPC
+// deadline, and holding a worker, on a daemon that does not answer. The
+// Proxies turned away are woken (a DomainEvent each) by the check that
+// finds the host answering again, which is also its KVMHost's Ready
+// transition.
+//
+// A verdict stands for verdictIntervals check intervals of its host after
+// the check that gave it. A host that stays wedged renews it at every
+// check (a check that finds the previous one still hanging reports Timeout
+// at once, ErrProbeBusy); a check that gets any answer ends it. So it
+// lapses only when the host is no longer checked, and then calls go to the
+// host again, each RPC bounded by its deadline. A host never checked (just
+// added, the manager just started) is called as any other.
+const verdictIntervals = 3
+
+// notAnswering is a host whose health checks get no answer.
+type notAnswering struct {
+	since   time.Time // the first check of this outage that got none
+	checked time.Time // the latest
+	// waiting are the Proxies turned away meanwhile.
+	waiting map[proxyKey]struct{}
+}
+
+type proxyKey struct{ namespace, name string }
+
+// noteHealth records the verdict of a health check of host (err from
+// Probe): Timeout starts or renews a not-answering verdict; anything else
+// ends it and wakes the Proxies it turned away.
+func (p *Provider) noteHealth(host string, err error) {
+	now := p.opts.Clock.Now()
+	p.mu.Lock()
+	v := p.notAnswering[host]
+	if Reason(err) == crawlv1.HostTimeoutReason {
+		if v == nil {
+			v = &notAnswering{since: now, waiting: map[proxyKey]struct{}{}}
+			p.notAnswering[host] = v
+		}
+		v.checked = now
+		p.mu.Unlock()
+		return
+	}
+	delete(p.notAnswering, host)
+	p.mu.Unlock()
+	if v == nil || len(v.waiting) == 0 {
+		return
+	}
+	p.opts.Logger.Info("host answers its health check again; waking the Proxies turned away", "host", host, "proxies", len(v.waiting))
+	for k := range v.waiting {
+		p.send(DomainEvent{Host: host, Namespace: k.namespace, Name: k.name, HostAnswers: true})
+	}
+}
+
+// forgetHealth drops what is known of host's health (the host is gone).
+func (p *Provider) forgetHealth(host string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.notAnswering, host)
+}
+
+// refuseNotAnswering returns a provider.UnavailableError when host's
+// health check got no answer and that verdict stands, and notes waiter
+// (if any) to wake when the host answers.
+func (p *Provider) refuseNotAnswering(host string, hs HostSpec, waiter *provider.Machine) error {
+	now := p.opts.Clock.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v := p.notAnswering[host]
+	if v == nil || !p.stands(v, hs.CheckInterval, now) {
+		return nil
+	}
+	if waiter != nil {
+		v.waiting[proxyKey{waiter.Namespace, waiter.Name}] = struct{}{}
+	}
+	return &provider.UnavailableError{
+		Place:  fmt.Sprintf("KVM host %q", host),
+		Reason: "no answer to its health checks since " + v.since.UTC().Format(time.RFC3339),
+	}
+}
+
+// stands: v is recent enough to act on, for a host checked every interval
+// (0: the provider's default).
+func (p *Provider) stands(v *notAnswering, interval time.Duration, now time.Time) bool {
+	if interval <= 0 {
+		interval = p.opts.CheckInterval
+	}
+	return now.Sub(v.checked) < verdictIntervals*interval
+}

@@ -79,6 +79,9 @@ func (k *KubeHosts) spec(h *crawlv1.KVMHost) HostSpec {
 		hs.Conn.MaterialRevision = "secret:" + ref.Namespace + "/" + ref.Name
 		hs.Material = k.secretMaterial(*ref)
 	}
+	if s.CheckInterval != nil {
+		hs.CheckInterval = s.CheckInterval.Duration
+	}
 	if hs.Material == nil {
 		hs.Material = func(context.Context) (*conn.Material, error) {
 			return nil, provider.Transientf("no SSH material for host %q: set spec.sshKeySecretRef or the manager's --ssh-key-dir", h.Name)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -71,5 +72,28 @@ func TestKubeHostsReadSecretsOnlyInTheirNamespace(t *testing.T) {
 	}
 	if _, err := hs.Material(ctx); provider.Class(err) != provider.ClassTransient || secrets.secretGets != 1 {
 		t.Fatalf("material of a missing Secret in the manager's namespace: %v (class %s, %d gets), want transient after one read", err, provider.Class(err), secrets.secretGets)
+	}
+}
+
+// TestKubeHostsCheckInterval: a KVMHost's own check interval reaches the
+// provider, which times its health verdicts by it; without one the
+// provider's default applies (0).
+func TestKubeHostsCheckInterval(t *testing.T) {
+	sch := runtime.NewScheme()
+	if err := crawlv1.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	own := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "own"},
+		Spec: crawlv1.KVMHostSpec{Address: "hv:22", CheckInterval: &metav1.Duration{Duration: 2 * time.Minute}}}
+	def := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: crawlv1.KVMHostSpec{Address: "hv:22"}}
+	k := &kvm.KubeHosts{Reader: fake.NewClientBuilder().WithScheme(sch).WithObjects(own, def).Build()}
+	for name, want := range map[string]time.Duration{"own": 2 * time.Minute, "default": 0} {
+		hs, err := k.Host(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hs.CheckInterval != want {
+			t.Errorf("%s: CheckInterval %s, want %s", name, hs.CheckInterval, want)
+		}
 	}
 }

@@ -20,7 +20,17 @@ import (
 // ctx (the check timeout, which a KVMHost may set) is the probe's only
 // bound: its RPCs get no per-RPC deadlines (Options.RPCDeadlines), which
 // would cut a longer check timeout short.
+//
+// The verdict also decides whether the Proxies' calls go to the host: one
+// that got no answer (Reason Timeout) turns them away until a check gets
+// one (see refuseNotAnswering).
 func (p *Provider) Probe(ctx context.Context, host string) (HostHealth, error) {
+	h, err := p.checkHost(ctx, host)
+	p.noteHealth(host, err)
+	return h, err
+}
+
+func (p *Provider) checkHost(ctx context.Context, host string) (HostHealth, error) {
 	if !p.startProbe(host) {
 		return HostHealth{}, ErrProbeBusy
 	}

@@ -22,8 +22,10 @@ import (
 
 	"github.com/digitalocean/go-libvirt"
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 	"libvirt.org/go/libvirtxml"
 
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
@@ -44,6 +46,10 @@ type HostSpec struct {
 	Network  domxml.Network
 	// DomainType is domxml.DomainTypeKVM or domxml.DomainTypeQEMU.
 	DomainType string
+	// CheckInterval is how often the host's health is checked (its
+	// KVMHost's spec.checkInterval); 0: Options.CheckInterval. It says how
+	// long a check's verdict stands (see refuseNotAnswering).
+	CheckInterval time.Duration
 }
 
 // HostSource resolves host names. Host returns an error matching
@@ -101,6 +107,12 @@ type Options struct {
 	MaxInFlightPerHost int
 	// EventBuffer is the size of the Events channel. Default 1024.
 	EventBuffer int
+	// CheckInterval is the health check interval of hosts without their
+	// own (the manager's --provider-check-interval). Default
+	// crawlv1.DefaultCheckInterval.
+	CheckInterval time.Duration
+	// Clock times health verdicts; the real clock when nil.
+	Clock clock.PassiveClock
 	// Logger for what happens outside calls (event subscriptions).
 	Logger logr.Logger
 	// OnImageUpload, if set, is told about every image download+upload that
@@ -118,6 +130,8 @@ type Provider struct {
 	uploads  map[string]chan struct{} // per-host upload slots
 	probing  map[string]bool          // hosts with a probe still running
 	inFlight map[string]int           // per-host calls counted by MaxInFlightPerHost
+	// notAnswering: hosts whose latest health check got no answer.
+	notAnswering map[string]*notAnswering
 }
 
 // DefaultMaxInFlightPerHost is a quarter of the manager's default 16 Proxy
@@ -150,13 +164,20 @@ func New(opts Options) *Provider {
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = logr.Discard()
 	}
+	if opts.CheckInterval <= 0 {
+		opts.CheckInterval = crawlv1.DefaultCheckInterval
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
 	return &Provider{
-		opts:     opts,
-		events:   make(chan DomainEvent, opts.EventBuffer),
-		images:   map[string]*sync.RWMutex{},
-		uploads:  map[string]chan struct{}{},
-		probing:  map[string]bool{},
-		inFlight: map[string]int{},
+		opts:         opts,
+		events:       make(chan DomainEvent, opts.EventBuffer),
+		images:       map[string]*sync.RWMutex{},
+		uploads:      map[string]chan struct{}{},
+		probing:      map[string]bool{},
+		inFlight:     map[string]int{},
+		notAnswering: map[string]*notAnswering{},
 	}
 }
 
@@ -167,19 +188,34 @@ func (p *Provider) Name() string { return Name }
 // serve; per-host health is Probe's.
 func (p *Provider) Check(context.Context) error { return nil }
 
-// ForgetHost closes a deleted host's connection.
-func (p *Provider) ForgetHost(host string) { p.opts.Pool.Remove(host) }
+// ForgetHost closes a deleted host's connection and forgets its health.
+func (p *Provider) ForgetHost(host string) {
+	p.opts.Pool.Remove(host)
+	p.forgetHealth(host)
+}
 
 // withHost runs fn with an instrumented client of host, as one of the
 // host's MaxInFlightPerHost calls: with all of them taken it fails at once
-// with ErrHostBusy. The host's current configuration is (re)applied to the
-// pool first; an unchanged one keeps the link.
-func (p *Provider) withHost(ctx context.Context, host string, fn func(virt.Client, HostSpec) error) error {
+// with ErrHostBusy. A host whose health check gets no answer is not called
+// at all: the call fails at once with a provider.UnavailableError, and
+// waiter (the Proxy's Machine; nil for host-wide calls) is woken when the
+// host answers again (refuseNotAnswering). The host's current
+// configuration is (re)applied to the pool first; an unchanged one keeps
+// the link.
+func (p *Provider) withHost(ctx context.Context, host string, waiter *provider.Machine, fn func(virt.Client, HostSpec) error) error {
+	hs, err := p.opts.Hosts.Host(ctx, host)
+	if err != nil {
+		return err
+	}
+	if err := p.refuseNotAnswering(host, hs, waiter); err != nil {
+		logr.FromContextOrDiscard(ctx).V(1).Info("not calling a host that does not answer its health checks", "host", host, "err", err)
+		return err
+	}
 	if err := p.startCall(host); err != nil {
 		return err
 	}
 	var rpcs virt.CallTracker
-	err := p.do(ctx, ctx, host, fn, virt.WithCallTracker(&rpcs))
+	err = p.doSpec(ctx, ctx, host, hs, fn, virt.WithCallTracker(&rpcs))
 	if rpcs.Running() == 0 {
 		p.endCall(host) // nothing was abandoned: every RPC has returned
 	} else {
@@ -216,6 +252,11 @@ func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt
 	if err != nil {
 		return err
 	}
+	return p.doSpec(dialCtx, rpcCtx, host, hs, fn, opts...)
+}
+
+// doSpec is do with the host's spec already read.
+func (p *Provider) doSpec(dialCtx, rpcCtx context.Context, host string, hs HostSpec, fn func(virt.Client, HostSpec) error, opts ...virt.Option) error {
 	if err := p.opts.Pool.Set(hs.Conn, hs.Material); err != nil {
 		return err
 	}
@@ -249,7 +290,7 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 	log := logr.FromContextOrDiscard(ctx).WithValues("host", m.Host)
 	ctx = logr.NewContext(ctx, log)
 	var inst *provider.Instance
-	err := p.withHost(ctx, m.Host, func(c virt.Client, hs HostSpec) error {
+	err := p.withHost(ctx, m.Host, m, func(c virt.Client, hs HostSpec) error {
 		name := domxml.DomainName(m.Namespace, m.Name)
 		dom, found, err := p.lookupOwned(c, m)
 		if err != nil {
@@ -319,7 +360,7 @@ func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Inst
 		return nil, err
 	}
 	var inst *provider.Instance
-	err := p.withHost(ctx, m.Host, func(c virt.Client, hs HostSpec) error {
+	err := p.withHost(ctx, m.Host, m, func(c virt.Client, hs HostSpec) error {
 		dom, found, err := p.lookupOwned(c, m)
 		if err != nil {
 			return err
@@ -355,7 +396,7 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 		return err
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("host", m.Host)
-	err := p.withHost(ctx, m.Host, func(c virt.Client, hs HostSpec) error {
+	err := p.withHost(ctx, m.Host, m, func(c virt.Client, hs HostSpec) error {
 		dom, found, err := p.lookupOwned(c, m)
 		if err != nil {
 			return err
@@ -442,7 +483,7 @@ const listConcurrency = 16
 
 func (p *Provider) listHost(ctx context.Context, host, tag string) ([]provider.Instance, error) {
 	var out []provider.Instance
-	err := p.withHost(ctx, host, func(c virt.Client, _ HostSpec) error {
+	err := p.withHost(ctx, host, nil, func(c virt.Client, _ HostSpec) error {
 		doms, _, err := c.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
 		if err != nil {
 			return classify(err)
@@ -873,7 +914,7 @@ func stateOf(state int32) provider.State {
 // must not block. A host that is not configured, or has no pool, holds
 // nothing.
 func (p *Provider) SweepVolumes(ctx context.Context, host string, collect func(uid string) bool) (candidates, deleted []string, err error) {
-	err = p.withHost(ctx, host, func(c virt.Client, hs HostSpec) error {
+	err = p.withHost(ctx, host, nil, func(c virt.Client, hs HostSpec) error {
 		pool, err := lookupPool(c, hs.Pool)
 		if errors.Is(err, ErrPoolMissing) {
 			return nil

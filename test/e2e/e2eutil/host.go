@@ -49,14 +49,36 @@ func NewHost(c Config) Host {
 }
 
 // LocalHost is the test hypervisor of test/e2e/infra/hypervisor.sh, whose
-// commands run inside its namespaces through `hypervisor.sh exec`.
+// commands run inside its namespaces through `hypervisor.sh exec`, or its
+// second hypervisor (HostB).
 type LocalHost struct {
 	Script   string
 	StateDir string
+	// hostB: this is the hypervisor's host B (`hypervisor.sh host-b`).
+	hostB bool
 }
 
 func (h *LocalHost) Run(ctx context.Context, argv ...string) (string, error) {
+	if h.hostB {
+		return run(ctx, append([]string{h.Script, "host-b", h.StateDir, "exec", "--"}, argv...)...)
+	}
 	return run(ctx, append([]string{h.Script, "exec", h.StateDir, "--"}, argv...)...)
+}
+
+// HostBPool is host B's storage pool.
+const HostBPool = "e2e-b"
+
+// HostB starts the test hypervisor's second hypervisor (`hypervisor.sh
+// host-b up`: a libvirtd of its own, pool HostBPool, behind the same sshd,
+// its guests on the host's bridge) and returns it, its commands running
+// where its libvirtd does, and its libvirt socket, a KVMHost's socketPath.
+// Libvirtd and the sshd commands act on the host's daemons, not host B's.
+func (h *LocalHost) HostB(ctx context.Context) (*LocalHost, string, error) {
+	out, err := run(ctx, h.Script, "host-b", h.StateDir, "up")
+	if err != nil {
+		return nil, "", err
+	}
+	return &LocalHost{Script: h.Script, StateDir: h.StateDir, hostB: true}, strings.TrimSpace(out), nil
 }
 
 func (h *LocalHost) StopSSHD(ctx context.Context) error {
@@ -69,8 +91,13 @@ func (h *LocalHost) StartSSHD(ctx context.Context) error {
 	return err
 }
 
-// LocalPath: the host's libvirt directories are bind mounts of STATE_DIR.
+// LocalPath: the host's libvirt directories are bind mounts of STATE_DIR
+// (host B's, of STATE_DIR/hostb).
 func (h *LocalHost) LocalPath(p string) string {
+	state := h.StateDir
+	if h.hostB {
+		state = filepath.Join(h.StateDir, "hostb")
+	}
 	for _, m := range []struct{ host, local string }{
 		{"/var/lib/libvirt/", "libvirt/lib/"},
 		{"/etc/libvirt/", "libvirt/etc/"},
@@ -79,7 +106,7 @@ func (h *LocalHost) LocalPath(p string) string {
 		{"/run/libvirt/", "libvirt/run/"},
 	} {
 		if rest, ok := strings.CutPrefix(p, m.host); ok {
-			return filepath.Join(h.StateDir, m.local, rest)
+			return filepath.Join(state, m.local, rest)
 		}
 	}
 	if strings.HasPrefix(p, h.StateDir+"/") {

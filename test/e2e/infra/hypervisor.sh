@@ -16,6 +16,9 @@
 #   hypervisor.sh tmpfs-pool STATE_DIR NAME MIB   directory pool NAME on a tmpfs of
 #                                        MIB MiB in the host's mount namespace;
 #                                        again with another size resizes it
+#   hypervisor.sh host-b     STATE_DIR up|exec -- CMD...   a second hypervisor, "host B":
+#                                        its own libvirtd (socket, state, pool e2e-b)
+#                                        behind the same sshd; up prints its socket
 #
 # DESIGN (and the network rule it obeys)
 #   Traffic may go only to loopback or to hosts inside network namespaces this
@@ -57,6 +60,7 @@
 #   ssh_host_ed25519_key sshd host key;  sshd_config; authorized_keys
 #   pool/                directory of storage pool "e2e"
 #   libvirt/{etc,lib,cache,run}  the host's libvirt dirs;  varlog/ its /var/log
+#   hostb/               host B (host-b up): the same layout for its libvirtd
 #   run/*.pid            PIDs of everything started here
 #   logs/                daemon logs (kept by `down` for post-mortems)
 set -euo pipefail
@@ -79,7 +83,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,17p' "$SELF" >&2
+	sed -n '2,20p' "$SELF" >&2
 	exit 2
 }
 
@@ -96,6 +100,9 @@ case "$STATE" in
 /run/* | /var/run/* | /etc/libvirt* | /var/lib/libvirt* | /var/log* | /var/cache/libvirt*)
 	die "STATE_DIR must not be under a directory the host namespace overlays" ;;
 esac
+
+HOSTB=$STATE/hostb # host B (cmd_hostb_up)
+HOSTB_POOL=e2e-b
 
 # ---------------------------------------------------------------- helpers ----
 state_get() { # state_get KEY -> value ('' if absent)
@@ -143,19 +150,36 @@ stop_pid() {
 	rm -f "$f"
 }
 
-holder_pid() { # PID holding the host's mount namespace, or fail
-	local ns
+# holder_pid [b]: PID holding the host's mount namespace (host B's with b),
+# or fail.
+holder_pid() {
+	local ns pidf=$STATE/run/holder.pid marker=pxe2e-holder
+	[ "${1:-}" = b ] && pidf=$HOSTB/run/holder.pid marker=pxe2e-hostb
 	ns=$(state_get NETNS)
-	[ -n "$ns" ] && pid_alive "$STATE/run/holder.pid" "pxe2e-holder-$ns" || return 1
-	cat "$STATE/run/holder.pid"
+	[ -n "$ns" ] && pid_alive "$pidf" "$marker-$ns" || return 1
+	cat "$pidf"
 }
 
-# in_host CMD...: run CMD inside the host's netns and mount namespace.
+# in_holder PID CMD...: run CMD in the network and mount namespaces PID holds.
+in_holder() {
+	local h=$1
+	shift
+	nsenter --target "$h" --mount --net -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+		HOME=/root LANG=C.UTF-8 LIBVIRT_DEFAULT_URI=qemu:///system "$@"
+}
+
+# in_host CMD...: run CMD inside the host's netns and mount namespace;
+# in_hostb CMD...: inside host B's.
 in_host() {
 	local h
 	h=$(holder_pid) || die "hypervisor in $STATE is not up"
-	nsenter --target "$h" --mount --net -- env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-		HOME=/root LANG=C.UTF-8 LIBVIRT_DEFAULT_URI=qemu:///system "$@"
+	in_holder "$h" "$@"
+}
+
+in_hostb() {
+	local h
+	h=$(holder_pid b) || die "host B in $STATE is not up"
+	in_holder "$h" "$@"
 }
 
 ensure_packages() {
@@ -298,8 +322,8 @@ exec -a pxe2e-holder-$1 sleep infinity
 EOF
 }
 
-write_libvirt_config() {
-	local e=$STATE/libvirt/etc
+write_libvirt_config() { # [ETC_DIR]: the host's, or host B's
+	local e=${1:-$STATE/libvirt/etc}
 	cp -a /etc/libvirt/. "$e/"
 	# Never inherit the package's 'default' network (192.168.122.0/24) or any
 	# domain/pool defined on the machine.
@@ -464,6 +488,13 @@ cmd_down() {
 	[ -d "$STATE" ] || return 0
 	local ns p i
 	ns=$(state_get NETNS)
+	if holder_pid b >/dev/null 2>&1 && pid_alive "$HOSTB/run/libvirtd.pid" libvirtd; then
+		for d in $(in_hostb virsh -q list --all --name 2>/dev/null); do
+			in_hostb virsh -q destroy "$d" >/dev/null 2>&1 || true
+			in_hostb virsh -q undefine "$d" --nvram --managed-save --snapshots-metadata >/dev/null 2>&1 ||
+				in_hostb virsh -q undefine "$d" >/dev/null 2>&1 || true
+		done
+	fi
 	if holder_pid >/dev/null 2>&1 && pid_alive "$STATE/run/libvirtd.pid" libvirtd; then
 		# Every domain of this private libvirtd is ours.
 		for d in $(in_host virsh -q list --all --name 2>/dev/null); do
@@ -505,7 +536,7 @@ cmd_down() {
 		ip netns del "$ns"
 	fi
 	# Keep logs/ for post-mortems; drop the rest (images, keys, libvirt state).
-	rm -rf --one-file-system "$STATE/pool" "$STATE/libvirt" "$STATE/varlog" "$STATE/run" \
+	rm -rf --one-file-system "$STATE/pool" "$STATE/libvirt" "$STATE/varlog" "$STATE/run" "$HOSTB" \
 		"$STATE"/id_ed25519* "$STATE"/ssh_host_ed25519_key* "$STATE/known_hosts" \
 		"$STATE/authorized_keys" "$STATE/sshd_config" "$STATE/state.env"
 	[ -n "$ns" ] && log "down: $ns removed" || true
@@ -616,6 +647,75 @@ cmd_tmpfs_pool() {
 	in_host df -m --output=size,avail "$dir" | tail -n1
 }
 
+# ----------------------------------------------------------------- host B ---
+# A second hypervisor on the same machine, as the operator sees one: a
+# KVMHost whose socketPath is host B's libvirt socket, reached over the same
+# sshd. Its libvirtd and virtlogd run in the host's network namespace but in
+# a mount namespace of their own (holder "pxe2e-hostb-<id>"), where
+# libvirt's directories are HOSTB's: its own domains, pool "e2e-b" and
+# socket. Its guests join the host's bridge (networkMode bridge, pxbr0), so
+# they get the host network's DHCP and reach its probe server, and the
+# manager's probes reach them. Wedging one daemon leaves the other
+# answering. `down` removes it with the rest.
+cmd_hostb_up() {
+	local ns h
+	ns=$(state_get NETNS)
+	h=$(holder_pid) || die "hypervisor in $STATE is not up"
+	if ! holder_pid b >/dev/null 2>&1; then
+		mkdir -p "$HOSTB"/{run,pool,varlog/libvirt/qemu} "$HOSTB"/libvirt/{etc,lib,cache,run}
+		write_libvirt_config "$HOSTB/libvirt/etc"
+		cat >"$HOSTB/run/holder.sh" <<EOF
+set -eu
+mount --make-rprivate /
+mount --bind $HOSTB/libvirt/run /run/libvirt
+mount --bind $HOSTB/libvirt/etc /etc/libvirt
+mount --bind $HOSTB/libvirt/lib /var/lib/libvirt
+mount --bind $HOSTB/libvirt/cache /var/cache/libvirt
+mount --bind $HOSTB/varlog /var/log
+touch $HOSTB/run/holder.ready
+exec -a pxe2e-hostb-$ns sleep infinity
+EOF
+		rm -f "$HOSTB/run/holder.ready"
+		# Inside the host's namespaces, a mount namespace of host B's own;
+		# as for the host's holder, every step execs, so $! is the holder.
+		setsid nsenter --target "$h" --mount --net -- unshare --mount --propagation private \
+			bash "$HOSTB/run/holder.sh" </dev/null >"$STATE/logs/hostb-holder.log" 2>&1 &
+		echo $! >"$HOSTB/run/holder.pid"
+		for _ in $(seq 100); do [ -f "$HOSTB/run/holder.ready" ] && break || sleep 0.1; done
+		holder_pid b >/dev/null || die "host B's namespace setup failed: $(cat "$STATE/logs/hostb-holder.log")"
+	fi
+	if ! pid_alive "$HOSTB/run/libvirtd.pid" libvirtd; then
+		# Not on our stdout: whoever reads it (the fault suite) would wait
+		# for the daemons.
+		in_hostb virtlogd -d -p "$HOSTB/run/virtlogd.pid" </dev/null >>"$STATE/logs/hostb-daemons.log" 2>&1
+		in_hostb libvirtd -d -p "$HOSTB/run/libvirtd.pid" </dev/null >>"$STATE/logs/hostb-daemons.log" 2>&1
+		for _ in $(seq 100); do
+			in_hostb virsh -q version >/dev/null 2>&1 && break || sleep 0.2
+		done
+		in_hostb virsh -q version >/dev/null || die "host B's libvirtd does not answer (see $HOSTB/varlog/libvirt/libvirtd.log)"
+		if ! in_hostb virsh -q pool-info "$HOSTB_POOL" >/dev/null 2>&1; then
+			in_hostb virsh -q pool-define-as "$HOSTB_POOL" dir --target "$HOSTB/pool" >/dev/null
+			in_hostb virsh -q pool-autostart "$HOSTB_POOL" >/dev/null
+		fi
+		in_hostb virsh -q pool-start "$HOSTB_POOL" >/dev/null 2>&1 || true
+	fi
+	log "host B up: libvirt socket $HOSTB/libvirt/run/libvirt-sock, pool $HOSTB_POOL, bridge $BRIDGE"
+	echo "$HOSTB/libvirt/run/libvirt-sock"
+}
+
+cmd_hostb() {
+	case "${1:-}" in
+	up) cmd_hostb_up ;;
+	exec)
+		shift
+		[ "${1:-}" = -- ] && shift
+		[ $# -ge 1 ] || usage
+		in_hostb "$@"
+		;;
+	*) usage ;;
+	esac
+}
+
 case "$CMD" in
 up) cmd_up ;;
 down) cmd_down ;;
@@ -630,6 +730,7 @@ stop-sshd) stop_sshd ;;
 libvirtd) cmd_libvirtd "$@" ;;
 rotate-host-key) cmd_rotate_host_key ;;
 tmpfs-pool) cmd_tmpfs_pool "$@" ;;
+host-b) cmd_hostb "$@" ;;
 start-sshd)
 	holder_pid >/dev/null || die "hypervisor in $STATE is not up"
 	start_sshd

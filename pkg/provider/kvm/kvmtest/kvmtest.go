@@ -108,15 +108,16 @@ func (c *Conns) Do(ctx context.Context, host string, fn func(virt.Client) error)
 // Hosts is a static kvm.HostSource: every name in it is a configured host
 // with PoolName and NetworkName.
 type Hosts struct {
-	mu    sync.Mutex
-	names map[string]string // name → domain type
+	mu        sync.Mutex
+	names     map[string]string        // name → domain type
+	intervals map[string]time.Duration // name → its own check interval
 }
 
 var _ kvm.HostSource = (*Hosts)(nil)
 
 // NewHosts returns a source knowing names.
 func NewHosts(names ...string) *Hosts {
-	h := &Hosts{names: map[string]string{}}
+	h := &Hosts{names: map[string]string{}, intervals: map[string]time.Duration{}}
 	for _, n := range names {
 		h.Add(n)
 	}
@@ -130,6 +131,14 @@ func (h *Hosts) Add(name string) {
 	h.names[name] = domxml.DomainTypeKVM
 }
 
+// SetCheckInterval gives name a health check interval of its own, as a
+// KVMHost's spec.checkInterval does.
+func (h *Hosts) SetCheckInterval(name string, d time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.intervals[name] = d
+}
+
 // Remove forgets name.
 func (h *Hosts) Remove(name string) {
 	h.mu.Lock()
@@ -141,16 +150,18 @@ func (h *Hosts) Remove(name string) {
 func (h *Hosts) Host(_ context.Context, name string) (kvm.HostSpec, error) {
 	h.mu.Lock()
 	typ, ok := h.names[name]
+	interval := h.intervals[name]
 	h.mu.Unlock()
 	if !ok {
 		return kvm.HostSpec{}, provider.Permanent(fmt.Errorf("host %q: %w", name, conn.ErrHostNotConfigured))
 	}
 	return kvm.HostSpec{
-		Conn:       conn.HostConfig{Name: name, Address: name + ":22", User: "root"},
-		Material:   func(context.Context) (*conn.Material, error) { return &conn.Material{}, nil },
-		Pool:       PoolName,
-		Network:    domxml.Network{Type: domxml.NetworkTypeNetwork, Name: NetworkName},
-		DomainType: typ,
+		Conn:          conn.HostConfig{Name: name, Address: name + ":22", User: "root"},
+		Material:      func(context.Context) (*conn.Material, error) { return &conn.Material{}, nil },
+		Pool:          PoolName,
+		Network:       domxml.Network{Type: domxml.NetworkTypeNetwork, Name: NetworkName},
+		DomainType:    typ,
+		CheckInterval: interval,
 	}, nil
 }
 

@@ -214,6 +214,45 @@ func TestFaultInjection(t *testing.T) {
 			_, err := f.ConnectGetHostname() // no longer blocked
 			must(t, err)
 		}},
+		{"Stop hangs every call on every connection until cont", func(t *testing.T, f *fake.Fake) {
+			other := f.Connect()
+			cont := f.Stop()
+			version, lookup := make(chan error, 1), make(chan error, 1)
+			go func() { _, err := f.ConnectGetLibVersion(); version <- err }()
+			go func() { _, err := other.DomainLookupByName("x"); lookup <- err }()
+			testutil.WaitFor(t, func() bool { return f.Stopped() == 2 })
+			select {
+			case <-version:
+				t.Fatal("a call returned from a stopped daemon")
+			case <-lookup:
+				t.Fatal("a call returned from a stopped daemon")
+			case <-time.After(20 * time.Millisecond):
+			}
+			if !other.IsConnected() {
+				t.Fatal("Stop closed a connection; a stopped daemon keeps its sockets")
+			}
+			cont()
+			cont() // idempotent
+			must(t, <-version)
+			if err := <-lookup; !virt.IsCode(err, libvirt.ErrNoDomain) {
+				t.Errorf("lookup after cont = %v, want the daemon's answer (no domain)", err)
+			}
+			if n := f.Calls(virt.RPCDomainLookupByName); n != 1 {
+				t.Errorf("Calls = %d, want the stopped call counted once", n)
+			}
+			// A call hanging in a stop returns when its connection drops.
+			f.Stop()
+			res := make(chan error, 1)
+			go func() { _, err := other.ConnectGetHostname(); res <- err }()
+			testutil.WaitFor(t, func() bool { return f.Stopped() == 1 })
+			_ = other.Disconnect()
+			if err := <-res; !errors.Is(err, libvirt.ErrInterrupted) {
+				t.Errorf("stopped call on a dropped connection = %v, want ErrInterrupted", err)
+			}
+			f.ClearFaults() // ends the stop
+			_, err := f.ConnectGetHostname()
+			must(t, err)
+		}},
 		{"ClearFaults", func(t *testing.T, f *fake.Fake) {
 			f.Fail(virt.RPCConnectGetHostname, injected)
 			release := f.Block(virt.RPCConnectGetLibVersion)

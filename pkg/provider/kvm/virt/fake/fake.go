@@ -4,7 +4,7 @@
 // It reproduces the daemon behaviour callers must handle — error codes and
 // messages, idempotence traps, lifecycle events, asynchronous guest agents,
 // metadata namespace stripping, partial uploads — and adds fault injection
-// (FailNext, Fail, FailNextAfter, Delay, Block; for upload streams
+// (FailNext, Fail, FailNextAfter, Delay, Block, Stop; for upload streams
 // StallUploads and PaceUploads) and call counters.
 //
 // One Fake is one host: one daemon with any number of connections. A *Fake
@@ -86,6 +86,8 @@ type Fake struct {
 
 	uploadStall *stall               // non-nil while StallUploads is in force
 	uploadPace  func(written uint64) // PaceUploads
+	stopped     *gate                // non-nil while Stop is in force
+	stoppedN    int                  // calls waiting on stopped
 }
 
 // New returns an empty daemon: no domains, pools or networks.
@@ -261,19 +263,43 @@ func (f *Fake) Delay(rpc string, d time.Duration) {
 func (f *Fake) Block(rpc string) (release func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	h := f.hook(rpc)
-	if h.block == nil {
-		h.block = &gate{ch: make(chan struct{})}
+	return f.closeGate(&f.hook(rpc).block)
+}
+
+// Stop makes the whole daemon stop answering, as SIGSTOP does to
+// libvirtd while sshd stays up: every call, on every connection, is
+// counted and then hangs until cont is called or its connection drops
+// (then it returns libvirt.ErrInterrupted). Connections stay open. cont is
+// idempotent; ClearFaults also ends the stop.
+func (f *Fake) Stop() (cont func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closeGate(&f.stopped)
+}
+
+// closeGate puts a closed gate in *slot (keeping one already there) and
+// returns the idempotent func that opens it and takes it out. Call with
+// f.mu held.
+func (f *Fake) closeGate(slot **gate) (open func()) {
+	if *slot == nil {
+		*slot = &gate{ch: make(chan struct{})}
 	}
-	g := h.block
+	g := *slot
 	return func() {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		if h.block == g {
-			h.block = nil
+		if *slot == g {
+			*slot = nil
 		}
 		g.open()
 	}
+}
+
+// Stopped returns how many calls are hanging in Stop.
+func (f *Fake) Stopped() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stoppedN
 }
 
 // stall is a StallUploads: uploads that have taken after bytes wait on gate.
@@ -377,6 +403,10 @@ func (f *Fake) ClearFaults() {
 		}
 	}
 	f.hooks = map[string]*hook{}
+	if f.stopped != nil {
+		f.stopped.open()
+		f.stopped = nil
+	}
 	if f.uploadStall != nil {
 		f.uploadStall.gate.open()
 		f.uploadStall = nil
@@ -416,6 +446,21 @@ func (c *Conn) enter(rpc string) (after, err error) {
 	if !c.IsConnected() {
 		f.mu.Unlock()
 		return nil, ErrDisconnected
+	}
+	if stopped := f.stopped; stopped != nil {
+		f.stoppedN++
+		f.mu.Unlock()
+		select {
+		case <-stopped.ch:
+		case <-c.done:
+			err = libvirt.ErrInterrupted
+		}
+		f.mu.Lock()
+		f.stoppedN--
+		if err != nil {
+			f.mu.Unlock()
+			return nil, err
+		}
 	}
 	h := f.hooks[rpc]
 	var block *gate
