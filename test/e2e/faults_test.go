@@ -992,9 +992,9 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(duringDeleted).To(BeNumerically("<=", max(3*baseDeleted, time.Minute)), "host B's deletes kept their latency")
 		Expect(gap).To(BeNumerically("<=", 3*e2eutil.ProxyProbeInterval), "host B's serving Proxy kept being probed")
 		Expect(le).To(BeNumerically("<=", 60), "no Proxy reconcile held its worker past 60 s (the longest per-call deadline is %s)", longestCall)
-		checkServedThrough(ctx, obsB, stopped, thawed, row)
+		checkServedThrough(obsB, stopped, thawed, row)
 		if mainProxy != nil {
-			checkServedThrough(ctx, obs, stopped, thawed, row)
+			checkServedThrough(obs, stopped, thawed, row)
 		}
 
 		// Everything goes; host B keeps nothing of its Proxies.
