@@ -27,9 +27,7 @@ func (r *ProxyReconciler) reconcileInstance(ctx context.Context, s *proxyScope) 
 		return ctrl.Result{}, nil
 	}
 	p := s.proxy
-	if err := r.attachSquid(p, s.machine, s.creds); err != nil {
-		return r.fail(p, reasonFor(err), err)
-	}
+	r.attachSquid(p, s.machine, s.creds)
 	if p.Status.ProviderID != "" {
 		// probeOnly now: the provider could not be asked; nothing to record.
 		if res, err := r.readRecorded(ctx, s); ends(res, err) || s.probeOnly {
