@@ -296,7 +296,7 @@ func (m readyMerge) Merge(_ conditions.MergeOperation, conds []conditions.Condit
 var failedReasons = sets.New(crawlv1.ProxyPermanentErrorReason, crawlv1.ProxyForeignInstanceReason,
 	crawlv1.ProxyAddressTimeoutReason, crawlv1.ProxyProviderDisabledReason,
 	crawlv1.ProxyCredentialsInvalidReason, crawlv1.ProxyCredentialsConflictReason,
-	crawlv1.ProxySpecRefusedReason)
+	crawlv1.ProxyCredentialsNotForProxiesReason, crawlv1.ProxySpecRefusedReason)
 
 // proxyPhase derives the phase from the conditions: Pending until an
 // instance is recorded, Provisioning until Ready, Failed when provisioning
