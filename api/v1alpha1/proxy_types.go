@@ -208,8 +208,9 @@ type ProxyAccess struct {
 	// +kubebuilder:validation:MaxItems=64
 	AllowedPorts []int32 `json:"allowedPorts,omitempty"`
 
-	// ExtraDeniedDestinations are refused on top of the built-in list
-	// (loopback, link-local and metadata, RFC 1918, CGNAT, ULA).
+	// ExtraDeniedDestinations are refused on top of the built-in list of
+	// every range that is not globally reachable (docs/security.md, "The
+	// rendered squid.conf", lists it with the source of each entry).
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=64
@@ -217,8 +218,10 @@ type ProxyAccess struct {
 
 	// AllowedDestinationExceptions are carved out of the built-in denied
 	// list, for targets that really are internal. Each must lie inside a
-	// built-in denied range. Use narrowly: an exception is reachable by
-	// every client of the proxy.
+	// built-in range an exception may lift. One reaching loopback,
+	// link-local or a metadata address is admitted only when the manager
+	// grants it (--allow-destination-exceptions). Use narrowly: an
+	// exception is reachable by every client of the proxy.
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=64
