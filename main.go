@@ -155,6 +155,9 @@ func (o *options) validate() error {
 			return fmt.Errorf("--install-id: %w", err)
 		}
 	}
+	if err := o.kubernetes.Validate(); err != nil {
+		return err
+	}
 	grants, err := proxyaccess.ParseGrants(o.destinationGrants)
 	if err != nil {
 		return err
