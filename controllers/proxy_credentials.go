@@ -34,7 +34,10 @@ const (
 	labelCredentials = "crawl.example.com/proxy-credentials"
 )
 
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch
+// The verbs the credential code calls: get (the user's Secret, by name),
+// list and watch (the informer behind the cache, label-filtered), create,
+// and patch (the url). Deletion is the garbage collector's.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch
 
 // credentials is a managed Proxy's Basic credential and the Secret the
 // operator keeps it in (status.credentialsSecretRef). The password is
