@@ -27,6 +27,7 @@ import (
 	"crawl.example.com/proxy-operator/controllers"
 	"crawl.example.com/proxy-operator/internal/logkeys"
 	"crawl.example.com/proxy-operator/internal/metricsauth"
+	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp"
@@ -56,7 +57,12 @@ type options struct {
 	enableWebhooks       bool
 	enableHTTP2          bool
 	allowProxyImageURLs  bool
-	managerNamespace     string
+	allowProxyUserData   bool
+	// destinationGrants is --allow-destination-exceptions as given;
+	// validate parses it into grants.
+	destinationGrants string
+	grants            proxyaccess.Grants
+	managerNamespace  string
 
 	providers     string
 	tag           string
@@ -100,6 +106,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	}
 	fs.StringVar(&o.managerNamespace, "manager-namespace", managerNamespace, "The manager's namespace, the only one KVMHosts' SSH Secrets are read from (default: $POD_NAMESPACE, else proxy-operator-system).")
 	fs.BoolVar(&o.allowProxyImageURLs, "allow-proxy-image-urls", false, "Admit Proxies whose spec.placement.image is a URL, which the manager downloads from inside the cluster (SSRF); otherwise only KVMImage names, which cluster admins create.")
+	fs.BoolVar(&o.allowProxyUserData, "allow-proxy-user-data", true, "Admit Proxies with spec.cloudInit (userData, userDataBase64, vendorData). On kvm and gcp it runs as root on the instance, on the hypervisor's network or in the VPC, and can listen where squid should; false refuses it (admission and controller), leaving the operator's managed squid.")
+	fs.StringVar(&o.destinationGrants, "allow-destination-exceptions", "", "Comma-separated CIDRs inside loopback, link-local (cloud metadata at 169.254.169.254) or a metadata address that Proxies may list in spec.access.allowedDestinationExceptions; without them such exceptions are refused (admission and controller). Exceptions in private ranges need no grant.")
 
 	fs.StringVar(&o.providers, "providers", "kvm,kubernetes", "Comma-separated providers to enable: kvm, kubernetes, gcp.")
 	fs.StringVar(&o.tag, "instance-tag", "proxy-operator", "Tag written on every instance; the orphan sweep only considers instances with it (and with this install's id).")
@@ -148,6 +156,14 @@ func (o *options) validate() error {
 			return fmt.Errorf("--install-id: %w", err)
 		}
 	}
+	if err := o.kubernetes.Validate(); err != nil {
+		return err
+	}
+	grants, err := proxyaccess.ParseGrants(o.destinationGrants)
+	if err != nil {
+		return err
+	}
+	o.grants = grants
 	return nil
 }
 
@@ -171,14 +187,16 @@ func (o *options) deps(registry *provider.Registry) controllers.Deps {
 		Prober:   proxyprobe.TCP{},
 		Tag:      o.tag,
 		Proxy: controllers.ProxyOptions{
-			ProbeInterval:         o.proxyProbeInterval,
-			ProbeFailureThreshold: int32(o.proxyProbeThreshold),
-			ProvisionPollInterval: o.provisionPollInterval,
-			AddressTimeout:        o.addressTimeout,
-			ResyncInterval:        o.resyncInterval,
-			ProviderCallTimeout:   o.providerCallTimeout,
-			Workers:               o.proxyConcurrency,
-			ProbeSourceCIDRs:      splitList(o.probeSourceCIDRs),
+			ProbeInterval:              o.proxyProbeInterval,
+			ProbeFailureThreshold:      int32(o.proxyProbeThreshold),
+			ProvisionPollInterval:      o.provisionPollInterval,
+			AddressTimeout:             o.addressTimeout,
+			ResyncInterval:             o.resyncInterval,
+			ProviderCallTimeout:        o.providerCallTimeout,
+			Workers:                    o.proxyConcurrency,
+			ProbeSourceCIDRs:           splitList(o.probeSourceCIDRs),
+			DestinationExceptionGrants: o.grants,
+			RefuseUserData:             !o.allowProxyUserData,
 		},
 		Sweep: controllers.SweepOptions{Interval: o.gcInterval, VolumeGrace: o.gcVolumeGrace},
 	}
@@ -186,6 +204,13 @@ func (o *options) deps(registry *provider.Registry) controllers.Deps {
 		d.Prober = proxyprobe.HTTP{URL: o.proxyProbeURL}
 	}
 	return d
+}
+
+// proxyWebhook is the Proxy webhook under the manager's policy; the
+// controllers apply the same rules to stored Proxies (deps).
+func (o *options) proxyWebhook() webhookv1.ProxyWebhook {
+	return webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs, DestinationExceptionGrants: o.grants,
+		RefuseUserData: !o.allowProxyUserData, Plugins: controllers.Plugins()}
 }
 
 // splitList splits a comma-separated flag value, dropping empty entries.
@@ -307,7 +332,7 @@ func (o *options) newManager(enabled map[string]bool) (ctrl.Manager, error) {
 // setupWebhooks registers the admission webhooks of every kind.
 func (o *options) setupWebhooks(mgr ctrl.Manager) error {
 	// Admission knows the providers the controllers know.
-	proxyWebhook := webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs, Plugins: controllers.Plugins()}
+	proxyWebhook := o.proxyWebhook()
 	for name, setup := range map[string]func(ctrl.Manager) error{
 		"KVMHost":  (&webhookv1.KVMHostWebhook{ManagerNamespace: o.managerNamespace}).SetupWithManager,
 		"KVMImage": (&webhookv1.KVMImageWebhook{}).SetupWithManager,

@@ -28,6 +28,14 @@ func TestStartupRejectsUnusableDurations(t *testing.T) {
 		{[]string{"--probe-source-cidrs=10.244.0.0/16, 192.0.2.7/32,2001:db8::/64"}, ""},
 		{[]string{"--probe-source-cidrs=10.244.0.0/16,10.1.2.3"}, `--probe-source-cidrs: "10.1.2.3" must be a CIDR`},
 		{[]string{"--probe-source-cidrs=10.244.1.1/16"}, "has host bits set"},
+		{[]string{"--kubernetes-squid-image=docker.io/ubuntu/squid:latest"}, `--kubernetes-squid-image "docker.io/ubuntu/squid:latest" has no digest`},
+		{[]string{"--kubernetes-squid-image=registry.test/squid@sha256:abc"}, "has no digest"},
+		{[]string{"--kubernetes-squid-image=docker.io/ubuntu/squid:latest", "--kubernetes-squid-image-allow-tag"}, ""},
+		{[]string{"--kubernetes-squid-image=registry.test/squid:6@sha256:6a097f68bae708cedbabd6188d68c7e2e7a38cedd05a176e1cc0ba29e3bbe029"}, ""},
+		{[]string{"--allow-destination-exceptions=169.254.169.254/32, 127.0.0.1/32,fe80::/64"}, ""},
+		{[]string{"--allow-destination-exceptions=169.254.169.254"}, `--allow-destination-exceptions: "169.254.169.254" must be a CIDR`},
+		{[]string{"--allow-destination-exceptions=10.0.0.0/8"}, "needs no grant"},
+		{[]string{"--allow-destination-exceptions=64:ff9b::a9fe:a9fe/128"}, "which no exception lifts"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -78,5 +86,37 @@ func TestEnabledProviders(t *testing.T) {
 				t.Errorf("enabledProviders(%q) = %v, want %v", tc.list, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestPolicyFlagsReachAdmissionAndController: the grants and the user-data
+// switch go to the Proxy webhook (and so the ProxyPool's) and to the
+// controllers alike, so a Proxy stored past the webhook meets the same
+// rules.
+func TestPolicyFlagsReachAdmissionAndController(t *testing.T) {
+	var o options
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	o.bind(fs)
+	if err := fs.Parse([]string{"--allow-destination-exceptions=169.254.169.254/32", "--allow-proxy-user-data=false"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	w, d := o.proxyWebhook(), o.deps(nil)
+	if w.DestinationExceptionGrants.String() != "169.254.169.254/32" || d.Proxy.DestinationExceptionGrants.String() != "169.254.169.254/32" {
+		t.Errorf("grants: webhook %q, controller %q; want 169.254.169.254/32 for both", w.DestinationExceptionGrants, d.Proxy.DestinationExceptionGrants)
+	}
+	if !w.RefuseUserData || !d.Proxy.RefuseUserData {
+		t.Errorf("RefuseUserData: webhook %v, controller %v; want true for both", w.RefuseUserData, d.Proxy.RefuseUserData)
+	}
+
+	var def options
+	def.bind(flag.NewFlagSet("manager", flag.ContinueOnError))
+	if err := def.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if w, d := def.proxyWebhook(), def.deps(nil); len(w.DestinationExceptionGrants)+len(d.Proxy.DestinationExceptionGrants) != 0 || w.RefuseUserData || d.Proxy.RefuseUserData {
+		t.Errorf("defaults grant %v/%v and refuse user-data %v/%v; want no grant, user-data admitted", w.DestinationExceptionGrants, d.Proxy.DestinationExceptionGrants, w.RefuseUserData, d.Proxy.RefuseUserData)
 	}
 }

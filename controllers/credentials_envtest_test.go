@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -126,7 +127,7 @@ var _ = Describe("credentials", func() {
 		}
 	})
 
-	It("waits for a user's credential Secret, naming it, and serves with it once it exists", func() {
+	It("waits for a user's credential Secret, naming it, refuses one not made for proxies, and serves with one that is", func() {
 		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
@@ -143,8 +144,29 @@ var _ = Describe("credentials", func() {
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 		Expect(h.fake.DomainNames()).NotTo(ContainElement(ns+".byo"), "an instance was created without a credential")
 
+		// A Secret made for something else, with the same keys, is not
+		// adopted: nothing copied, no instance, a condition naming it and
+		// the type it lacks.
 		const pass = "a-password-of-the-users-own-choosing"
-		Expect(k8sClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "crawler-credential"},
+		registry := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "crawler-credential"}, Type: corev1.SecretTypeBasicAuth,
+			Data: map[string][]byte{"username": []byte("crawler"), "password": []byte(pass)}}
+		Expect(k8sClient.Create(ctx, registry)).To(Succeed())
+		// Polled, as the missing Secret was.
+		Eventually(func(g Gomega) {
+			got := getProxy(ns, "byo")
+			g.Expect(conditions.GetReason(got, crawlv1.InstanceProvisionedCondition)).To(Equal(crawlv1.ProxyCredentialsNotForProxiesReason))
+			msg := conditions.GetMessage(got, crawlv1.ReadyCondition)
+			g.Expect(msg).To(ContainSubstring("Secret " + ns + "/crawler-credential (spec.access.auth.secretRef) has type \"kubernetes.io/basic-auth\", not " + crawlv1.CredentialsSecretType))
+			g.Expect(msg).NotTo(ContainSubstring(pass))
+			g.Expect(got.Status.Phase).To(Equal(crawlv1.ProxyFailed))
+		}).WithTimeout(40 * time.Second).Should(Succeed())
+		Expect(h.fake.DomainNames()).NotTo(ContainElement(ns+".byo"), "an instance was created with a Secret not made for proxies")
+		err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "byo-proxy-credentials"}, &corev1.Secret{})
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a Secret not made for proxies was copied (%v)", err)
+
+		// The type never changes: the user makes a Secret for proxies.
+		Expect(k8sClient.Delete(ctx, registry)).To(Succeed())
+		Expect(k8sClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "crawler-credential"}, Type: crawlv1.CredentialsSecretType,
 			Data: map[string][]byte{"username": []byte("crawler"), "password": []byte(pass)}})).To(Succeed())
 		// Polled: the user's Secrets are not watched (the cache holds only the operator's).
 		giveAddress(h, ns, "byo", "192.0.2.42")

@@ -57,6 +57,12 @@ type ProxyReconciler struct {
 	// Plugins are the providers' plug-ins (Plugins): how a Proxy becomes
 	// its provider's Machine.
 	Plugins plugin.List
+	// DestinationExceptionGrants (--allow-destination-exceptions) and
+	// RefuseUserData (--allow-proxy-user-data=false) are the manager's
+	// rules admission applies, applied again to stored Proxies
+	// (reconcilePolicy).
+	DestinationExceptionGrants proxyaccess.Grants
+	RefuseUserData             bool
 
 	// ProbeInterval re-probes a Ready proxy.
 	ProbeInterval time.Duration
@@ -292,7 +298,8 @@ func (m readyMerge) Merge(_ conditions.MergeOperation, conds []conditions.Condit
 // the spec, the provider or the world) before the Proxy can progress.
 var failedReasons = sets.New(crawlv1.ProxyPermanentErrorReason, crawlv1.ProxyForeignInstanceReason,
 	crawlv1.ProxyAddressTimeoutReason, crawlv1.ProxyProviderDisabledReason,
-	crawlv1.ProxyCredentialsInvalidReason, crawlv1.ProxyCredentialsConflictReason)
+	crawlv1.ProxyCredentialsInvalidReason, crawlv1.ProxyCredentialsConflictReason,
+	crawlv1.ProxyCredentialsNotForProxiesReason, crawlv1.ProxySpecRefusedReason)
 
 // proxyPhase derives the phase from the conditions: Pending until an
 // instance is recorded, Provisioning until Ready, Failed when provisioning
@@ -316,11 +323,12 @@ func proxyPhase(p *crawlv1.Proxy) crawlv1.ProxyPhase {
 
 // reconcileNormal brings the Proxy to a serving instance, one phase after
 // the other (see reconcilePhase). Each phase lives in the file named after
-// it: proxy_resync.go, proxy_credentials.go, proxy_instance.go,
+// it: proxy_policy.go, proxy_resync.go, proxy_credentials.go, proxy_instance.go,
 // proxy_address.go, proxy_health.go; reconcileMachine is below, the
 // machine it builds in proxy_machine.go.
 func (r *ProxyReconciler) reconcileNormal(ctx context.Context, s *proxyScope) (ctrl.Result, error) {
 	return runPhases(ctx, s,
+		r.reconcilePolicy,      // the manager's admission rules, for Proxies stored past them
 		r.reconcileMachine,     // the provider and its view of the Proxy; a kvm Proxy is placed first
 		r.reconcileResync,      // whether the instance is read, or only the proxy probed
 		r.reconcileCredentials, // the Basic credential and its Secret, before any instance has it

@@ -34,7 +34,10 @@ const (
 	labelCredentials = "crawl.example.com/proxy-credentials"
 )
 
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch
+// The verbs the credential code calls: get (the user's Secret, by name),
+// list and watch (the informer behind the cache, label-filtered), create,
+// and patch (the url). Deletion is the garbage collector's.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch
 
 // credentials is a managed Proxy's Basic credential and the Secret the
 // operator keeps it in (status.credentialsSecretRef). The password is
@@ -132,8 +135,9 @@ func (r *ProxyReconciler) credentialsFor(ctx context.Context, p *crawlv1.Proxy, 
 }
 
 // usersCredential reads the credential in the user's Secret namespace/name
-// with the API reader; a missing Secret or key is a wait whose message
-// names the Secret as from does.
+// with the API reader; a missing Secret or key, or a Secret not of type
+// CredentialsSecretType, is a wait whose message names the Secret as from
+// does.
 func (r *ProxyReconciler) usersCredential(ctx context.Context, namespace, name, from string) (user, pass string, wait *waitFor, err error) {
 	theirs := &corev1.Secret{}
 	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, theirs); err != nil {
@@ -142,6 +146,15 @@ func (r *ProxyReconciler) usersCredential(ctx context.Context, namespace, name, 
 				crawlv1.CredentialsUsernameKey + " and " + crawlv1.CredentialsPasswordKey, dependencyPoll}, nil
 		}
 		return "", "", nil, provider.Transientf("read %s: %w", from, err)
+	}
+	// Checked before any key is read: a Secret made for something else
+	// (every kubernetes.io/basic-auth Secret has username and password) is
+	// never copied nor sent by the probe to the Proxy's address.
+	if theirs.Type != crawlv1.CredentialsSecretType {
+		return "", "", &waitFor{crawlv1.ProxyCredentialsNotForProxiesReason, fmt.Sprintf(
+			"%s has type %q, not %s: only Secrets made for proxies are adopted, nothing was copied; create one with kubectl create secret generic NAME --type=%s --from-literal=%s=... --from-literal=%s=...",
+			from, theirs.Type, crawlv1.CredentialsSecretType, crawlv1.CredentialsSecretType,
+			crawlv1.CredentialsUsernameKey, crawlv1.CredentialsPasswordKey), dependencyPoll}, nil
 	}
 	for _, key := range []string{crawlv1.CredentialsUsernameKey, crawlv1.CredentialsPasswordKey} {
 		if len(theirs.Data[key]) == 0 {

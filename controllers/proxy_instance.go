@@ -28,9 +28,7 @@ func (r *ProxyReconciler) reconcileInstance(ctx context.Context, s *proxyScope) 
 		return ctrl.Result{}, nil
 	}
 	p := s.proxy
-	if err := r.attachSquid(p, s.machine, s.creds); err != nil {
-		return r.fail(p, reasonFor(err), err)
-	}
+	r.attachSquid(p, s.machine, s.creds)
 	// probeOnly after a call: the provider could not be asked; nothing to
 	// record, and the instance was not read.
 	if p.Status.ProviderID != "" {

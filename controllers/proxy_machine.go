@@ -120,16 +120,12 @@ func (r *ProxyReconciler) neverPlaced(p *crawlv1.Proxy, m *provider.Machine) boo
 // attachSquid gives m the operator-managed squid configuration of p
 // (spec.access, the credential, the port and the manager's probe
 // sources), which every provider renders with squid.Render; nil when the
-// user's cloud-init owns squid. spec.access is checked by the rules
-// admission applies (proxyaccess.Validate): one refused (stored past the
-// webhook) is permanent, and nothing is created with it.
-func (r *ProxyReconciler) attachSquid(p *crawlv1.Proxy, m *provider.Machine, creds *credentials) error {
+// user's cloud-init owns squid. spec.access passed the rules admission
+// applies in reconcilePolicy.
+func (r *ProxyReconciler) attachSquid(p *crawlv1.Proxy, m *provider.Machine, creds *credentials) {
 	m.Squid = nil
 	if !p.IsManaged() {
-		return nil
-	}
-	if errs := proxyaccess.Validate(p.Spec.Access); len(errs) > 0 {
-		return provider.Permanentf("%v", errs.ToAggregate())
+		return
 	}
 	var auth squid.Auth
 	if creds != nil {
@@ -137,7 +133,6 @@ func (r *ProxyReconciler) attachSquid(p *crawlv1.Proxy, m *provider.Machine, cre
 	}
 	c := proxyaccess.SquidConfig(p.Spec.Access, m.Port, auth, r.ProbeSourceCIDRs)
 	m.Squid = &c
-	return nil
 }
 
 // defaulted is p's spec as admission defaults it, as far as the

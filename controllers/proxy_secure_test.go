@@ -294,7 +294,7 @@ func TestUserCredentialSecret(t *testing.T) {
 		t.Fatalf("phase %s, provider calls %v, requeue %v; want Pending, none, %s", p.Status.Phase, e.prov.Calls(), res.RequeueAfter, dependencyPoll)
 	}
 
-	mine := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mine"}, Data: map[string][]byte{"username": []byte("crawler")}}
+	mine := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mine"}, Type: crawlv1.CredentialsSecretType, Data: map[string][]byte{"username": []byte("crawler")}}
 	if err := e.r.Client.Create(context.Background(), mine); err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,6 @@ type ProxyPoolReconciler struct {
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/finalizers,verbs=update
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch;create;update;patch;delete
 

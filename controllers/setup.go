@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp"
@@ -133,6 +134,13 @@ type ProxyOptions struct {
 	// ranges as the proxies see them, admitted by every managed squid with
 	// Basic auth (still with the credential) so the probe gets through.
 	ProbeSourceCIDRs []string
+	// DestinationExceptionGrants (--allow-destination-exceptions): the
+	// loopback, link-local and metadata ranges Proxies may list as
+	// destination exceptions; none when empty. The webhooks get the same.
+	DestinationExceptionGrants proxyaccess.Grants
+	// RefuseUserData (--allow-proxy-user-data=false) refuses Proxies with
+	// spec.cloudInit; the webhooks get the same.
+	RefuseUserData bool
 	// PortWatch watches the port of each booting Proxy between probes
 	// (zero: portwatch's defaults, dialing for real). A harness whose
 	// proxy addresses are not real sets Dial.
@@ -282,20 +290,22 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	}
 	w := &Wiring{Registry: d.Registry}
 	w.Proxy = &ProxyReconciler{
-		Client:                mgr.GetClient(),
-		APIReader:             mgr.GetAPIReader(),
-		ProbeSourceCIDRs:      d.Proxy.ProbeSourceCIDRs,
-		Registry:              d.Registry,
-		Plugins:               plugins,
-		Recorder:              mgr.GetEventRecorderFor("proxy-controller"),
-		Prober:                d.Prober,
-		Tag:                   d.Tag,
-		ProbeInterval:         d.Proxy.ProbeInterval,
-		ProbeFailureThreshold: d.Proxy.ProbeFailureThreshold,
-		ProvisionPollInterval: d.Proxy.ProvisionPollInterval,
-		AddressTimeout:        d.Proxy.AddressTimeout,
-		ResyncInterval:        d.Proxy.ResyncInterval,
-		ProviderCallTimeout:   d.Proxy.ProviderCallTimeout,
+		Client:                     mgr.GetClient(),
+		APIReader:                  mgr.GetAPIReader(),
+		ProbeSourceCIDRs:           d.Proxy.ProbeSourceCIDRs,
+		DestinationExceptionGrants: d.Proxy.DestinationExceptionGrants,
+		RefuseUserData:             d.Proxy.RefuseUserData,
+		Registry:                   d.Registry,
+		Plugins:                    plugins,
+		Recorder:                   mgr.GetEventRecorderFor("proxy-controller"),
+		Prober:                     d.Prober,
+		Tag:                        d.Tag,
+		ProbeInterval:              d.Proxy.ProbeInterval,
+		ProbeFailureThreshold:      d.Proxy.ProbeFailureThreshold,
+		ProvisionPollInterval:      d.Proxy.ProvisionPollInterval,
+		AddressTimeout:             d.Proxy.AddressTimeout,
+		ResyncInterval:             d.Proxy.ResyncInterval,
+		ProviderCallTimeout:        d.Proxy.ProviderCallTimeout,
 	}
 	w.Proxy.PortWatch, w.Proxy.PortOpen = newPortWatch(ctx, d.Proxy.PortWatch, w.Proxy.notePortOpened)
 

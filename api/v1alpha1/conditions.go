@@ -90,6 +90,15 @@ const (
 	// ProxyCredentialsConflictReason (InstanceProvisioned): a Secret not
 	// owned by the Proxy has the name of its credential Secret.
 	ProxyCredentialsConflictReason = "CredentialsConflict"
+	// ProxyCredentialsNotForProxiesReason (InstanceProvisioned): the
+	// Secret named by spec.access.auth.secretRef is not of type
+	// CredentialsSecretType, so it was not made for proxies and is
+	// neither copied nor used.
+	ProxyCredentialsNotForProxiesReason = "CredentialsNotForProxies"
+	// ProxySpecRefusedReason (InstanceProvisioned): the stored spec
+	// breaks a rule admission applies under the manager's flags (stored
+	// before the rule, or past the webhook): nothing is created for it.
+	ProxySpecRefusedReason = "SpecRefused"
 	// Secure reasons. OpenProxy on a managed squid with Basic auth also
 	// makes Ready False: an open proxy is never reported serving.
 	ProxyAuthRequiredReason  = "AuthenticationRequired"

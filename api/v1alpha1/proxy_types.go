@@ -141,6 +141,16 @@ const (
 	CredentialsURLKey      = "url"
 )
 
+// CredentialsSecretType is the type a Secret must have for
+// spec.access.auth.secretRef to adopt it: made for proxies on purpose
+// (kubectl create secret generic NAME --type=crawl.example.com/proxy-credentials
+// --from-literal=username=... --from-literal=password=...). A Secret's type
+// is set when it is created and never changes, so no Secret written for
+// something else (basic-auth for a registry, a git server, a database)
+// becomes a proxy credential, and no label a tool stamps on every object
+// makes it one.
+const CredentialsSecretType = "crawl.example.com/proxy-credentials"
+
 // CredentialsSecretName is the Secret the operator writes for a managed
 // Proxy with Basic auth (status.credentialsSecretRef): username, password
 // and url. It is owned by the Proxy and goes with it.
@@ -155,9 +165,11 @@ type ProxyAuth struct {
 	// +optional
 	Type ProxyAuthType `json:"type,omitempty"`
 
-	// SecretRef names a Secret in the Proxy's namespace with keys username
-	// and password. When absent with Basic, the operator generates a random
-	// credential into a Secret owned by the Proxy.
+	// SecretRef names a Secret in the Proxy's namespace of type
+	// crawl.example.com/proxy-credentials with keys username and password;
+	// a Secret of another type is never adopted. When absent with Basic,
+	// the operator generates a random credential into a Secret owned by the
+	// Proxy.
 	// +optional
 	SecretRef *LocalObjectReference `json:"secretRef,omitempty"`
 }
@@ -199,8 +211,9 @@ type ProxyAccess struct {
 	// +listType=atomic
 	AllowedPorts []int32 `json:"allowedPorts,omitempty"`
 
-	// ExtraDeniedDestinations are refused on top of the built-in list
-	// (loopback, link-local and metadata, RFC 1918, CGNAT, ULA).
+	// ExtraDeniedDestinations are refused on top of the built-in list of
+	// every range that is not globally reachable (docs/security.md, "The
+	// rendered squid.conf", lists it with the source of each entry).
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=64
@@ -209,8 +222,10 @@ type ProxyAccess struct {
 
 	// AllowedDestinationExceptions are carved out of the built-in denied
 	// list, for targets that really are internal. Each must lie inside a
-	// built-in denied range. Use narrowly: an exception is reachable by
-	// every client of the proxy.
+	// built-in range an exception may lift. One reaching loopback,
+	// link-local or a metadata address is admitted only when the manager
+	// grants it (--allow-destination-exceptions). Use narrowly: an
+	// exception is reachable by every client of the proxy.
 	// +optional
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=64

@@ -56,11 +56,14 @@ func UsesBasic(p *crawlv1.Proxy) bool {
 }
 
 // Validate returns the problems of a managed spec.access, named under
-// spec.access, by the renderer's own rules (squid.Config.ValidateFields).
-// The credential is not part of the spec (it lives in a Secret the
-// controller reads), so squid's username and password checks are left to
-// the controller; the port is spec.port, validated on its own.
-func Validate(a *crawlv1.ProxyAccess) field.ErrorList {
+// spec.access, by the renderer's own rules (squid.Config.ValidateFields)
+// and the operator's: exceptions reaching loopback, link-local or a
+// metadata address only as far as grants (GrantFlag) allow. Admission and
+// the Proxy controller both apply it, so a Proxy stored past the webhook
+// is refused too. The credential is not part of the spec (it lives in a
+// Secret the controller reads), so squid's username and password checks
+// are left to the controller; the port is spec.port, validated on its own.
+func Validate(a *crawlv1.ProxyAccess, grants Grants) field.ErrorList {
 	c := SquidConfig(a, 0, squid.Auth{}, nil)
 	var out field.ErrorList
 	for _, e := range c.ValidateFields(AccessPath) {
@@ -70,5 +73,5 @@ func Validate(a *crawlv1.ProxyAccess) field.ErrorList {
 		}
 		out = append(out, e)
 	}
-	return out
+	return append(out, validateExceptions(a, grants)...)
 }

@@ -41,7 +41,7 @@ func TestSquidConfigMapsAccess(t *testing.T) {
 
 func TestValidateLeavesTheCredentialToTheController(t *testing.T) {
 	a := &crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"10.0.0.0/8", "nope"}}
-	errs := Validate(a)
+	errs := Validate(a, nil)
 	if len(errs) != 1 || errs[0].Field != "spec.access.allowedSourceCIDRs[1]" {
 		t.Fatalf("errors %v, want only spec.access.allowedSourceCIDRs[1]", errs.ToAggregate())
 	}

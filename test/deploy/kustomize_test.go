@@ -489,11 +489,13 @@ func TestMetricsAreAuthenticatedHTTPS(t *testing.T) {
 }
 
 // TestSecretsGrantedOnlyAsProxyCredentialsNeed: the one cluster-wide grant
-// on Secrets is what Proxy credentials need in every Proxy namespace
-// (read the user's spec.access.auth.secretRef, write and watch the
-// operator's own credential Secret) and the kubernetes provider's
-// password-file Secret (which it deletes with the pod), never a wildcard;
-// the SSH Secrets keep their Role in the manager's namespace.
+// on Secrets is what the code calls in every Proxy namespace, never a
+// wildcard: Proxy credentials get the user's spec.access.auth.secretRef,
+// list and watch (the label-filtered informer), create and patch the
+// operator's own credential Secret; a ProxyPool gets, creates, updates and
+// deletes its published Secret; the kubernetes provider gets, creates,
+// updates and deletes its password-file Secret. docs/security.md says the
+// same. The SSH Secrets keep their Role in the manager's namespace.
 func TestSecretsGrantedOnlyAsProxyCredentialsNeed(t *testing.T) {
 	objs := kustomizeBuild(t, "config/default")
 	secretVerbs := func(o *unstructured.Unstructured) []string {

@@ -43,6 +43,13 @@ type ProxyWebhook struct {
 	// fetch internal addresses (SSRF); a KVMImage, which only cluster admins
 	// create, is the default way to name an image.
 	AllowImageURLs bool
+	// DestinationExceptionGrants (--allow-destination-exceptions) are the
+	// loopback, link-local and metadata ranges Proxy authors may list in
+	// allowedDestinationExceptions; none by default (proxyaccess.Validate).
+	DestinationExceptionGrants proxyaccess.Grants
+	// RefuseUserData refuses spec.cloudInit (--allow-proxy-user-data=false;
+	// plugin.Policy.ValidateCloudInit).
+	RefuseUserData bool
 	// Plugins are the providers a Proxy may name, with their part of
 	// defaulting and validation: the list the controllers run with
 	// (controllers.Plugins). Required.
@@ -119,7 +126,7 @@ func accessWarnings(p *crawlv1.Proxy) admission.Warnings {
 				proxyaccess.AccessPath.Child("allowedSourceCIDRs").Index(i), cidr))
 		}
 	}
-	return out
+	return append(out, proxyaccess.Warnings(proxyaccess.AccessPath, a)...)
 }
 
 func (w *ProxyWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Proxy) (admission.Warnings, error) {
@@ -174,9 +181,15 @@ func ValidateProxyUpdate(old, p *crawlv1.Proxy) field.ErrorList {
 	return errs
 }
 
+// policy is the manager's policy the plug-ins and the generic rules apply.
+func (w *ProxyWebhook) policy() plugin.Policy {
+	return plugin.Policy{AllowImageURLs: w.AllowImageURLs, RefuseUserData: w.RefuseUserData}
+}
+
 // ValidateProxy returns every problem of p, each naming its field: the
 // rules of every Proxy, and those of its provider's plug-in under the
-// manager's policy (--allow-proxy-image-urls).
+// manager's policy (--allow-proxy-image-urls, --allow-proxy-user-data,
+// --allow-destination-exceptions).
 func (w *ProxyWebhook) ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 	spec := field.NewPath("spec")
 	pl := spec.Child("placement")
@@ -204,10 +217,11 @@ func (w *ProxyWebhook) ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 				errs = append(errs, field.Forbidden(pl.Child("hostSelector"), onlyHosts))
 			}
 		}
-		errs = append(errs, prov.Validate(p, plugin.Policy{AllowImageURLs: w.AllowImageURLs})...)
+		errs = append(errs, prov.Validate(p, w.policy())...)
 	}
+	errs = append(errs, w.policy().ValidateCloudInit(s)...)
 
-	errs = append(errs, validateAccess(p)...)
+	errs = append(errs, validateAccess(p, w.DestinationExceptionGrants)...)
 
 	if s.Port != 0 && (s.Port < 1 || s.Port > 65535) {
 		errs = append(errs, field.Invalid(spec.Child("port"), s.Port, "must be from 1 to 65535"))
@@ -235,7 +249,7 @@ func (w *ProxyWebhook) ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 // credential Secret's name). An unmanaged one may set nothing but managed.
 // The Secret itself is not read here: it may be created after the Proxy,
 // and the controller reports it missing.
-func validateAccess(p *crawlv1.Proxy) field.ErrorList {
+func validateAccess(p *crawlv1.Proxy, grants proxyaccess.Grants) field.ErrorList {
 	a := p.Spec.Access
 	if a == nil {
 		return nil // stored before spec.access: unmanaged, as it was created
@@ -260,7 +274,7 @@ func validateAccess(p *crawlv1.Proxy) field.ErrorList {
 		}
 		return errs
 	}
-	errs = append(errs, proxyaccess.Validate(a)...)
+	errs = append(errs, proxyaccess.Validate(a, grants)...)
 	if a.Auth != nil && a.Auth.SecretRef != nil {
 		ref := path.Child("auth", "secretRef", "name")
 		switch {

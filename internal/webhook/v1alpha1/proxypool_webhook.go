@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
 
@@ -51,7 +52,7 @@ type ProxyPoolWebhook struct {
 }
 
 func (w *ProxyPoolWebhook) ValidateCreate(_ context.Context, p *crawlv1.ProxyPool) (admission.Warnings, error) {
-	return nil, toInvalid(p, w.validate(p))
+	return templateWarnings(p), toInvalid(p, w.validate(p))
 }
 
 func (w *ProxyPoolWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.ProxyPool) (admission.Warnings, error) {
@@ -62,7 +63,13 @@ func (w *ProxyPoolWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Pro
 	if !equality.Semantic.DeepEqual(old.Spec.Selector, p.Spec.Selector) {
 		errs = append(errs, field.Forbidden(field.NewPath("spec", "selector"), "selector is immutable: the pool would lose its replicas"))
 	}
-	return nil, toInvalid(p, errs)
+	return templateWarnings(p), toInvalid(p, errs)
+}
+
+// templateWarnings are the Proxy webhook's warnings about access that
+// every replica would draw.
+func templateWarnings(p *crawlv1.ProxyPool) admission.Warnings {
+	return proxyaccess.Warnings(field.NewPath("spec", "template", "spec", "access"), p.Spec.Template.Spec.Access)
 }
 
 func (w *ProxyPoolWebhook) ValidateDelete(context.Context, *crawlv1.ProxyPool) (admission.Warnings, error) {

@@ -93,6 +93,7 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -194,8 +195,11 @@ type Options struct {
 	InstallID string
 	// SquidImage runs squid; default DefaultSquidImage. Its entrypoint is
 	// not used: the container runs SquidCommand(ConfigDir).
-	SquidImage      string
-	ImagePullPolicy corev1.PullPolicy // default IfNotPresent
+	SquidImage string
+	// AllowSquidImageTag (--kubernetes-squid-image-allow-tag) admits a
+	// SquidImage named by tag alone; Validate refuses one otherwise.
+	AllowSquidImageTag bool
+	ImagePullPolicy    corev1.PullPolicy // default IfNotPresent
 	// AllowedClientCIDRs may use the proxy; default DefaultAllowedClientCIDRs.
 	AllowedClientCIDRs []string
 	// APIReader reads uncached. With a manager's cached client (and
@@ -254,6 +258,8 @@ var DefaultManagerPodLabels = map[string]string{
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.SquidImage, "kubernetes-squid-image", DefaultSquidImage,
 		"Container image running squid for Proxies with provider kubernetes; pin it by digest (@sha256:...). It must have squid (5 or later) on PATH; it runs as uid 13 on a read-only root.")
+	fs.BoolVar(&o.AllowSquidImageTag, "kubernetes-squid-image-allow-tag", false,
+		"Accept a --kubernetes-squid-image without a digest: whoever can push that tag then chooses what runs in every squid pod, and nodes may run different images.")
 	fs.Func("kubernetes-manager-pod-labels",
 		"Labels of the manager's pods (k=v,k=v), which managed Proxies' NetworkPolicies admit from --manager-namespace (default "+labels.Set(DefaultManagerPodLabels).String()+").",
 		labelsFlag(&o.ManagerPodLabels))
@@ -268,6 +274,19 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Func("kubernetes-dns-cidrs",
 		"Comma-separated CIDRs of DNS servers squid reaches by address, on port 53 only (NodeLocal DNSCache: 169.254.20.10/32).",
 		cidrFlag(&o.DNSCIDRs))
+}
+
+// squidImageDigest is how a pinned image reference ends.
+var squidImageDigest = regexp.MustCompile(`@sha256:[0-9a-f]{64}$`)
+
+// Validate refuses flags the provider could only fail on later, or that
+// weaken it without being asked to: a squid image named by tag alone,
+// which the tag's owner can replace under every squid pod.
+func (o *Options) Validate() error {
+	if !o.AllowSquidImageTag && o.SquidImage != "" && !squidImageDigest.MatchString(o.SquidImage) {
+		return fmt.Errorf("--kubernetes-squid-image %q has no digest: pin the image you vetted (name@sha256:<64 hex>), or accept a tag with --kubernetes-squid-image-allow-tag", o.SquidImage)
+	}
+	return nil
 }
 
 // labelsFlag parses k=v,k=v into *dst.

@@ -75,6 +75,41 @@ type Policy struct {
 	// anyone who may create a Proxy make the manager fetch internal
 	// addresses.
 	AllowImageURLs bool
+	// RefuseUserData refuses spec.cloudInit altogether
+	// (--allow-proxy-user-data=false): on kvm and gcp it runs as root on
+	// the instance, which sits on the hypervisor's network or in the VPC,
+	// and can listen where squid should (docs/security.md). Checked by
+	// ValidateCloudInit, for every provider.
+	RefuseUserData bool
+}
+
+// UserDataFlag is the manager flag behind Policy.RefuseUserData.
+const UserDataFlag = "--allow-proxy-user-data"
+
+// ValidateCloudInit refuses every spec.cloudInit field that is set when
+// the policy refuses user-data, naming the field and the flag; the
+// content never goes into a message. Admission and the Proxy controller
+// both apply it.
+func (pol Policy) ValidateCloudInit(s *crawlv1.ProxySpec) field.ErrorList {
+	if !pol.RefuseUserData {
+		return nil
+	}
+	ci := field.NewPath("spec", "cloudInit")
+	var errs field.ErrorList
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"userData", s.CloudInit.UserData != ""},
+		{"userDataBase64", len(s.CloudInit.UserDataBase64) > 0},
+		{"vendorData", s.CloudInit.VendorData != ""},
+	} {
+		if f.set {
+			errs = append(errs, field.Forbidden(ci.Child(f.name),
+				"this installation refuses Proxy cloud-init (the manager runs with "+UserDataFlag+"=false): it would run as root on the instance, on the hypervisor's network or in the VPC; the operator's managed squid needs none"))
+		}
+	}
+	return errs
 }
 
 // Machines turns a Proxy into its provider's Machine. The Proxy

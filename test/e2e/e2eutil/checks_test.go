@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 )
 
@@ -48,5 +49,28 @@ func TestViaSourceAndCredentials(t *testing.T) {
 	}
 	if _, err := WantStatus(context.Background(), Via{Endpoint: proxy.URL, Source: "not-an-ip"}, "http://192.0.2.1/", 200); err == nil {
 		t.Error("a Source that is no IP address must fail")
+	}
+}
+
+// TestManagerArgsGrantTheRunsOwnException: the manager the e2e and the
+// demo start admits the Proxies they create: a probe server where only the
+// operator may open exceptions (link-local, loopback) is granted by flag,
+// a private one (the test hypervisor's 10.77.0.1) needs no grant.
+func TestManagerArgsGrantTheRunsOwnException(t *testing.T) {
+	for _, tc := range []struct{ probe, want string }{
+		{"http://10.77.0.1:8204/", ""},
+		{"http://169.254.10.1:8204/", "--allow-destination-exceptions=169.254.10.1/32"},
+		{"http://[fe80::1]:8204/", "--allow-destination-exceptions=fe80::1/128"},
+	} {
+		args := ManagerArgs(Config{ProbeURL: tc.probe}, "/keys", "ns", "tag")
+		var got string
+		for _, a := range args {
+			if strings.HasPrefix(a, "--allow-destination-exceptions") {
+				got = a
+			}
+		}
+		if got != tc.want {
+			t.Errorf("probe %s: grant %q, want %q", tc.probe, got, tc.want)
+		}
 	}
 }

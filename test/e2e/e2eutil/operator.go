@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/test/localcp"
 )
 
@@ -50,8 +51,10 @@ const ProxyProbeInterval = 15 * time.Second
 // ManagerArgs are the manager flags for a run against c: the kvm provider
 // only, health checks every CheckInterval, Ready meaning a request through
 // squid to the probe URL, an empty --ssh-key-dir (the KVMHost names its
-// Secret, in namespace, which the manager then reads Secrets from), and a
-// tag of its own for the orphan sweep.
+// Secret, in namespace, which the manager then reads Secrets from), a tag
+// of its own for the orphan sweep, and the grant of the run's destination
+// exception (Access) when it lies where only the operator may open it
+// (loopback, link-local: a probe server there).
 func ManagerArgs(c Config, sshKeyDir, namespace, tag string) []string {
 	args := []string{
 		"--manager-namespace=" + namespace,
@@ -70,6 +73,12 @@ func ManagerArgs(c Config, sshKeyDir, namespace, tag string) []string {
 	}
 	if c.GCInterval > 0 {
 		args = append(args, "--gc-interval="+c.GCInterval.String())
+	}
+	// A bad probe URL fails NewObjects, which calls Access too.
+	if a, err := Access(c); err == nil {
+		if grants := proxyaccess.NeedsGrant(a); len(grants) > 0 {
+			args = append(args, proxyaccess.GrantFlag+"="+strings.Join(grants, ","))
+		}
 	}
 	return args
 }
