@@ -106,9 +106,9 @@ func stopped(*provider.Machine) (*provider.Instance, error) {
 	return &provider.Instance{ProviderID: stateProviderID, Host: "node1", State: provider.StateStopped}, nil
 }
 
-// notAnswering is the kvm provider's refusal to call a host whose health
+// errNotAnswering is the kvm provider's refusal to call a host whose health
 // check got no answer.
-var notAnswering = fmt.Errorf("get: %w", &provider.UnavailableError{Place: `KVM host "hv1"`, Reason: "no answer to its health checks since 2026-12-05T05:47:11Z"})
+var errNotAnswering = fmt.Errorf("get: %w", &provider.UnavailableError{Place: `KVM host "hv1"`, Reason: "no answer to its health checks since 2026-12-05T05:47:11Z"})
 
 func failWith(err error) func(*provider.Machine) (*provider.Instance, error) {
 	return func(*provider.Machine) (*provider.Instance, error) { return nil, err }
@@ -322,7 +322,7 @@ func TestProxyStateMachine(t *testing.T) {
 			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason, Message: "running on node1"})
 			conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
 		},
-		prov: &scriptedProvider{get: failWith(notAnswering)},
+		prov: &scriptedProvider{get: failWith(errNotAnswering)},
 		steps: []step{{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
 			wantReason: crawlv1.ProxyReadyReason, wantMsg: "serving at " + stateEndpoint, wantRequeue: time.Second}},
 		wantCond:    map[string]string{crawlv1.InstanceProvisionedCondition: crawlv1.ProxyReadyReason, crawlv1.HostUnavailableCondition: crawlv1.ProxyHostNotAnsweringReason},
@@ -333,7 +333,7 @@ func TestProxyStateMachine(t *testing.T) {
 			n := 0
 			return func(m *provider.Machine) (*provider.Instance, error) {
 				if n++; n == 1 {
-					return nil, notAnswering
+					return nil, errNotAnswering
 				}
 				return running(stateAddress)(m)
 			}
@@ -348,7 +348,7 @@ func TestProxyStateMachine(t *testing.T) {
 	}, {
 		name:  "provisioning proxy on a host that does not answer: keeps its instance, waits, no Create",
 		setup: recorded,
-		prov:  &scriptedProvider{get: failWith(notAnswering)},
+		prov:  &scriptedProvider{get: failWith(errNotAnswering)},
 		steps: []step{{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyProvisioning, wantReady: metav1.ConditionFalse,
 			wantReason: crawlv1.ProxyHostNotAnsweringReason, wantMsg: "not called until it answers", wantRequeue: dependencyPoll}},
 		wantCond: map[string]string{crawlv1.HostUnavailableCondition: crawlv1.ProxyHostNotAnsweringReason},
@@ -403,7 +403,7 @@ func TestProxyStateMachine(t *testing.T) {
 	}, {
 		name:  "delete on a host that does not answer: DeletionBlocked HostNotAnswering, no error to back off from",
 		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },
-		prov:  &scriptedProvider{delete: func(*provider.Machine) error { return notAnswering }},
+		prov:  &scriptedProvider{delete: func(*provider.Machine) error { return errNotAnswering }},
 		steps: []step{{wantCalls: []string{"Delete"}, wantPhase: crawlv1.ProxyDeleting, wantReady: metav1.ConditionFalse,
 			wantReason: crawlv1.ProxyDeletingReason, wantRequeue: dependencyPoll}},
 		wantCond:    map[string]string{crawlv1.DeletionBlockedCondition: crawlv1.ProxyHostNotAnsweringReason, crawlv1.HostUnavailableCondition: crawlv1.ProxyHostNotAnsweringReason},
@@ -415,7 +415,7 @@ func TestProxyStateMachine(t *testing.T) {
 			n := 0
 			return func(*provider.Machine) error {
 				if n++; n == 1 {
-					return notAnswering
+					return errNotAnswering
 				}
 				return nil
 			}

@@ -222,10 +222,10 @@ func TestFaultInjection(t *testing.T) {
 			go func() { _, err := other.DomainLookupByName("x"); lookup <- err }()
 			testutil.WaitFor(t, func() bool { return f.Stopped() == 2 })
 			select {
-			case <-version:
-				t.Fatal("a call returned from a stopped daemon")
-			case <-lookup:
-				t.Fatal("a call returned from a stopped daemon")
+			case err := <-version:
+				t.Fatalf("a call returned from a stopped daemon: %v", err)
+			case err := <-lookup:
+				t.Fatalf("a call returned from a stopped daemon: %v", err)
 			case <-time.After(20 * time.Millisecond):
 			}
 			if !other.IsConnected() {
