@@ -45,7 +45,13 @@ func TestValidateProxyPool(t *testing.T) {
 	}{
 		{name: "valid", change: func(*crawlv1.ProxyPool) {}},
 		{name: "name too long for its replicas' names", change: func(p *crawlv1.ProxyPool) { p.Name = strings.Repeat("a", 58) },
-			want: []string{"metadata.name: Too long", "57"}},
+			want: []string{"metadata.name: Too long", "55"}},
+		// <pool>-proxies is a Service name: a DNS-1035 label of at most 63.
+		{name: "name too long for the published Service", change: func(p *crawlv1.ProxyPool) { p.Name = strings.Repeat("a", 56) },
+			want: []string{"metadata.name: Too long", "55"}},
+		{name: "name at the published Service's limit", change: func(p *crawlv1.ProxyPool) { p.Name = strings.Repeat("a", 55) }},
+		{name: "name with a leading digit: no Service can be named after it", change: func(p *crawlv1.ProxyPool) { p.Name = "7fleet" },
+			want: []string{"metadata.name: Invalid", "alphabetic character"}},
 		{name: "name not a DNS label", change: func(p *crawlv1.ProxyPool) { p.Name = "Crawl.A" }, want: []string{"metadata.name: Invalid"}},
 		{name: "selector does not match the template's labels", change: func(p *crawlv1.ProxyPool) { p.Spec.Selector.MatchLabels["pool"] = "other" },
 			want: []string{"spec.template.metadata.labels: Invalid", "do not match spec.selector (pool=other)"}},
