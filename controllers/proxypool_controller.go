@@ -221,9 +221,21 @@ func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 // its instance), and the pool is released once none is left. Owner
 // references would let the garbage collector do the last two, but not in
 // this order, and not at all where no collector runs.
+//
+// Deleted with propagationPolicy Orphan (kubectl delete --cascade=orphan),
+// the pool leaves its replicas and published objects as they are, as the
+// garbage collector does (it holds the pool with the orphan finalizer
+// while it removes their owner references).
 func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1.ProxyPool) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(pool, crawlv1.ProxyPoolFinalizer) {
 		r.forget(client.ObjectKeyFromObject(pool))
+		return ctrl.Result{}, nil
+	}
+	if controllerutil.ContainsFinalizer(pool, metav1.FinalizerOrphanDependents) {
+		logf.FromContext(ctx).Info("deleted with its dependents orphaned: replicas and published objects are left as they are")
+		r.Recorder.Event(pool, "Normal", "Orphaned", "deleted with propagation policy Orphan: its replicas and published objects stay")
+		r.forget(client.ObjectKeyFromObject(pool))
+		controllerutil.RemoveFinalizer(pool, crawlv1.ProxyPoolFinalizer)
 		return ctrl.Result{}, nil
 	}
 	if err := r.Publisher.Unpublish(ctx, pool); err != nil {
@@ -276,6 +288,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	hash := poolfleet.TemplateHash(&pool.Spec.Template)
 
 	mem := r.memory(pool)
+	defer func() { pool.Status.RecentCreates = mem.recentCreatesStatus(now) }()
 	replicas, err := r.replicas(ctx, pool, mem, now)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -316,34 +329,64 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	for _, n := range plan.Publish {
 		published = append(published, *byName[n])
 	}
-	// A replica whose credential Secret is not there yet is left out while
-	// the others are published: the rest of the plan goes on, and the list
-	// is written again soon (the pool does not watch Secrets).
-	leftOut := false
-	if err := r.publish(ctx, pool, mem, published, now); errors.Is(err, ErrReplicasLeftOut) {
-		log.V(1).Info("some replicas are not published yet", "reason", err.Error())
-		leftOut = true
-	} else if err != nil {
-		return ctrl.Result{}, fmt.Errorf("publish: %w", err)
-	}
+	// Whatever became of the publish, the rest of the plan goes on: only a
+	// replica a published object may still name waits (its drain for a
+	// list without it, its deletion for the drain).
+	pub := r.publish(ctx, pool, mem, published, now)
 
 	var errs []error
+	var deletes, drained, held []string
 	for _, n := range plan.Drain {
-		if err := r.annotate(ctx, mem, byName[n], crawlv1.DrainingAnnotation, poolfleet.FormatTime(now)); err != nil {
-			errs = append(errs, err)
+		p := byName[n]
+		listed, since, never := mem.exposure(p)
+		switch {
+		case listed:
+			held = append(held, n)
+		case never || !now.Before(since.Add(policy.Drain)):
+			// Never published, or unpublished a drain time ago: crawlers
+			// cannot be using it, nothing to wait for.
+			deletes = append(deletes, n)
+		default:
+			// Its drain time runs from when it left the lists.
+			if err := r.annotate(ctx, mem, p, crawlv1.DrainingAnnotation, poolfleet.FormatTime(since)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			drained = append(drained, n)
 		}
 	}
-	r.event(pool, "Draining", "unpublished, deleted after the drain time", plan.Drain)
-	for _, n := range plan.Delete {
+	r.event(pool, "Draining", "unpublished, deleted after the drain time", drained)
+	deletes = append(deletes, plan.Delete...)
+	for i := range replicas {
+		p := &replicas[i]
+		rep := poolfleet.ReplicaFrom(p, hash)
+		if rep.DrainingSince.IsZero() || rep.Deleting || slices.Contains(plan.Delete, p.Name) {
+			continue
+		}
+		// Draining, but unpublished for long enough already (or never
+		// published): the drain is over.
+		if listed, since, never := mem.exposure(p); !listed && (never || !now.Before(since.Add(policy.Drain))) {
+			deletes = append(deletes, p.Name)
+		}
+	}
+	var deleted []string
+	for _, n := range deletes {
 		p := byName[n]
+		if listed, _, _ := mem.exposure(p); listed {
+			held = append(held, n)
+			continue
+		}
 		if poolfleet.FailedToStart(policy, now, poolfleet.ReplicaFrom(p, hash)) {
 			mem.rememberLineage(replicas, p)
 		}
 		if err := r.delete(ctx, mem, p); err != nil {
 			errs = append(errs, err)
+			continue
 		}
+		deleted = append(deleted, n)
 	}
-	r.event(pool, "Deleted", "deleted", plan.Delete)
+	r.event(pool, "Deleted", "deleted", deleted)
+	r.setPublished(pool, pub, held)
 	for _, n := range plan.Rotate {
 		if err := r.annotate(ctx, mem, byName[n], crawlv1.RotationAnnotation, poolfleet.FormatTime(now)); err != nil {
 			errs = append(errs, err)
@@ -374,14 +417,103 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 			res.RequeueAfter = after
 		}
 	}
-	if leftOut && (res.RequeueAfter == 0 || leftOutRetry < res.RequeueAfter) {
-		res.RequeueAfter = leftOutRetry
+	if retry := pub.retryAfter(); retry > 0 && (res.RequeueAfter == 0 || retry < res.RequeueAfter) {
+		res.RequeueAfter = retry
 	}
-	return res, nil
+	// A failed write is retried with the controller's backoff, after the
+	// rest of the plan was carried out.
+	return res, pub.failed()
 }
 
 // leftOutRetry: how soon a list that left replicas out is written again.
 const leftOutRetry = 2 * time.Second
+
+// blockedRetry: how soon a pool whose published name is taken looks
+// again; the pool does not watch the object in the way.
+const blockedRetry = 30 * time.Second
+
+// publishOutcome is what became of one pass's publish.
+type publishOutcome struct {
+	// skipped: nothing changed since the last complete write.
+	skipped bool
+	listed  int
+	err     error
+}
+
+func (o publishOutcome) asPublishError() (*PublishError, bool) {
+	var pe *PublishError
+	return pe, errors.As(o.err, &pe)
+}
+
+// failed is the error to retry with backoff: a write that did not go
+// through, or a publish that could not even read what to publish.
+func (o publishOutcome) failed() error {
+	if o.err == nil {
+		return nil
+	}
+	if pe, ok := o.asPublishError(); ok {
+		if pe.Written() {
+			return nil
+		}
+		return fmt.Errorf("publish: %w", errors.Join(pe.Failed...))
+	}
+	return fmt.Errorf("publish: %w", o.err)
+}
+
+func (o publishOutcome) retryAfter() time.Duration {
+	pe, ok := o.asPublishError()
+	switch {
+	case !ok:
+		return 0
+	case len(pe.LeftOut) > 0:
+		return leftOutRetry
+	case len(pe.Blocked) > 0:
+		return blockedRetry
+	}
+	return 0
+}
+
+// setPublished sets the Published condition from this pass's publish, and
+// says which drains and deletions wait for a list without their replica.
+func (r *ProxyPoolReconciler) setPublished(pool *crawlv1.ProxyPool, o publishOutcome, held []string) {
+	waiting := ""
+	if len(held) > 0 {
+		slices.Sort(held)
+		waiting = fmt.Sprintf("; %d replicas wait to be removed until a list without them is written: %s", len(held), strings.Join(shortList(held), ", "))
+	}
+	if o.skipped && len(held) == 0 && conditions.Get(pool, crawlv1.PoolPublishedCondition) != nil {
+		return
+	}
+	cond := metav1.Condition{Type: crawlv1.PoolPublishedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.PoolPublishedReason,
+		Message: fmt.Sprintf("%d replicas listed in Secret and Service %s", o.listed, crawlv1.PublishedName(pool.Name))}
+	pe, isPublishError := o.asPublishError()
+	switch {
+	case o.err == nil:
+	case !isPublishError:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, crawlv1.PoolPublishFailedReason, o.err.Error()
+	case len(pe.Failed) > 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, crawlv1.PoolPublishFailedReason, errors.Join(pe.Failed...).Error()
+	case len(pe.Blocked) > 0:
+		var msgs []string
+		for _, b := range pe.Blocked {
+			msgs = append(msgs, b.Message)
+		}
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, pe.Blocked[0].Reason, strings.Join(msgs, "; ")
+	case len(pe.LeftOut) > 0:
+		cond.Reason = crawlv1.PoolReplicasLeftOutReason
+		cond.Message = leftOutError(pool.Namespace+"/"+pool.Name, pe.LeftOut).Error()
+	}
+	cond.Message += waiting
+	conditions.Set(pool, cond)
+}
+
+// shortList is names, the first five and a count of the rest.
+func shortList(names []string) []string {
+	if len(names) <= 5 {
+		return names
+	}
+	return append(slices.Clone(names[:5]), fmt.Sprintf("and %d more", len(names)-5))
+}
 
 // invalidSpec records a spec the controller cannot act on (stored without
 // the webhook); a change of the spec triggers the next reconcile.
@@ -411,20 +543,38 @@ func (r *ProxyPoolReconciler) replicas(ctx context.Context, pool *crawlv1.ProxyP
 }
 
 // publish hands the published replicas to the Publisher when they, or the
-// pool, changed since the last successful call, or RepublishInterval ago.
-func (r *ProxyPoolReconciler) publish(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, published []crawlv1.Proxy, now time.Time) error {
+// pool, changed since the last complete write, or RepublishInterval ago,
+// and keeps in mem which replicas the published objects may name.
+func (r *ProxyPoolReconciler) publish(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, published []crawlv1.Proxy, now time.Time) publishOutcome {
 	fp := publishFingerprint(pool, published)
 	if fp == mem.publishedFP && now.Sub(mem.publishedAt) < r.RepublishInterval {
-		return nil
+		return publishOutcome{skipped: true, listed: len(mem.listed)}
 	}
-	if err := r.Publisher.Publish(ctx, pool, published); err != nil {
-		return err
+	err := r.Publisher.Publish(ctx, pool, published)
+	attempted := make(map[string]bool, len(published))
+	for i := range published {
+		attempted[published[i].Name] = true
+	}
+	written := err == nil
+	var pe *PublishError
+	if errors.As(err, &pe) {
+		for _, l := range pe.LeftOut {
+			delete(attempted, l.Name)
+		}
+		written = pe.Written()
+		if len(pe.LeftOut) > 0 {
+			logf.FromContext(ctx).V(1).Info("some replicas are not published yet", "reason", leftOutError(pool.Namespace+"/"+pool.Name, pe.LeftOut).Error())
+		}
+	}
+	mem.wrote(attempted, written, now)
+	if err != nil {
+		return publishOutcome{listed: len(attempted), err: err}
 	}
 	mem.publishedFP, mem.publishedAt = fp, now
 	if r.OnPublished != nil {
 		r.OnPublished(client.ObjectKeyFromObject(pool), published)
 	}
-	return nil
+	return publishOutcome{listed: len(attempted)}
 }
 
 func publishFingerprint(pool *crawlv1.ProxyPool, published []crawlv1.Proxy) uint64 {
@@ -443,10 +593,15 @@ func publishFingerprint(pool *crawlv1.ProxyPool, published []crawlv1.Proxy) uint
 func (r *ProxyPoolReconciler) annotate(ctx context.Context, mem *poolMemory, p *crawlv1.Proxy, key, value string) error {
 	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, key, value))
 	obj := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-	if err := r.Client.Patch(ctx, obj, patch); err != nil {
-		return fmt.Errorf("annotate %s with %s: %w", p.Name, key, client.IgnoreNotFound(err))
+	if err := r.Client.Patch(ctx, obj, patch); apierrors.IsNotFound(err) {
+		// Deleted by someone else meanwhile: nothing left to mark, and
+		// the deletion's event brings the next reconcile.
+		logf.FromContext(ctx).V(1).Info("replica gone before it was annotated", "proxy", client.ObjectKeyFromObject(p), "annotation", key)
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("annotate %s with %s: %w", p.Name, key, err)
 	}
-	mem.annotated(p.UID, key, value)
+	mem.annotated(p.UID, key, value, r.Clock.Now())
 	logf.FromContext(ctx).V(1).Info("annotated replica", "proxy", client.ObjectKeyFromObject(p), "annotation", key)
 	return nil
 }
@@ -457,7 +612,7 @@ func (r *ProxyPoolReconciler) delete(ctx context.Context, mem *poolMemory, p *cr
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete %s: %w", p.Name, err)
 	}
-	mem.deleting(p.UID)
+	mem.deleting(p.UID, r.Clock.Now())
 	logf.FromContext(ctx).Info("deleted replica", "proxy", client.ObjectKeyFromObject(p))
 	return nil
 }
@@ -713,10 +868,11 @@ type poolMemory struct {
 	// made: created, not yet in the cache.
 	made map[string]madeReplica
 	// marks: annotations written, not yet in the cache.
-	marks map[types.UID]map[string]string
-	// gone: deletions issued, the cache not showing them yet.
-	gone map[types.UID]bool
-	// creates: when each replica was created, kept a CreateWindow.
+	marks map[types.UID]map[string]mark
+	// gone: deletions issued (when), the cache not showing them yet.
+	gone map[types.UID]time.Time
+	// creates: when each replica was created, kept a CreateWindow; also
+	// in status.recentCreates, so a restarted manager keeps the cap.
 	creates  map[string]time.Time
 	lineages []poolfleet.Lineage
 	// lastRotation: the status keeps whole seconds only.
@@ -724,6 +880,17 @@ type poolMemory struct {
 
 	publishedFP uint64
 	publishedAt time.Time
+
+	// listed: the replicas the published objects may name now: those of
+	// the last write that went through, and those a failed write since
+	// tried to list. Unknown (listedKnown false) until a write goes
+	// through after this memory began (at a manager's start), from when
+	// (trackedSince) every listing is seen here.
+	listed       map[string]bool
+	listedKnown  bool
+	trackedSince time.Time
+	// unlisted: when a replica left the lists.
+	unlisted map[string]time.Time
 }
 
 type madeReplica struct {
@@ -731,8 +898,15 @@ type madeReplica struct {
 	at  time.Time
 }
 
+// mark is an annotation value written at a time.
+type mark struct {
+	value string
+	at    time.Time
+}
+
 // expectationTimeout bounds how long a write is assumed to be on its way to
-// the cache; past it, the cache is believed.
+// the cache; past it, the cache is believed (someone may have undone the
+// write, or it never took).
 const expectationTimeout = time.Minute
 
 func (r *ProxyPoolReconciler) memory(pool *crawlv1.ProxyPool) *poolMemory {
@@ -741,8 +915,14 @@ func (r *ProxyPoolReconciler) memory(pool *crawlv1.ProxyPool) *poolMemory {
 	defer r.memMu.Unlock()
 	m := r.pools[key]
 	if m == nil || m.uid != pool.UID {
-		m = &poolMemory{uid: pool.UID, made: map[string]madeReplica{}, marks: map[types.UID]map[string]string{},
-			gone: map[types.UID]bool{}, creates: map[string]time.Time{}}
+		m = &poolMemory{uid: pool.UID, made: map[string]madeReplica{}, marks: map[types.UID]map[string]mark{},
+			gone: map[types.UID]time.Time{}, creates: map[string]time.Time{}}
+		// The creates of the manager before this one (a restart): the
+		// status keeps whole seconds, so each counts up to a second
+		// longer, never shorter.
+		for _, c := range pool.Status.RecentCreates {
+			m.creates[c.Name] = c.Time.Add(time.Second - time.Nanosecond)
+		}
 		r.pools[key] = m
 	}
 	return m
@@ -765,14 +945,74 @@ func (m *poolMemory) created(p *crawlv1.Proxy, replaces string, now time.Time) {
 	}
 }
 
-func (m *poolMemory) annotated(uid types.UID, key, value string) {
+func (m *poolMemory) annotated(uid types.UID, key, value string, now time.Time) {
 	if m.marks[uid] == nil {
-		m.marks[uid] = map[string]string{}
+		m.marks[uid] = map[string]mark{}
 	}
-	m.marks[uid][key] = value
+	m.marks[uid][key] = mark{value: value, at: now}
 }
 
-func (m *poolMemory) deleting(uid types.UID) { m.gone[uid] = true }
+func (m *poolMemory) deleting(uid types.UID, now time.Time) { m.gone[uid] = now }
+
+// recentCreatesStatus is the create record for the status: the creates
+// within the window, oldest first.
+func (m *poolMemory) recentCreatesStatus(now time.Time) []crawlv1.ProxyPoolCreate {
+	var out []crawlv1.ProxyPoolCreate
+	for name, t := range m.creates {
+		if now.Sub(t) < poolfleet.CreateWindow {
+			out = append(out, crawlv1.ProxyPoolCreate{Name: name, Time: metav1.NewTime(t)})
+		}
+	}
+	slices.SortFunc(out, func(a, b crawlv1.ProxyPoolCreate) int {
+		if c := a.Time.Compare(b.Time.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out
+}
+
+// wrote records a publish of attempted: written, the published objects
+// list exactly those now; not written, they may also list them.
+func (m *poolMemory) wrote(attempted map[string]bool, written bool, now time.Time) {
+	if m.listed == nil {
+		m.listed, m.unlisted = map[string]bool{}, map[string]time.Time{}
+	}
+	for n := range attempted {
+		m.listed[n] = true
+		delete(m.unlisted, n)
+	}
+	if !written {
+		return
+	}
+	for n := range m.listed {
+		if !attempted[n] {
+			delete(m.listed, n)
+			m.unlisted[n] = now
+		}
+	}
+	if !m.listedKnown {
+		m.listedKnown, m.trackedSince = true, now
+	}
+}
+
+// exposure says whether a published object may name p now; if none does,
+// since when (never: none ever did).
+func (m *poolMemory) exposure(p *crawlv1.Proxy) (listed bool, since time.Time, never bool) {
+	switch {
+	case !m.listedKnown || m.listed[p.Name]:
+		return true, time.Time{}, false
+	case !m.unlisted[p.Name].IsZero():
+		return false, m.unlisted[p.Name], false
+	case p.CreationTimestamp.Time.Before(m.trackedSince.Truncate(time.Second)):
+		// Made before this memory: another manager may have listed it
+		// until then. (Creation times are whole seconds; a replica made
+		// within the second before cannot have been Ready, let alone
+		// published.)
+		return false, m.trackedSince, false
+	}
+	return false, time.Time{}, true
+}
 
 // rememberLineage keeps the failure count of a replica that failed to start
 // and is deleted before any replacement names it.
@@ -804,15 +1044,15 @@ func (m *poolMemory) overlay(cached []crawlv1.Proxy, now time.Time) []crawlv1.Pr
 		seen[p.UID], names[p.Name] = true, true
 		delete(m.made, p.Name)
 		stale := false
-		if m.gone[p.UID] {
-			if p.DeletionTimestamp.IsZero() {
+		if at, ok := m.gone[p.UID]; ok {
+			if p.DeletionTimestamp.IsZero() && now.Sub(at) <= expectationTimeout {
 				stale = true
 			} else {
 				delete(m.gone, p.UID)
 			}
 		}
 		for k, v := range m.marks[p.UID] {
-			if p.Annotations[k] == v {
+			if p.Annotations[k] == v.value || now.Sub(v.at) > expectationTimeout {
 				delete(m.marks[p.UID], k)
 			} else {
 				stale = true
@@ -826,14 +1066,14 @@ func (m *poolMemory) overlay(cached []crawlv1.Proxy, now time.Time) []crawlv1.Pr
 		}
 		// Copy before changing: the cached object is the informer's.
 		c := p.DeepCopy()
-		if m.gone[c.UID] {
+		if _, ok := m.gone[c.UID]; ok {
 			c.DeletionTimestamp = &metav1.Time{Time: now}
 		}
 		for k, v := range m.marks[c.UID] {
 			if c.Annotations == nil {
 				c.Annotations = map[string]string{}
 			}
-			c.Annotations[k] = v
+			c.Annotations[k] = v.value
 		}
 		out[i] = *c
 	}
@@ -845,6 +1085,16 @@ func (m *poolMemory) overlay(cached []crawlv1.Proxy, now time.Time) []crawlv1.Pr
 	for uid := range m.marks {
 		if !seen[uid] {
 			delete(m.marks, uid)
+		}
+	}
+	for n := range m.listed {
+		if !names[n] {
+			delete(m.listed, n)
+		}
+	}
+	for n := range m.unlisted {
+		if !names[n] {
+			delete(m.unlisted, n)
 		}
 	}
 	for name, made := range m.made {

@@ -144,7 +144,10 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		w.disarm()
 		setScale(pool, 2)
 		Eventually(func() int { return len(poolReplicas(pool)) }).WithTimeout(20 * time.Second).Should(Equal(2))
-		Expect(w.drainedNames()).To(ConsistOf(marked, sick, oldest))
+		// The not-Ready one left the list when it lost Ready, long enough
+		// ago to need no drain now: removed, drained or not.
+		Expect(w.removedNames()).To(ConsistOf(marked, sick, oldest))
+		Expect(w.drainedNames()).To(ContainElements(marked, oldest))
 		Eventually(func() []string { return published.last(pool) }).Should(HaveLen(2))
 		expectPublishedIsReady(pool)
 		w.expectPublishedNeverDraining(pool)
@@ -244,7 +247,9 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		waitProxyGone(ns, victim.Name, 30*time.Second)
 		waitPoolReady(pool, 5)
 		Expect(w.createdNames()).To(HaveLen(6))
-		Expect(w.drainedNames()).To(ConsistOf(victim.Name))
+		// Unpublished when it lost Ready, more than drainSeconds before
+		// its replacement was available: deleted without a drain.
+		Expect(w.removedNames()).To(ConsistOf(victim.Name))
 		w.expectBudgetKept()
 
 		By("three of five unhealthy at once (an outage): the short-circuit")
@@ -560,6 +565,7 @@ type poolWatch struct {
 	created                     []creation
 	createdAt                   map[string]bool
 	drained                     map[string]time.Time
+	removed                     map[string]bool
 	rotated                     []rotation
 	rotatedSeen                 map[string]bool
 	mostRotating, mostExistEver int
@@ -578,7 +584,7 @@ type rotation struct {
 }
 
 func watchPool(ns, pool string) *poolWatch {
-	w := &poolWatch{pool: pool, objs: map[string]*crawlv1.Proxy{}, lastSeen: map[string]*crawlv1.Proxy{}, createdAt: map[string]bool{}, drained: map[string]time.Time{},
+	w := &poolWatch{pool: pool, objs: map[string]*crawlv1.Proxy{}, lastSeen: map[string]*crawlv1.Proxy{}, createdAt: map[string]bool{}, drained: map[string]time.Time{}, removed: map[string]bool{},
 		rotatedSeen: map[string]bool{}, minAvailable: 1 << 30}
 	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
@@ -637,7 +643,11 @@ func (w *poolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 		w.createdAt[p.Name] = true
 		w.created = append(w.created, creation{name: p.Name, at: now})
 	}
+	if t == watch.Deleted || !p.DeletionTimestamp.IsZero() {
+		w.removed[p.Name] = true
+	}
 	if v, ok := p.Annotations[crawlv1.DrainingAnnotation]; ok {
+		w.removed[p.Name] = true
 		if _, seen := w.drained[p.Name]; !seen {
 			at, err := time.Parse(time.RFC3339Nano, v)
 			Expect(err).NotTo(HaveOccurred(), "draining annotation of %s", p.Name)
@@ -726,6 +736,13 @@ func (w *poolWatch) drainedNames() []string {
 		out = append(out, n)
 	}
 	return out
+}
+
+// removedNames are the replicas taken out of service: drained or deleted.
+func (w *poolWatch) removedNames() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Collect(maps.Keys(w.removed))
 }
 
 func (w *poolWatch) rotations() []rotation {

@@ -61,6 +61,11 @@ const (
 	PoolRemediationAllowedCondition = "RemediationAllowed"
 	PoolPlacementBlockedCondition   = "PlacementBlocked"
 	PoolPausedCondition             = "Paused"
+	// PoolPublishedCondition: the published objects list the Ready
+	// replicas. False names the object in the way and why; creates,
+	// remediation and deletions of replicas no list names go on, only
+	// drains wait for a list without the replica.
+	PoolPublishedCondition = "Published"
 )
 
 // ProxyPool condition reasons.
@@ -101,6 +106,19 @@ const (
 	// PoolDeletingReason (Available False): the pool is being deleted,
 	// its replicas with it.
 	PoolDeletingReason = "Deleting"
+	// Published.
+	PoolPublishedReason = "Published"
+	// PoolReplicasLeftOutReason (Published True): some Ready replicas are
+	// not listed yet (their credential Secret is not there yet).
+	PoolReplicasLeftOutReason = "ReplicasLeftOut"
+	// PoolPublishConflictReason (Published False): an object named
+	// <pool>-proxies that the pool does not control is in the way.
+	PoolPublishConflictReason = "NameConflict"
+	// PoolPublishInvalidNameReason (Published False): <pool>-proxies is no
+	// valid Service name (a pool admitted before the name rule).
+	PoolPublishInvalidNameReason = "InvalidName"
+	// PoolPublishFailedReason (Published False): a write failed; retried.
+	PoolPublishFailedReason = "WriteFailed"
 )
 
 // ProxyTemplate is what each replica is made from.
@@ -272,6 +290,14 @@ type ProxyPoolRotationStatus struct {
 	NextTime *metav1.Time `json:"nextTime,omitempty"`
 }
 
+// ProxyPoolCreate is one replica creation.
+type ProxyPoolCreate struct {
+	// Name of the replica.
+	Name string `json:"name"`
+	// Time it was created.
+	Time metav1.Time `json:"time"`
+}
+
 // ProxyPoolStatus is the observed fleet.
 type ProxyPoolStatus struct {
 	// Replicas in existence (any state, draining included).
@@ -298,6 +324,13 @@ type ProxyPoolStatus struct {
 	Selector string `json:"selector,omitempty"`
 	// +optional
 	Rotation *ProxyPoolRotationStatus `json:"rotation,omitempty"`
+	// RecentCreates are the replicas the pool created within the last
+	// minute, deleted ones too: remediation.maxCreatesPerMinute holds
+	// across a restart of the manager.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	RecentCreates []ProxyPoolCreate `json:"recentCreates,omitempty"`
 	// +listType=map
 	// +listMapKey=type
 	// +optional
