@@ -13,6 +13,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -286,6 +287,30 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		Eventually(func() bool { return conditions.IsTrue(getPool(pool), crawlv1.PoolRemediationAllowedCondition) }).WithTimeout(20 * time.Second).Should(BeTrue())
 		Expect(proxyNames(readyPoolReplicas(pool))).To(ConsistOf(proxyNames(now)), "the replicas that were unhealthy serve again; none was replaced")
 		Expect(len(w.createdNames())).To(Equal(created))
+	})
+
+	It("leaves its replicas and published objects when deleted with propagationPolicy Orphan", func() {
+		ns := newNamespace()
+		booter := startPoolBooter(testHosts, ns)
+		defer booter.stop()
+		pool := newPool(ns, "orphan", 1)
+		names := waitPoolReady(pool, 1)
+
+		// kubectl delete --cascade=orphan: the API server puts the orphan
+		// finalizer on the pool; the garbage collector (none runs here)
+		// would remove the owner references and then that finalizer.
+		Expect(k8sClient.Delete(ctx, getPool(pool), client.PropagationPolicy(metav1.DeletePropagationOrphan))).To(Succeed())
+		Eventually(func() []string { return getPool(pool).Finalizers }).Should(Equal([]string{metav1.FinalizerOrphanDependents}))
+		Consistently(func(g Gomega) {
+			p := getProxy(ns, names[0])
+			g.Expect(p.DeletionTimestamp.IsZero()).To(BeTrue(), "replica %s deleted", p.Name)
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: crawlv1.PublishedName("orphan")}, &corev1.Secret{})).To(Succeed())
+		}).WithTimeout(3 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
+
+		// What the garbage collector would do, so the namespace can go.
+		updatePool(pool, func(p *crawlv1.ProxyPool) { p.Finalizers = nil })
+		Expect(k8sClient.Delete(ctx, getProxy(ns, names[0]))).To(Succeed())
+		waitProxyGone(ns, names[0], 20*time.Second)
 	})
 
 	It("backs off a slot whose replicas never start, and says so", func() {
