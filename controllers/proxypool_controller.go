@@ -54,6 +54,12 @@ type ProxyPoolReconciler struct {
 	// RepublishInterval: an unchanged list is published again this often,
 	// so published objects changed by hand come back.
 	RepublishInterval time.Duration
+	// APIReader reads the user's credential Secrets by name; nil: the
+	// Publisher's reader (the manager's API reader).
+	APIReader client.Reader
+	// CredentialsCheckInterval: how often the Secret a template's
+	// auth.secretRef names is read for a change; 0: a minute.
+	CredentialsCheckInterval time.Duration
 	// HostCheckInterval is the KVMHosts' default check interval: placement
 	// waits about that long for a running replica to show in its host's
 	// capacity figures.
@@ -71,7 +77,7 @@ type ProxyPoolReconciler struct {
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools/finalizers,verbs=update
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch;create;update;patch;delete
 
@@ -124,6 +130,12 @@ func (r *ProxyPoolReconciler) complete() error {
 	}
 	if r.RepublishInterval == 0 {
 		r.RepublishInterval = 5 * time.Minute
+	}
+	if r.CredentialsCheckInterval == 0 {
+		r.CredentialsCheckInterval = defaultCredentialsCheckInterval
+	}
+	if r.APIReader == nil {
+		r.APIReader = r.Publisher.reader()
 	}
 	if r.place == nil {
 		r.place = r.placeReplica
@@ -268,6 +280,11 @@ func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1
 		// Replica deletions are watched; the poll is a safety net.
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 	}
+	// Its replicas gone, so are their credential copies (without waiting
+	// for a garbage collector).
+	if err := r.pruneRevisions(ctx, pool, nil); err != nil {
+		return ctrl.Result{}, err
+	}
 	r.forget(client.ObjectKeyFromObject(pool))
 	controllerutil.RemoveFinalizer(pool, crawlv1.ProxyPoolFinalizer)
 	return ctrl.Result{}, nil
@@ -285,7 +302,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	if err != nil {
 		return ctrl.Result{}, r.invalidSpec(pool, err)
 	}
-	hash := poolfleet.TemplateHash(&pool.Spec.Template)
+	templateHash := poolfleet.TemplateHash(&pool.Spec.Template)
 
 	mem := r.memory(pool)
 	defer func() { pool.Status.RecentCreates = mem.recentCreatesStatus(now) }()
@@ -293,6 +310,11 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	creds, err := r.credentialsRevision(ctx, pool, mem, now)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	hash := replicaHash(templateHash, creds)
 	byName := make(map[string]*crawlv1.Proxy, len(replicas))
 	state := poolfleet.State{Now: now, PlacementBlocked: conditions.IsTrue(pool, crawlv1.PoolPlacementBlockedCondition)}
 	if rot := pool.Status.Rotation; rot != nil && rot.LastTime != nil {
@@ -306,7 +328,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	for i := range replicas {
 		p := &replicas[i]
 		byName[p.Name] = p
-		rep := poolfleet.ReplicaFrom(p, hash)
+		rep := replicaFrom(p, hash)
 		state.Replicas = append(state.Replicas, rep)
 		// The annotation outlives a lost status write.
 		if rep.RotatingSince.After(state.LastRotation) {
@@ -320,6 +342,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 
 	plan := poolfleet.Decide(policy, state)
 	r.setStatus(pool, policy, plan, byName, now)
+	r.setCredentialsStatus(pool, replicas, templateHash, hash, plan.Status)
 	log.V(1).Info("plan", "replicas", len(replicas), "publish", len(plan.Publish), "drain", plan.Drain, "delete", plan.Delete,
 		"rotate", plan.Rotate, "create", len(plan.Create), "available", plan.Status.Available, "next", plan.Next)
 
@@ -359,7 +382,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	deletes = append(deletes, plan.Delete...)
 	for i := range replicas {
 		p := &replicas[i]
-		rep := poolfleet.ReplicaFrom(p, hash)
+		rep := replicaFrom(p, hash)
 		if rep.DrainingSince.IsZero() || rep.Deleting || slices.Contains(plan.Delete, p.Name) {
 			continue
 		}
@@ -376,7 +399,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 			held = append(held, n)
 			continue
 		}
-		if poolfleet.FailedToStart(policy, now, poolfleet.ReplicaFrom(p, hash)) {
+		if poolfleet.FailedToStart(policy, now, replicaFrom(p, hash)) {
 			mem.rememberLineage(replicas, p)
 		}
 		if err := r.delete(ctx, mem, p); err != nil {
@@ -406,10 +429,17 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 		conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionFalse,
 			Reason: crawlv1.PoolPlacedReason, Message: "no replica waits for placement"})
 	}
-	if blocked, err := r.create(ctx, pool, mem, replicas, hash, plan.Create, now); err != nil {
+	made, blocked, err := r.create(ctx, pool, mem, replicas, replicaKind{hash: hash, credentials: creds}, plan.Create, now)
+	if err != nil {
 		return ctrl.Result{}, err
 	} else if blocked {
 		res.RequeueAfter = r.PlacementRetry
+	}
+	if keep := revisionsInUse(pool, append(slices.Clone(replicas), made...), creds); keep != nil {
+		if err := r.pruneRevisions(ctx, pool, keep); err != nil {
+			// Unused copies only: the next pass tries again.
+			log.Info("could not delete unused credentials revisions", "err", err.Error())
+		}
 	}
 	if !plan.Next.IsZero() {
 		after := max(plan.Next.Sub(now), time.Millisecond)
@@ -419,6 +449,10 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	}
 	if retry := pub.retryAfter(); retry > 0 && (res.RequeueAfter == 0 || retry < res.RequeueAfter) {
 		res.RequeueAfter = retry
+	}
+	if userCredentialsSecret(pool) != "" && (res.RequeueAfter == 0 || r.CredentialsCheckInterval < res.RequeueAfter) {
+		// The user's Secret is polled, not watched.
+		res.RequeueAfter = r.CredentialsCheckInterval
 	}
 	// A failed write is retried with the controller's backoff, after the
 	// rest of the plan was carried out.
@@ -626,18 +660,18 @@ func (r *ProxyPoolReconciler) delete(ctx context.Context, mem *poolMemory, p *cr
 // thousand does not wait for a thousand round trips in a row, and a
 // template the API refuses costs one create, not a thousand.
 func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, replicas []crawlv1.Proxy,
-	hash string, creates []poolfleet.Create, now time.Time) (blocked bool, _ error) {
+	kind replicaKind, creates []poolfleet.Create, now time.Time) (made []crawlv1.Proxy, blocked bool, _ error) {
 	log := logf.FromContext(ctx)
 	all := slices.Clone(replicas)
 	var placed []*crawlv1.Proxy
 	for _, c := range creates {
-		p, err := r.newReplica(pool, hash, c, all)
+		p, err := r.newReplica(pool, kind, c, all)
 		if err != nil {
-			return false, err
+			return nil, false, err
 		}
 		why, err := r.place(ctx, pool, all, p)
 		if err != nil {
-			return false, fmt.Errorf("place a replica: %w", err)
+			return nil, false, fmt.Errorf("place a replica: %w", err)
 		}
 		if why != nil {
 			conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionTrue,
@@ -668,7 +702,7 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 			break
 		}
 	}
-	var made []string
+	var names []string
 	var failed []error
 	for i, p := range placed[:done] {
 		if errs[i] != nil {
@@ -676,11 +710,20 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 			continue
 		}
 		mem.created(p, p.Annotations[crawlv1.ReplacesAnnotation], now)
-		made = append(made, p.Name)
-		log.Info("created replica", "proxy", client.ObjectKeyFromObject(p), "templateHash", hash)
+		made = append(made, *p)
+		names = append(names, p.Name)
+		log.Info("created replica", "proxy", client.ObjectKeyFromObject(p), "templateHash", kind.hash)
 	}
-	r.event(pool, "Created", "created", made)
-	return blocked, errors.Join(failed...)
+	r.event(pool, "Created", "created", names)
+	return made, blocked, errors.Join(failed...)
+}
+
+// replicaKind is what makes a new replica of the pool now: its template
+// hash and the credentials revision it refers to (nil: the template's own
+// reference).
+type replicaKind struct {
+	hash        string
+	credentials *credentialsRevision
 }
 
 // maxCreateBatch bounds the creates in flight at once.
@@ -694,7 +737,7 @@ const nameAlphabet = "bcdfghjklmnpqrstvwxz2456789"
 // annotations with the pool's name and the template hash, a controller
 // reference to the pool, and a name <pool>-<5 random characters> not taken
 // by another replica.
-func (r *ProxyPoolReconciler) newReplica(pool *crawlv1.ProxyPool, hash string, c poolfleet.Create, taken []crawlv1.Proxy) (*crawlv1.Proxy, error) {
+func (r *ProxyPoolReconciler) newReplica(pool *crawlv1.ProxyPool, kind replicaKind, c poolfleet.Create, taken []crawlv1.Proxy) (*crawlv1.Proxy, error) {
 	tpl := &pool.Spec.Template
 	p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Labels: map[string]string{}, Annotations: map[string]string{}}}
 	for k, v := range tpl.Metadata.Labels {
@@ -704,7 +747,7 @@ func (r *ProxyPoolReconciler) newReplica(pool *crawlv1.ProxyPool, hash string, c
 		p.Annotations[k] = v
 	}
 	p.Labels[crawlv1.PoolNameLabel] = pool.Name
-	p.Labels[crawlv1.TemplateHashLabel] = hash
+	p.Labels[crawlv1.TemplateHashLabel] = kind.hash
 	if c.Replaces != "" {
 		p.Annotations[crawlv1.ReplacesAnnotation] = c.Replaces
 		p.Annotations[crawlv1.StartupFailuresAnnotation] = strconv.Itoa(c.Failures)
@@ -713,6 +756,9 @@ func (r *ProxyPoolReconciler) newReplica(pool *crawlv1.ProxyPool, hash string, c
 		p.Annotations = nil
 	}
 	tpl.Spec.DeepCopyInto(&p.Spec)
+	if kind.credentials != nil {
+		p.Spec.Access.Auth.SecretRef = &crawlv1.LocalObjectReference{Name: kind.credentials.name}
+	}
 	if err := controllerutil.SetControllerReference(pool, p, r.Scheme); err != nil {
 		return nil, err
 	}
@@ -877,6 +923,8 @@ type poolMemory struct {
 	lineages []poolfleet.Lineage
 	// lastRotation: the status keeps whole seconds only.
 	lastRotation time.Time
+	// credentials: the last reading of the template's credential Secret.
+	credentials *credentialsCheck
 
 	publishedFP uint64
 	publishedAt time.Time

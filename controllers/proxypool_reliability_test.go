@@ -515,3 +515,164 @@ func TestPoolMemoryOfWritesExpires(t *testing.T) {
 		t.Errorf("2m after the writes: rotating %v deleting %v; past the expectation timeout the cache is believed", r, d)
 	}
 }
+
+// credentialPool is a pool whose replicas take the credential of the
+// user's Secret crawl-creds (password pw).
+func credentialPool(t *testing.T, replicas int32, pw string) *poolUnit {
+	u := newPoolUnit(t, replicas, func(p *crawlv1.ProxyPool) {
+		p.Spec.Template.Spec.Access = &crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"10.0.0.0/8"},
+			Auth: &crawlv1.ProxyAuth{Type: crawlv1.ProxyAuthBasic, SecretRef: &crawlv1.LocalObjectReference{Name: "crawl-creds"}}}
+	})
+	u.r.CredentialsCheckInterval = time.Minute
+	if err := u.c.Client.Create(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "crawl-creds"},
+		Data: map[string][]byte{"username": []byte("crawler"), "password": []byte(pw)}}); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func (u *poolUnit) setUserPassword(pw string) {
+	u.t.Helper()
+	s := &corev1.Secret{}
+	if err := u.c.Client.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: "crawl-creds"}, s); err != nil {
+		u.t.Fatal(err)
+	}
+	s.Data["password"] = []byte(pw)
+	if err := u.c.Client.Update(context.Background(), s); err != nil {
+		u.t.Fatal(err)
+	}
+}
+
+// revisionsOf are the pool's credential revisions: name → password.
+func (u *poolUnit) revisionsOf() map[string]string {
+	u.t.Helper()
+	list := &corev1.SecretList{}
+	if err := u.c.Client.List(context.Background(), list, client.InNamespace("ns")); err != nil {
+		u.t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, s := range list.Items {
+		if s.Name != "crawl-creds" && strings.Contains(s.Name, "-credentials-") {
+			out[s.Name] = string(s.Data["password"])
+		}
+	}
+	return out
+}
+
+// Issue 26, defect 6: a changed password in the Secret the template's
+// auth.secretRef names is a rollout within the budget: every replica keeps
+// the credential its squid was given until it is replaced.
+func TestPoolCredentialChangeIsARollout(t *testing.T) {
+	u := credentialPool(t, 2, "first-password-1")
+	u.reconcile()
+	revs := u.revisionsOf()
+	if len(revs) != 1 {
+		t.Fatalf("credential revisions %v, want one copy of the user's Secret", revs)
+	}
+	var first string
+	for n := range revs {
+		first = n
+	}
+	for _, p := range u.replicas() {
+		if got := credentialsRef(&p); got != first {
+			t.Errorf("replica %s takes its credential from %q, want the revision %s", p.Name, got, first)
+		}
+	}
+	u.readyAll(time.Hour)
+	u.reconcile()
+	old := u.names()
+
+	u.setUserPassword("second-password-2")
+	u.clock.Step(61 * time.Second)
+	u.reconcile()
+	revs = u.revisionsOf()
+	if len(revs) != 2 || revs[first] != "first-password-1" {
+		t.Fatalf("revisions %v, want the first kept unchanged and a second with the new password", revs)
+	}
+	pool := u.getPool()
+	if c := conditions.Get(pool, crawlv1.PoolRollingOutCondition); c == nil || c.Reason != crawlv1.PoolCredentialsChangedReason || !strings.Contains(c.Message, "crawl-creds") {
+		t.Errorf("RollingOut %+v, want %s naming the Secret", c, crawlv1.PoolCredentialsChangedReason)
+	}
+	// One surged replica with the new credential; the old ones untouched.
+	var fresh []string
+	for _, p := range u.replicas() {
+		if slices.Contains(old, p.Name) {
+			if credentialsRef(&p) != first {
+				t.Errorf("old replica %s now takes %q", p.Name, credentialsRef(&p))
+			}
+			continue
+		}
+		fresh = append(fresh, p.Name)
+		if ref := credentialsRef(&p); ref == first || revs[ref] != "second-password-2" {
+			t.Errorf("new replica %s takes %q, want the new revision", p.Name, ref)
+		}
+	}
+	if len(fresh) != 1 {
+		t.Fatalf("%d replicas made after the change, want 1 (maxSurge 1)", len(fresh))
+	}
+
+	// The rollout finishes; the first revision goes with its last replica.
+	for range 12 {
+		u.readyAll(time.Minute)
+		u.reconcile()
+		u.clock.Step(31 * time.Second)
+	}
+	for _, p := range u.replicas() {
+		if slices.Contains(old, p.Name) {
+			t.Errorf("old replica %s still there after the rollout", p.Name)
+		}
+	}
+	if n := len(u.replicas()); n != 2 {
+		t.Errorf("%d replicas after the rollout, want 2", n)
+	}
+	if revs := u.revisionsOf(); len(revs) != 1 || revs[first] != "" {
+		t.Errorf("revisions %v after the rollout, want only the current one", revs)
+	}
+
+	// Deleted, the pool takes its copies with it (no garbage collector
+	// needed).
+	if err := u.c.Client.Delete(context.Background(), u.getPool()); err != nil {
+		t.Fatal(err)
+	}
+	u.reconcile()
+	u.reconcile()
+	if revs := u.revisionsOf(); len(revs) != 0 {
+		t.Errorf("revisions %v after the pool's deletion", revs)
+	}
+}
+
+// Issue 26, defect 6: replicas whose squid rejects the credential they are
+// probed with (407) are reported as such, and replaced by rollout even
+// when they are more than maxUnhealthy.
+func TestPoolReplicasRejectingTheirCredentialAreReplaced(t *testing.T) {
+	u := credentialPool(t, 2, "first-password-1")
+	u.reconcile()
+	u.readyAll(time.Hour)
+	u.reconcile()
+	old := u.names()
+	// Both answer 407 (their squid has another password than the copy
+	// their Proxy probes with), for ten minutes.
+	for _, p := range u.replicas() {
+		p.Status.Conditions = []metav1.Condition{
+			{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: crawlv1.ProxyProbeAuthFailedReason, LastTransitionTime: metav1.NewTime(u.clock.Now().Add(-10 * time.Minute))},
+			{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionFalse, Reason: crawlv1.ProxyProbeAuthFailedReason, LastTransitionTime: metav1.NewTime(u.clock.Now().Add(-10 * time.Minute))},
+		}
+		if err := u.c.Client.Status().Update(context.Background(), &p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u.reconcile()
+	pool := u.getPool()
+	if c := conditions.Get(pool, crawlv1.PoolAvailableCondition); c == nil || c.Reason != crawlv1.PoolCredentialsRejectedReason || !strings.Contains(c.Message, "407") {
+		t.Errorf("Available %+v, want %s saying they answer 407", c, crawlv1.PoolCredentialsRejectedReason)
+	}
+	made := 0
+	for _, p := range u.replicas() {
+		if !slices.Contains(old, p.Name) {
+			made++
+		}
+	}
+	if made == 0 {
+		t.Errorf("no replacement made for replicas rejecting their credential (2 of 2 unhealthy, over maxUnhealthy)")
+	}
+}

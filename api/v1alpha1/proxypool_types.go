@@ -76,9 +76,16 @@ const (
 	// PoolInvalidSpecReason (Available Unknown): a spec the webhook would
 	// refuse, stored without it; nothing is done until it changes.
 	PoolInvalidSpecReason = "InvalidSpec"
+	// PoolCredentialsRejectedReason (Available False): replicas answer
+	// 407 to the credential they are probed with; the shortfall is theirs.
+	PoolCredentialsRejectedReason = "CredentialsRejected"
 	// RollingOut.
 	PoolRollingOutReason = "RollingOut"
-	PoolUpToDateReason   = "UpToDate"
+	// PoolCredentialsChangedReason (RollingOut True): the Secret the
+	// template's auth.secretRef names changed; replicas made with the
+	// previous credential are replaced.
+	PoolCredentialsChangedReason = "CredentialsChanged"
+	PoolUpToDateReason           = "UpToDate"
 	// PoolOnDeleteReason (RollingOut False): outdated replicas wait until
 	// someone deletes them.
 	PoolOnDeleteReason = "OnDelete"
