@@ -1,7 +1,8 @@
 // Package gcptest is an in-process fake of the Compute Engine v1 REST API,
 // enough of it for the gcp provider: instances insert/get/delete/list/
 // aggregatedList/start/resume, zoneOperations get/wait, zones get/list,
-// firewalls list.
+// firewalls list, routers list/aggregatedList (Cloud Routers with their
+// NAT configurations, PutRouter).
 //
 // It speaks the real wire format: bodies are the compute/v1 package's own
 // types marshalled as the client expects them, errors are the
@@ -94,6 +95,7 @@ type Server struct {
 	nextIP    int
 	repairs   map[string]int                 // instance key → gets left in REPAIRING
 	firewalls map[string][]*compute.Firewall // by project
+	routers   map[string]*compute.Router     // key: project/region/name
 
 	// Resources an insert may reference (see Add*).
 	zones, images, networks, machineTypes map[string]bool
@@ -365,6 +367,8 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("GET "+p+"/zones/{zone}", s.zoneGet)
 	mux.HandleFunc("GET "+p+"/zones", s.zoneList)
 	mux.HandleFunc("GET "+p+"/global/firewalls", s.firewallList)
+	mux.HandleFunc("GET "+p+"/regions/{region}/routers", s.routerList)
+	mux.HandleFunc("GET "+p+"/aggregated/routers", s.routerAggregatedList)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("gcptest: no such method: %s %s", r.Method, r.URL.Path))
 	})
