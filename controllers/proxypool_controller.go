@@ -310,6 +310,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	mem.observeZones(replicas, now)
 	creds, err := r.credentialsRevision(ctx, pool, mem, now)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -925,6 +926,8 @@ type poolMemory struct {
 	lastRotation time.Time
 	// credentials: the last reading of the template's credential Secret.
 	credentials *credentialsCheck
+	// zones: where replicas went and which zones had no room.
+	zones zoneMemory
 
 	publishedFP uint64
 	publishedAt time.Time

@@ -33,7 +33,8 @@ type PlacementBlocked struct{ Reason, Message string }
 //     host, else every KVMHost), with room for the replica and holding the
 //     fewest of the pool's replicas; replica.Spec.Placement.Host is set and
 //     its hostSelector cleared.
-//   - gcp: the listed placement.zones zone with the fewest replicas (none
+//   - gcp: the listed placement.zones zone with the fewest replicas, a
+//     zone that had no room last after the others (chooseZone; none
 //     listed: the template's zone).
 //   - kubernetes: nothing here; the Proxy controller asks the provider for
 //     a topology spread of the pool's pods over nodes.
@@ -50,7 +51,7 @@ func (r *ProxyPoolReconciler) placeReplica(ctx context.Context, pool *crawlv1.Pr
 				inUse = append(inUse, replicas[i].Spec.Placement.Zone)
 			}
 		}
-		if z := placement.ChooseZone(pool.Spec.Placement.Zones, inUse); z != "" {
+		if z := r.chooseZone(pool, inUse); z != "" {
 			replica.Spec.Placement.Zone = z
 		}
 	}

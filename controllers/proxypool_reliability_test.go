@@ -676,3 +676,64 @@ func TestPoolReplicasRejectingTheirCredentialAreReplaced(t *testing.T) {
 		t.Errorf("no replacement made for replicas rejecting their credential (2 of 2 unhealthy, over maxUnhealthy)")
 	}
 }
+
+// A zone that answered it has no room (ZONE_RESOURCE_POOL_EXHAUSTED) is
+// tried again only after the pool's other zones.
+func TestPoolTriesAnExhaustedZoneLast(t *testing.T) {
+	zones := []string{"us-central1-a", "us-central1-b", "us-central1-c"}
+	u := newPoolUnit(t, 3, func(p *crawlv1.ProxyPool) {
+		p.Spec.Template.Spec = crawlv1.ProxySpec{Provider: crawlv1.ProviderGCP}
+		p.Spec.Placement.Zones = zones
+	})
+	u.reconcile()
+	zoneOf := func() map[string]string {
+		out := map[string]string{}
+		for _, p := range u.replicas() {
+			out[p.Name] = p.Spec.Placement.Zone
+		}
+		return out
+	}
+	count := func() map[string]int {
+		out := map[string]int{}
+		for _, z := range zoneOf() {
+			out[z]++
+		}
+		return out
+	}
+	if c := count(); c[zones[0]] != 1 || c[zones[1]] != 1 || c[zones[2]] != 1 {
+		t.Fatalf("zones %v, want one replica in each", c)
+	}
+	// The replica in the first zone is told there is no room there.
+	for _, p := range u.replicas() {
+		if p.Spec.Placement.Zone != zones[0] {
+			continue
+		}
+		p.Status.Conditions = []metav1.Condition{{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionFalse,
+			Reason: crawlv1.ProxyInsufficientCapacityReason, Message: "ZONE_RESOURCE_POOL_EXHAUSTED", LastTransitionTime: metav1.NewTime(u.clock.Now())}}
+		if err := u.c.Client.Status().Update(context.Background(), &p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u.clock.Step(time.Second)
+	u.reconcile()
+	before := zoneOf()
+	u.update(func(p *crawlv1.ProxyPool) { p.Spec.Replicas = ptr.To(int32(5)) })
+	u.reconcile()
+	var placed []string
+	for n, z := range zoneOf() {
+		if _, ok := before[n]; !ok {
+			placed = append(placed, z)
+		}
+	}
+	slices.Sort(placed)
+	if !slices.Equal(placed, zones[1:]) {
+		t.Fatalf("new replicas went to %v, want %v: %s has no room and the others were not tried since", placed, zones[1:], zones[0])
+	}
+	// Both others tried since: the first zone is back in the spread.
+	u.clock.Step(time.Second)
+	u.update(func(p *crawlv1.ProxyPool) { p.Spec.Replicas = ptr.To(int32(6)) })
+	u.reconcile()
+	if c := count(); c[zones[0]] != 2 {
+		t.Errorf("zones %v, want the sixth replica in %s again, the others having been tried", c, zones[0])
+	}
+}

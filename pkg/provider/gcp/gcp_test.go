@@ -536,6 +536,9 @@ func TestCapacityErrorNamesZonesWithCapacity(t *testing.T) {
 	)
 	_, err := p.Create(ctx(t), machine())
 	wantClass(t, err, provider.ClassTransient)
+	if !errors.Is(err, provider.ErrNoCapacity) {
+		t.Errorf("error %v does not say the zone has no capacity (provider.ErrNoCapacity): a pool would try the zone again first", err)
+	}
 	for _, want := range []string{"ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_AVAILABILITY", "zonesAvailable=us-central1-b,us-central1-f", "Try us-central1-b or us-central1-f."} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not carry %q", err, want)
@@ -563,6 +566,9 @@ func TestOperationErrors(t *testing.T) {
 			srv.FailNextOperation(gcptest.CallInsert, tc.code, "boom", tc.status)
 			_, err := p.Create(ctx(t), machine())
 			wantClass(t, err, tc.want)
+			if got, want := errors.Is(err, provider.ErrNoCapacity), strings.HasPrefix(tc.code, "ZONE_RESOURCE_POOL_EXHAUSTED"); got != want {
+				t.Errorf("error %v: no capacity %v, want %v", err, got, want)
+			}
 			if !strings.Contains(err.Error(), tc.code) {
 				t.Errorf("error %q does not name %s", err, tc.code)
 			}
