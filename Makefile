@@ -61,7 +61,7 @@ envtest: ## Provide kube-apiserver + etcd for envtest (prints the directory).
 	@hack/envtest-assets.sh
 
 .PHONY: test-deps
-test-deps: ## Install the Debian packages whose real binaries the tests run (squid, isoinfo, virt-xml-validate, cloud-init).
+test-deps: ## Install the Debian packages the tests run for real (squid, isoinfo, virt-xml-validate, cloud-init, Scrapy, requests) and the Crawlee recipe's node_modules.
 	hack/test-deps.sh
 
 .PHONY: test
@@ -102,6 +102,7 @@ FUZZ_TARGETS = \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
 	./pkg/squid:FuzzRender \
+	./pkg/fleet:FuzzDecideKeepsTheBudget \
 	./controllers:FuzzPublishCredentialURL
 
 .PHONY: fuzz

@@ -243,12 +243,14 @@ func run(o options) error {
 	}
 
 	if o.enableWebhooks {
+		// Admission knows the providers the controllers know.
+		proxyWebhook := webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs, Plugins: controllers.Plugins()}
 		for name, setup := range map[string]func(ctrl.Manager) error{
 			"KVMHost":  (&webhookv1.KVMHostWebhook{ManagerNamespace: o.managerNamespace}).SetupWithManager,
 			"KVMImage": (&webhookv1.KVMImageWebhook{}).SetupWithManager,
-			"Proxy":    (&webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs}).SetupWithManager,
+			"Proxy":    proxyWebhook.SetupWithManager,
 			// A pool's template is validated as its replicas will be.
-			"ProxyPool": (&webhookv1.ProxyPoolWebhook{Proxy: webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs}}).SetupWithManager,
+			"ProxyPool": (&webhookv1.ProxyPoolWebhook{Proxy: proxyWebhook}).SetupWithManager,
 		} {
 			if err := setup(mgr); err != nil {
 				return fmt.Errorf("create %s webhook: %w", name, err)

@@ -19,8 +19,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
-	"crawl.example.com/proxy-operator/pkg/provider/kvm"
-	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
 
 // OrphanCollector periodically deletes instances that carry our tag and
@@ -35,7 +34,10 @@ type OrphanCollector struct {
 	// has not caught up would make a live Proxy look gone.
 	Reader   client.Reader
 	Registry *provider.Registry
-	Tag      string
+	// Plugins are the providers' plug-ins (Plugins): where an orphan's
+	// Event goes. Required.
+	Plugins plugin.List
+	Tag     string
 	// InstallID is this install's id (ResolveInstallID), the one the
 	// providers were built with.
 	InstallID string
@@ -66,12 +68,6 @@ type OrphanCollector struct {
 type seenOwner struct {
 	owner provider.Owner
 	since time.Time
-}
-
-// VolumeSweeper deletes a host's unused per-Proxy volumes whose UID
-// collect accepts; *kvm.Provider implements it.
-type VolumeSweeper interface {
-	SweepVolumes(ctx context.Context, host string, collect func(uid string) bool) (candidates, deleted []string, err error)
 }
 
 // DefaultVolumeGrace outlasts any Create in flight by far (its calls are
@@ -126,6 +122,9 @@ func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 	if c.Recorder == nil {
 		return 0, errors.New("orphan sweep: no event recorder")
 	}
+	if c.Plugins == nil {
+		return 0, errors.New("orphan sweep: no provider plug-ins")
+	}
 	timeout := c.CallTimeout
 	if timeout <= 0 {
 		timeout = DefaultSweepCallTimeout
@@ -143,7 +142,7 @@ func (c *OrphanCollector) Sweep(ctx context.Context) (int, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", prov.Name(), err))
 		}
 		unanswered := map[string]bool{} // hosts where a call ran out of time
-		vs, sweepsVolumes := prov.(VolumeSweeper)
+		vs, sweepsVolumes := prov.(plugin.VolumeSweeper)
 		listed := map[string]map[string]bool{} // host -> UIDs listed this pass
 		if sweepsVolumes {
 			listed = c.remember(instances)
@@ -233,7 +232,7 @@ func (c *OrphanCollector) remember(instances []provider.Instance) map[string]map
 // (3) no Proxy with the UID exists, and (4) all three have held for
 // VolumeGrace, measured from the first pass that found them. A UID never
 // seen (another install's, or leaked while no manager ran) is never swept.
-func (c *OrphanCollector) sweepVolumes(ctx context.Context, timeout time.Duration, providerName string, vs VolumeSweeper,
+func (c *OrphanCollector) sweepVolumes(ctx context.Context, timeout time.Duration, providerName string, vs plugin.VolumeSweeper,
 	listed map[string]map[string]bool, unanswered map[string]bool) (int, error) {
 	log := logf.FromContext(ctx)
 	grace := c.VolumeGrace
@@ -284,7 +283,7 @@ func (c *OrphanCollector) sweepVolumes(ctx context.Context, timeout time.Duratio
 		callCtx, cancel := context.WithTimeout(ctx, timeout)
 		candidates, vols, err := vs.SweepVolumes(callCtx, host, collect)
 		cancel()
-		c.recordVolumes(ctx, timeout, providerName, host, owners, vols)
+		c.recordVolumes(ctx, timeout, providerName, vs, host, owners, vols)
 		deleted += len(vols)
 		if err != nil {
 			log.Error(err, "sweep volumes", "provider", providerName, "host", host)
@@ -315,10 +314,11 @@ func (c *OrphanCollector) sweepVolumes(ctx context.Context, timeout time.Duratio
 }
 
 // recordVolumes logs and records an Event per swept volume.
-func (c *OrphanCollector) recordVolumes(ctx context.Context, timeout time.Duration, providerName, host string, owners map[string]*seenOwner, vols []string) {
+func (c *OrphanCollector) recordVolumes(ctx context.Context, timeout time.Duration, providerName string, vs plugin.VolumeSweeper,
+	host string, owners map[string]*seenOwner, vols []string) {
 	log := logf.FromContext(ctx)
 	for _, vol := range vols {
-		uid, _ := domxml.VolumeOwnerUID(vol)
+		uid, _ := vs.VolumeOwnerUID(vol)
 		o := provider.Owner{UID: uid}
 		if so := owners[uid]; so != nil {
 			o = so.owner
@@ -333,11 +333,12 @@ func (c *OrphanCollector) recordVolumes(ctx context.Context, timeout time.Durati
 
 // recordDeleted records an OrphanDeleted Event for a swept instance. Its
 // Proxy is gone, so the Event goes where someone will look: on the KVMHost
-// for a kvm domain (cluster-scoped, it outlives the Proxy's namespace and is
-// where an admin looks at a host's history), else on the gone Proxy itself,
-// by reference, in its namespace (kubectl get events -n NS).
+// for a provider of the Hosts domain (cluster-scoped, it outlives the
+// Proxy's namespace and is where an admin looks at a host's history), else
+// on the gone Proxy itself, by reference, in its namespace (kubectl get
+// events -n NS).
 func (c *OrphanCollector) recordDeleted(ctx context.Context, timeout time.Duration, providerName, host string, owner provider.Owner, msg string) {
-	if providerName == kvm.Name {
+	if c.Plugins.DomainOf(providerName) == plugin.Hosts {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		kh := &crawlv1.KVMHost{}

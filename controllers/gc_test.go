@@ -48,7 +48,7 @@ func newSweepInstall(t *testing.T, id string) *sweepInstall {
 	t.Cleanup(img.Close)
 	events := &eventLog{}
 	return &sweepInstall{t: t, id: id, api: api, img: img, events: events,
-		gc: &OrphanCollector{Reader: api, Registry: provider.NewRegistry(), Tag: "proxy-operator", InstallID: id, Recorder: events}}
+		gc: &OrphanCollector{Reader: api, Registry: provider.NewRegistry(), Plugins: Plugins(), Tag: "proxy-operator", InstallID: id, Recorder: events}}
 }
 
 // withKVM adds this install's kvm provider on the shared hosts.

@@ -230,7 +230,7 @@ func (r *KVMImageReconciler) reconcileHost(ctx context.Context, img *crawlv1.KVM
 		return entry, 0
 	}
 
-	job := r.startJob(ctx, key, ImageOf(img))
+	job := r.startJob(ctx, key, kvm.ImageOf(img))
 	done, total, finished, res, err := job.snapshot()
 	setPhase := func(p crawlv1.ImageHostPhase) {
 		if entry.Phase != p || entry.LastTransitionTime == nil {

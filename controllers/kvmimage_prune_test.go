@@ -114,12 +114,12 @@ var _ = Describe("image cache", func() {
 
 		// The other install's KVMImage: the same name and spec.
 		name := uniqueName("debian")
-		img := ImageOf(&crawlv1.KVMImage{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: crawlv1.KVMImageSpec{
+		img := kvm.ImageOf(&crawlv1.KVMImage{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: crawlv1.KVMImageSpec{
 			URL: srv.Image.URL, Checksum: srv.Image.Checksum, Format: crawlv1.ImageFormatRaw, Firmware: crawlv1.FirmwareUEFI}})
 		_, err := other.EnsureImage(ctx, h.name, img, nil)
 		Expect(err).NotTo(HaveOccurred())
 		ki := createImage(name, srv)
-		Expect(ImageOf(ki)).To(Equal(img))
+		Expect(kvm.ImageOf(ki)).To(Equal(img))
 		waitImageVerified(name, h.name, srv.Image.Checksum)
 		// Hosts of other specs may be Ready too: count uploads to h only.
 		Expect(k8sClient.Get(ctx, client.ObjectKey{Name: name}, ki)).To(Succeed())

@@ -292,7 +292,7 @@ func TestStalePlacementReadsEndWithOneDomain(t *testing.T) {
 			}
 			return cl.Get(ctx, key, obj, opts...)
 		}}).Build()
-	r := &ProxyReconciler{Client: c, APIReader: c, Recorder: record.NewFakeRecorder(100), Registry: provider.NewRegistry(),
+	r := &ProxyReconciler{Client: c, APIReader: c, Recorder: record.NewFakeRecorder(100), Registry: provider.NewRegistry(), Plugins: Plugins(),
 		Prober: okProber{}, Tag: "unit", Clock: clocktesting.NewFakePassiveClock(time.Unix(1000, 0))}
 	if err := r.complete(); err != nil {
 		t.Fatal(err)

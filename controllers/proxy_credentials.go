@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -48,8 +49,20 @@ func (c *credentials) auth() squid.Auth {
 	return squid.Auth{Type: squid.AuthBasic, Username: c.Username, Password: c.Password}
 }
 
-// reconcileCredentials returns the credential of a managed Proxy with
-// Basic auth (nil for others), keeping the operator's Secret with it:
+// reconcileCredentials puts the credential of a managed Proxy with Basic
+// auth into s.creds (nil for others); see credentialsFor. On the fast path
+// (s.probeOnly) a user's credential is taken from the operator's copy.
+func (r *ProxyReconciler) reconcileCredentials(ctx context.Context, s *proxyScope) (ctrl.Result, error) {
+	creds, wait, err := r.credentialsFor(ctx, s.proxy, s.probeOnly)
+	if err != nil || wait != nil {
+		return r.stopFor(s.proxy, wait, err)
+	}
+	s.creds = creds
+	return ctrl.Result{}, nil
+}
+
+// credentialsFor returns the credential of a managed Proxy with Basic
+// auth (nil for others), keeping the operator's Secret with it:
 //
 //   - generated (no secretRef): made once, a random password
 //     (squid.GeneratePassword), and reused from the Secret ever after. A
@@ -62,7 +75,7 @@ func (c *credentials) auth() squid.Auth {
 //
 // A missing or unusable credential is a wait with the Secret and key in
 // its message: no instance is created without one.
-func (r *ProxyReconciler) reconcileCredentials(ctx context.Context, p *crawlv1.Proxy, fast bool) (*credentials, *waitFor, error) {
+func (r *ProxyReconciler) credentialsFor(ctx context.Context, p *crawlv1.Proxy, fast bool) (*credentials, *waitFor, error) {
 	if !proxyaccess.UsesBasic(p) {
 		p.Status.CredentialsSecretRef = nil
 		return nil, nil, nil
@@ -86,21 +99,10 @@ func (r *ProxyReconciler) reconcileCredentials(ctx context.Context, p *crawlv1.P
 		from = fmt.Sprintf("Secret %s/%s (copied from spec.access.auth.secretRef %s)", p.Namespace, name, ref.Name)
 	case ref != nil:
 		from = fmt.Sprintf("Secret %s/%s (spec.access.auth.secretRef)", p.Namespace, ref.Name)
-		theirs := &corev1.Secret{}
-		if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: ref.Name}, theirs); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil, &waitFor{crawlv1.ProxyCredentialsMissingReason, from + " not found: create it with keys " +
-					crawlv1.CredentialsUsernameKey + " and " + crawlv1.CredentialsPasswordKey, dependencyPoll}, nil
-			}
-			return nil, nil, provider.Transientf("read %s: %w", from, err)
+		var wait *waitFor
+		if user, pass, wait, err = r.usersCredential(ctx, p.Namespace, ref.Name, from); wait != nil || err != nil {
+			return nil, wait, err
 		}
-		for _, key := range []string{crawlv1.CredentialsUsernameKey, crawlv1.CredentialsPasswordKey} {
-			if len(theirs.Data[key]) == 0 {
-				return nil, &waitFor{crawlv1.ProxyCredentialsMissingReason, fmt.Sprintf("%s has no key %q (it needs %s and %s)",
-					from, key, crawlv1.CredentialsUsernameKey, crawlv1.CredentialsPasswordKey), dependencyPoll}, nil
-			}
-		}
-		user, pass = string(theirs.Data[crawlv1.CredentialsUsernameKey]), string(theirs.Data[crawlv1.CredentialsPasswordKey])
 	case owned != nil && len(owned.Data[crawlv1.CredentialsPasswordKey]) > 0 && len(owned.Data[crawlv1.CredentialsUsernameKey]) > 0:
 		user, pass = string(owned.Data[crawlv1.CredentialsUsernameKey]), string(owned.Data[crawlv1.CredentialsPasswordKey])
 		from = fmt.Sprintf("Secret %s/%s (generated)", p.Namespace, name)
@@ -127,6 +129,27 @@ func (r *ProxyReconciler) reconcileCredentials(ctx context.Context, p *crawlv1.P
 	}
 	p.Status.CredentialsSecretRef = &crawlv1.LocalObjectReference{Name: name}
 	return c, nil, nil
+}
+
+// usersCredential reads the credential in the user's Secret namespace/name
+// with the API reader; a missing Secret or key is a wait whose message
+// names the Secret as from does.
+func (r *ProxyReconciler) usersCredential(ctx context.Context, namespace, name, from string) (user, pass string, wait *waitFor, err error) {
+	theirs := &corev1.Secret{}
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, theirs); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", "", &waitFor{crawlv1.ProxyCredentialsMissingReason, from + " not found: create it with keys " +
+				crawlv1.CredentialsUsernameKey + " and " + crawlv1.CredentialsPasswordKey, dependencyPoll}, nil
+		}
+		return "", "", nil, provider.Transientf("read %s: %w", from, err)
+	}
+	for _, key := range []string{crawlv1.CredentialsUsernameKey, crawlv1.CredentialsPasswordKey} {
+		if len(theirs.Data[key]) == 0 {
+			return "", "", &waitFor{crawlv1.ProxyCredentialsMissingReason, fmt.Sprintf("%s has no key %q (it needs %s and %s)",
+				from, key, crawlv1.CredentialsUsernameKey, crawlv1.CredentialsPasswordKey), dependencyPoll}, nil
+		}
+	}
+	return string(theirs.Data[crawlv1.CredentialsUsernameKey]), string(theirs.Data[crawlv1.CredentialsPasswordKey]), nil, nil
 }
 
 // credentialsSecret reads the operator's Secret of p from the cache, and
@@ -221,10 +244,7 @@ func credentialsURL(p *crawlv1.Proxy, c *credentials) string {
 	if p.Status.Address == "" {
 		return ""
 	}
-	port := p.Spec.Port
-	if port == 0 {
-		port = crawlv1.DefaultProxyPort
-	}
+	port := defaulted(&p.Spec).Port
 	u := url.URL{Scheme: "http", User: url.UserPassword(c.Username, c.Password), Host: net.JoinHostPort(p.Status.Address, strconv.Itoa(int(port)))}
 	return u.String()
 }

@@ -146,6 +146,7 @@ func testReconciler(t *testing.T, prober proxyprobe.Prober, clk *clocktesting.Fa
 		APIReader: c,
 		Recorder:  record.NewFakeRecorder(100),
 		Registry:  provider.NewRegistry(),
+		Plugins:   Plugins(),
 		Prober:    prober,
 		Tag:       "unit",
 	}
@@ -166,8 +167,8 @@ func TestReconcilersRejectMissingDependencies(t *testing.T) {
 		complete func() error
 		want     string
 	}{
-		{"Proxy", (&ProxyReconciler{Registry: provider.NewRegistry()}).complete, "ProxyReconciler: missing APIReader, Client, Prober, Recorder"},
-		{"ProxyPool", (&ProxyPoolReconciler{}).complete, "ProxyPoolReconciler: missing Client, Publisher, Recorder, Scheme"},
+		{"Proxy", (&ProxyReconciler{Registry: provider.NewRegistry()}).complete, "ProxyReconciler: missing APIReader, Client, Plugins, Prober, Recorder"},
+		{"ProxyPool", (&ProxyPoolReconciler{}).complete, "ProxyPoolReconciler: missing Client, Plugins, Publisher, Recorder, Scheme"},
 		{"KVMImage", (&KVMImageReconciler{JobContext: context.Background()}).complete, "KVMImageReconciler: missing Cacher, Client, Recorder"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -573,7 +574,7 @@ func TestFirstProbeBacksOff(t *testing.T) {
 					r.instanceDown(p, provider.StateStopped)
 					summarize(p)
 				}
-				res, err := r.reconcileHealth(context.Background(), p, nil)
+				res, err := r.reconcileHealth(context.Background(), newProxyScope(context.Background(), r.Client, p))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -694,7 +695,7 @@ func TestBootingProxyPortIsWatched(t *testing.T) {
 			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason,
 				LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))})
 			for range tc.script {
-				if _, err := r.reconcileHealth(ctx, p, nil); err != nil {
+				if _, err := r.reconcileHealth(ctx, newProxyScope(ctx, r.Client, p)); err != nil {
 					t.Fatal(err)
 				}
 				summarize(p)
@@ -797,9 +798,9 @@ func TestBootingProxyIsProbedWithoutRereads(t *testing.T) {
 			r.ResyncInterval = resync
 			r.Registry.Add(prov)
 			key := client.ObjectKeyFromObject(p)
-			r.markSynced(key)
+			r.mem.markSynced(key, r.Clock.Now())
 			if tc.backingOff {
-				r.nextProbeBackoff(key, true)
+				r.mem.nextProbeBackoff(key, true, r.ProvisionPollInterval)
 			}
 			clk.SetTime(clk.Now().Add(tc.since))
 			if tc.opened != "" {
@@ -862,7 +863,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
 	key := client.ObjectKeyFromObject(p)
-	r.markSynced(key)
+	r.mem.markSynced(key, r.Clock.Now())
 
 	type outcome struct {
 		res ctrl.Result
@@ -870,7 +871,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		res, err := r.reconcileHealth(ctx, p, nil)
+		res, err := r.reconcileHealth(ctx, newProxyScope(ctx, r.Client, p))
 		done <- outcome{res, err}
 	}()
 	<-prober.started
@@ -887,7 +888,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	if !conditions.IsTrue(p, crawlv1.ProxyHealthyCondition) || p.Status.Probe.ConsecutiveFailures != 0 || p.Status.Probe.LastError != "" {
 		t.Fatalf("ProxyHealthy %+v, probe %+v: an interrupted probe is no verdict", conditions.Get(p, crawlv1.ProxyHealthyCondition), p.Status.Probe)
 	}
-	if r.readWithin(key, r.ResyncInterval) {
+	if r.mem.readWithin(key, r.ResyncInterval, r.Clock.Now()) {
 		t.Fatal("the event did not mark the instance for a re-read")
 	}
 	if ev := <-requeued; ev.Object.GetName() != "p" {
@@ -896,7 +897,7 @@ func TestProviderEventInterruptsTheProbe(t *testing.T) {
 	// A probe after the event is not interrupted by it.
 	prober2 := &scriptedProber{results: []proxyprobe.Result{{OK: true, Through: true, Latency: time.Millisecond}}}
 	r.Prober = prober2
-	if res, err := r.reconcileHealth(ctx, p, nil); err != nil || res.RequeueAfter != r.ProbeInterval {
+	if res, err := r.reconcileHealth(ctx, newProxyScope(ctx, r.Client, p)); err != nil || res.RequeueAfter != r.ProbeInterval {
 		t.Fatalf("next probe: %+v, %v; want the probe interval", res, err)
 	}
 }

@@ -50,7 +50,7 @@ func TestProbeThresholdDoesNotFlap(t *testing.T) {
 				Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1", Endpoint: "http://192.0.2.1:3128"}}
 			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
 			for i, want := range tc.wantHealthy {
-				if _, err := r.reconcileHealth(context.Background(), p, nil); err != nil {
+				if _, err := r.reconcileHealth(context.Background(), newProxyScope(context.Background(), r.Client, p)); err != nil {
 					t.Fatal(err)
 				}
 				summarize(p)
@@ -74,7 +74,7 @@ func TestProbeThresholdDoesNotFlap(t *testing.T) {
 func TestTCPProbeSaysTheProxyWasNotProbed(t *testing.T) {
 	r := testReconciler(t, &scriptedProber{results: []proxyprobe.Result{{OK: true}}}, nil)
 	p := &crawlv1.Proxy{Spec: crawlv1.ProxySpec{Port: 3128}, Status: crawlv1.ProxyStatus{Address: "192.0.2.1"}}
-	if _, err := r.reconcileHealth(context.Background(), p, nil); err != nil {
+	if _, err := r.reconcileHealth(context.Background(), newProxyScope(context.Background(), r.Client, p)); err != nil {
 		t.Fatal(err)
 	}
 	c := conditions.Get(p, crawlv1.ProxyHealthyCondition)

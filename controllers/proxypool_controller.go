@@ -30,6 +30,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	poolfleet "crawl.example.com/proxy-operator/pkg/fleet"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
 
 // ProxyPoolReconciler keeps a ProxyPool's replicas (Proxies it owns) at
@@ -60,6 +61,9 @@ type ProxyPoolReconciler struct {
 	// CredentialsCheckInterval: how often the Secret a template's
 	// auth.secretRef names is read for a change; 0: a minute.
 	CredentialsCheckInterval time.Duration
+	// Plugins are the providers' plug-ins (Plugins): where a provider's
+	// replicas are placed.
+	Plugins plugin.List
 	// HostCheckInterval is the KVMHosts' default check interval: placement
 	// waits about that long for a running replica to show in its host's
 	// capacity figures.
@@ -116,6 +120,7 @@ func (r *ProxyPoolReconciler) SetupWithManager(mgr ctrl.Manager, opts controller
 func (r *ProxyPoolReconciler) complete() error {
 	if err := requireDeps("ProxyPoolReconciler", map[string]bool{
 		"Client": r.Client != nil, "Scheme": r.Scheme != nil, "Recorder": r.Recorder != nil, "Publisher": r.Publisher != nil,
+		"Plugins": r.Plugins != nil,
 	}); err != nil {
 		return err
 	}

@@ -15,8 +15,8 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
-	webhookv1alpha1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/placement"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
 
 // PlacementBlocked says why a replica cannot be created now. Reason is
@@ -24,27 +24,28 @@ import (
 type PlacementBlocked struct{ Reason, Message string }
 
 // placeReplica places one new replica before it is created (see
-// docs/placement.md). replicas are the pool's replicas in any state, those
-// created earlier in the same reconcile included: they are what keeps a
-// burst from piling onto one host before any host is checked again.
+// docs/placement.md), by the placement domain of its provider's plug-in.
+// replicas are the pool's replicas in any state, those created earlier in
+// the same reconcile included: they are what keeps a burst from piling
+// onto one host before any host is checked again.
 //
-//   - kvm: a KVMHost among the Ready ones matching the pool's
+//   - Hosts (kvm): a KVMHost among the Ready ones matching the pool's
 //     placement.hostSelector (else the template's hostSelector, else its
 //     host, else every KVMHost), with room for the replica and holding the
 //     fewest of the pool's replicas; replica.Spec.Placement.Host is set and
 //     its hostSelector cleared.
-//   - gcp: the listed placement.zones zone with the fewest replicas, a
-//     zone that had no room last after the others (chooseZone; none
+//   - Zones (gcp): the listed placement.zones zone with the fewest replicas,
+//     a zone that had no room last after the others (chooseZone; none
 //     listed: the template's zone).
-//   - kubernetes: nothing here; the Proxy controller asks the provider for
-//     a topology spread of the pool's pods over nodes.
+//   - Nodes (kubernetes): nothing here; the Proxy controller asks the
+//     provider for a spread of the pool's instances over nodes.
 //
 // nil, nil: create it; a PlacementBlocked: do not create it now.
 func (r *ProxyPoolReconciler) placeReplica(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy) (*PlacementBlocked, error) {
-	switch replica.Spec.Provider {
-	case crawlv1.ProviderKVM:
+	switch r.Plugins.DomainOf(string(replica.Spec.Provider)) {
+	case plugin.Hosts:
 		return r.placeOnHost(ctx, pool, replicas, replica)
-	case crawlv1.ProviderGCP:
+	case plugin.Zones:
 		var inUse []string
 		for i := range replicas {
 			if spreads(&replicas[i]) {
@@ -161,17 +162,18 @@ func capacityOf(h *crawlv1.KVMHost) *placement.Capacity {
 // proxiesOn returns every Proxy on or placed on the eligible hosts (the
 // keys of checks): the pool's
 // replicas as passed (they include creates the cache has not seen yet) and
-// every other kvm Proxy from the cache (other pools', standalone ones),
-// which take room too.
+// every other Proxy of the Hosts domain from the cache (other pools',
+// standalone ones), which take room too.
 func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checks map[string]hostChecks, replicas []crawlv1.Proxy) ([]placement.Replica, error) {
 	now := r.now()
 	ours := make(map[types.NamespacedName]bool, len(replicas))
 	var out []placement.Replica
 	add := func(p *crawlv1.Proxy, pools bool) {
-		if p.Spec.Provider != crawlv1.ProviderKVM {
+		pl := r.Plugins.Get(string(p.Spec.Provider))
+		if pl == nil || pl.Domain() != plugin.Hosts {
 			return
 		}
-		host := hostOf(p)
+		host := pl.HostOf(p)
 		hc, eligible := checks[host]
 		if !eligible {
 			return
@@ -242,15 +244,6 @@ func (r *ProxyPoolReconciler) now() time.Time {
 	return time.Now()
 }
 
-// hostOf is where a kvm Proxy is: the provider ID's host, else the host
-// recorded at placement, else the one its spec names.
-func hostOf(p *crawlv1.Proxy) string {
-	if h := recordedHost(p); h != "" {
-		return h
-	}
-	return cmp.Or(p.Status.Host, p.Spec.Placement.Host)
-}
-
 // spreads says whether one of the pool's replicas counts for the spread:
 // replicas being deleted or drained are on their way out.
 func spreads(p *crawlv1.Proxy) bool {
@@ -258,12 +251,10 @@ func spreads(p *crawlv1.Proxy) bool {
 	return p.DeletionTimestamp.IsZero() && !draining
 }
 
-// sizeOf is what a Proxy takes, with the defaults the webhook applies (a
+// sizeOf is what a Proxy takes, with the defaults admission applies (a
 // replica is placed before it is stored, and Proxies stored with the
 // webhook off carry none).
 func sizeOf(p *crawlv1.Proxy) placement.Resources {
-	d := crawlv1.Proxy{Spec: crawlv1.ProxySpec{Resources: *p.Spec.Resources.DeepCopy()}}
-	webhookv1alpha1.DefaultProxy(&d)
-	res := d.Spec.Resources
+	res := defaulted(&p.Spec).Resources
 	return placement.Resources{CPUs: int64(res.CPUs), MemoryBytes: res.Memory.Value(), DiskBytes: res.Disk.Value()}
 }

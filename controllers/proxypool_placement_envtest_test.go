@@ -148,7 +148,7 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 				}},
 			},
 		}
-		r = &ProxyPoolReconciler{Client: mgr.client}
+		r = &ProxyPoolReconciler{Client: mgr.client, Plugins: Plugins()}
 		// Placement reads the manager's cache, which may lag the reads above.
 		Eventually(func(g Gomega) {
 			for _, name := range []string{small, mid, big} {

@@ -66,7 +66,7 @@ func placementReconciler(t *testing.T, objs ...client.Object) *ProxyPoolReconcil
 	t.Helper()
 	c := fake.NewClientBuilder().WithScheme(envtestutil.Scheme()).WithObjects(objs...).
 		WithStatusSubresource(&crawlv1.KVMHost{}, &crawlv1.Proxy{}).Build()
-	return &ProxyPoolReconciler{Client: c}
+	return &ProxyPoolReconciler{Client: c, Plugins: Plugins()}
 }
 
 // placeBurst places n replicas in one pass as the pool does: each created

@@ -462,14 +462,11 @@ func endpointOf(r *crawlv1.Proxy) (sliceEndpoint, string) {
 	if addr.IsUnspecified() || addr.IsLoopback() || addr.IsLinkLocalUnicast() || addr.IsLinkLocalMulticast() {
 		return sliceEndpoint{}, fmt.Sprintf("address %s cannot be an endpoint", addr)
 	}
-	port := r.Spec.Port
+	port := defaulted(&r.Spec).Port
 	if ep, why := parseEndpoint(r.Status.Endpoint); why == "" {
 		if n, err := strconv.ParseInt(ep.Port(), 10, 32); err == nil && n > 0 {
 			port = int32(n)
 		}
-	}
-	if port == 0 {
-		port = crawlv1.DefaultProxyPort
 	}
 	ep := discoveryv1.Endpoint{
 		Addresses: []string{addr.String()},
@@ -530,10 +527,7 @@ func (p *Publisher) publishSecret(ctx context.Context, pool *crawlv1.ProxyPool, 
 }
 
 func (p *Publisher) publishService(ctx context.Context, pool *crawlv1.ProxyPool) error {
-	port := pool.Spec.Template.Spec.Port
-	if port == 0 {
-		port = crawlv1.DefaultProxyPort
-	}
+	port := defaulted(&pool.Spec.Template.Spec).Port
 	svc := &corev1.Service{}
 	return p.ensure(ctx, pool, "Service", svc, func(created bool) error {
 		if created {

@@ -461,7 +461,7 @@ func (u *poolUnit) restart() {
 	u.t.Helper()
 	old := u.r
 	u.r = &ProxyPoolReconciler{Client: old.Client, Scheme: old.Scheme, Recorder: old.Recorder, Publisher: &Publisher{Client: old.Client},
-		Clock: old.Clock, Rand: rand.New(rand.NewPCG(3, 4)), OnPublished: old.OnPublished}
+		Clock: old.Clock, Rand: rand.New(rand.NewPCG(3, 4)), OnPublished: old.OnPublished, Plugins: old.Plugins}
 	if err := u.r.complete(); err != nil {
 		u.t.Fatal(err)
 	}

@@ -117,7 +117,7 @@ func newPoolUnit(t *testing.T, replicas int32, tune ...func(*crawlv1.ProxyPool))
 	u := &poolUnit{t: t, c: &laggingClient{Client: base}, clock: clocktesting.NewFakeClock(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)),
 		pool: client.ObjectKeyFromObject(pool)}
 	u.c.clock = u.clock
-	u.r = &ProxyPoolReconciler{Client: u.c, Scheme: sch, Recorder: record.NewFakeRecorder(1000), Publisher: &Publisher{Client: u.c},
+	u.r = &ProxyPoolReconciler{Client: u.c, Plugins: Plugins(), Scheme: sch, Recorder: record.NewFakeRecorder(1000), Publisher: &Publisher{Client: u.c},
 		Clock: u.clock, Rand: rand.New(rand.NewPCG(1, 2)),
 		OnPublished: func(_ types.NamespacedName, rs []crawlv1.Proxy) { u.pubs = append(u.pubs, proxyNames(rs)) }}
 	if err := u.r.complete(); err != nil {

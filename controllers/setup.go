@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -20,15 +21,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/provider/gcp"
+	"crawl.example.com/proxy-operator/pkg/provider/kubernetes"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 	"crawl.example.com/proxy-operator/pkg/squid"
 )
@@ -39,6 +44,16 @@ import (
 // each reconcile, a hot loop of probes and provider calls. Periodic work is
 // RequeueAfter's, provider changes come as events.
 var specOrAnnotationChanged = predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{})
+
+// Plugins is the registration list: the plug-in of every provider the
+// operator knows (see package plugin), in the order messages name them.
+// Generic code (the Proxy and ProxyPool controllers, the sweep, the
+// webhooks) reaches a provider's own rules only through it; main.go gives
+// the same list to the webhooks, and Setup uses it unless Deps.Plugins says
+// otherwise. A new provider is one line here.
+func Plugins() plugin.List {
+	return plugin.List{kvm.Plugin(), kubernetes.Plugin(), gcp.Plugin()}
+}
 
 // ManagerOptions sets what every manager of this operator needs on opts (the
 // classic work queue) and returns it. The priority queue, on by default in
@@ -79,6 +94,9 @@ type Deps struct {
 	// Registry holds the providers the caller enabled besides kvm
 	// (kubernetes, gcp); Setup adds kvm when KVM is set. Required.
 	Registry *provider.Registry
+	// Plugins are the providers' plug-ins; nil: Plugins(). Every provider
+	// in Registry needs one; the webhooks must get the same list.
+	Plugins plugin.List
 	// Prober checks each proxy (TCP connect, or HTTP through it). Required.
 	Prober proxyprobe.Prober
 	// Tag is written on every instance and selects them for the sweep.
@@ -194,6 +212,11 @@ func (d *Deps) Validate() error {
 	if d.Registry == nil {
 		errs = append(errs, errors.New("Deps.Registry is required"))
 	}
+	if d.Plugins != nil {
+		if err := d.Plugins.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("Deps.Plugins: %w", err))
+		}
+	}
 	if d.Prober == nil {
 		errs = append(errs, errors.New("Deps.Prober is required"))
 	}
@@ -241,7 +264,8 @@ func (d *Deps) Validate() error {
 // Setup wires the operator into mgr: the kvm provider and its connection
 // pool, the lifecycle-event bridge, the Proxy, KVMHost and KVMImage
 // controllers, the ProxyPool controller, the Proxy-by-host and by-pool
-// indexes and the orphan sweep. main.go and
+// indexes and the orphan sweep, the generic ones with the providers'
+// plug-ins (Deps.Plugins, else Plugins()). main.go and
 // every test harness call it, so tests run what production runs.
 func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	if err := d.Validate(); err != nil {
@@ -252,12 +276,17 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	if err := provider.ValidateInstallID(d.InstallID); err != nil {
 		return nil, fmt.Errorf("Deps.InstallID: %w", err)
 	}
+	plugins := d.Plugins
+	if plugins == nil {
+		plugins = Plugins()
+	}
 	w := &Wiring{Registry: d.Registry}
 	w.Proxy = &ProxyReconciler{
 		Client:                mgr.GetClient(),
 		APIReader:             mgr.GetAPIReader(),
 		ProbeSourceCIDRs:      d.Proxy.ProbeSourceCIDRs,
 		Registry:              d.Registry,
+		Plugins:               plugins,
 		Recorder:              mgr.GetEventRecorderFor("proxy-controller"),
 		Prober:                d.Prober,
 		Tag:                   d.Tag,
@@ -279,12 +308,18 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		w.KVM = prov
 		d.Registry.Add(prov)
 	}
+	for _, name := range d.Registry.Enabled() {
+		if plugins.Get(name) == nil {
+			return nil, fmt.Errorf("provider %q is enabled but has no plug-in (registered: %s)", name, strings.Join(plugins.Names(), ", "))
+		}
+	}
 	if err := w.Proxy.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: proxyWorkers}); err != nil {
 		return nil, fmt.Errorf("create Proxy controller: %w", err)
 	}
 
 	w.Pool = &ProxyPoolReconciler{
 		Client:   mgr.GetClient(),
+		Plugins:  plugins,
 		Scheme:   mgr.GetScheme(),
 		Recorder: mgr.GetEventRecorderFor("proxypool-controller"),
 		// Credential Secrets are read one by one through the API reader: a
@@ -303,7 +338,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	}
 
 	w.Sweep = &OrphanCollector{
-		Reader: mgr.GetAPIReader(), Registry: d.Registry, Tag: d.Tag, InstallID: d.InstallID,
+		Reader: mgr.GetAPIReader(), Registry: d.Registry, Plugins: plugins, Tag: d.Tag, InstallID: d.InstallID,
 		Interval: d.Sweep.Interval, CallTimeout: d.Sweep.CallTimeout, VolumeGrace: d.Sweep.VolumeGrace,
 		Recorder: mgr.GetEventRecorderFor("orphan-collector"),
 	}
@@ -366,6 +401,34 @@ func setupKVM(ctx context.Context, mgr ctrl.Manager, k *KVMDeps, installID strin
 		return nil, fmt.Errorf("create KVMImage controller: %w", err)
 	}
 	return prov, nil
+}
+
+// BridgeKVMEvents turns libvirt lifecycle events into Proxy reconcile
+// requests: the Proxy is marked dirty (its instance is re-read at once), a
+// probe of it under way is interrupted (the reconcile would otherwise wait
+// for it), and it is requeued. It runs until ctx ends.
+func BridgeKVMEvents(ctx context.Context, src <-chan kvm.DomainEvent, r *ProxyReconciler) <-chan event.GenericEvent {
+	out := make(chan event.GenericEvent, 256)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev := <-src:
+				key := types.NamespacedName{Namespace: ev.Namespace, Name: ev.Name}
+				r.MarkDirty(key)
+				r.InterruptProbe(key)
+				obj := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ev.Namespace, Name: ev.Name}}
+				select {
+				case out <- event.GenericEvent{Object: obj}:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out
 }
 
 // ValidateProbeSourceCIDRs checks --probe-source-cidrs by the renderer's

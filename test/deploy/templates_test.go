@@ -21,6 +21,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/controllers"
 	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
 	"crawl.example.com/proxy-operator/test/envtestutil"
 )
@@ -284,6 +285,8 @@ func decodeYAML(t *testing.T, s string) []*unstructured.Unstructured {
 // crawl.example.com object (webhooks are not installed in this envtest).
 func webhookErrors(t *testing.T, o *unstructured.Unstructured) field.ErrorList {
 	t.Helper()
+	// As main.go builds it with its default flags.
+	proxyWebhook := &webhookv1.ProxyWebhook{Plugins: controllers.Plugins()}
 	convert := func(into any) {
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, into); err != nil {
 			t.Fatalf("%s %s: %v", o.GetKind(), o.GetName(), err)
@@ -303,16 +306,16 @@ func webhookErrors(t *testing.T, o *unstructured.Unstructured) field.ErrorList {
 	case "Proxy":
 		p := &crawlv1.Proxy{}
 		convert(p)
-		webhookv1.DefaultProxy(p)
-		return webhookv1.ValidateProxy(p)
+		proxyWebhook.DefaultProxy(p)
+		return proxyWebhook.ValidateProxy(p)
 	case "ProxyPool":
 		// Each replica must pass the Proxy webhook: check one as the pool
 		// would create it (the pool places it on a host).
 		pool := &crawlv1.ProxyPool{}
 		convert(pool)
 		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: pool.Name + "-x7k2p", Namespace: pool.Namespace}, Spec: *pool.Spec.Template.Spec.DeepCopy()}
-		webhookv1.DefaultProxy(p)
-		return webhookv1.ValidateProxy(p)
+		proxyWebhook.DefaultProxy(p)
+		return proxyWebhook.ValidateProxy(p)
 	}
 	return nil
 }

@@ -2,8 +2,6 @@ package v1alpha1
 
 import (
 	"context"
-	"net/url"
-	"regexp"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -38,12 +36,8 @@ func (w *KVMImageWebhook) Default(ctx context.Context, img *crawlv1.KVMImage) er
 
 // DefaultKVMImage applies KVMImage defaults in place.
 func DefaultKVMImage(img *crawlv1.KVMImage) {
-	if img.Spec.Firmware == "" {
-		img.Spec.Firmware = crawlv1.FirmwareUEFI
-	}
-	if img.Spec.Format == "" {
-		img.Spec.Format = crawlv1.ImageFormatQCOW2
-	}
+	img.Spec.Firmware = img.Spec.Firmware.OrDefault()
+	img.Spec.Format = img.Spec.Format.OrDefault()
 }
 
 func (w *KVMImageWebhook) ValidateCreate(_ context.Context, img *crawlv1.KVMImage) (admission.Warnings, error) {
@@ -65,57 +59,9 @@ func (w *KVMImageWebhook) ValidateDelete(context.Context, *crawlv1.KVMImage) (ad
 func ValidateKVMImage(img *crawlv1.KVMImage) field.ErrorList {
 	spec := field.NewPath("spec")
 	var errs field.ErrorList
-	errs = append(errs, validateImageURL(spec.Child("url"), img.Spec.URL)...)
-	errs = append(errs, validateChecksum(spec.Child("checksum"), img.Spec.Checksum, true)...)
-	errs = append(errs, validateFormat(spec.Child("format"), img.Spec.Format)...)
-	errs = append(errs, validateFirmware(spec.Child("firmware"), img.Spec.Firmware)...)
+	errs = append(errs, crawlv1.ValidateImageURL(spec.Child("url"), img.Spec.URL)...)
+	errs = append(errs, crawlv1.ValidateImageChecksum(spec.Child("checksum"), img.Spec.Checksum, true)...)
+	errs = append(errs, crawlv1.ValidateImageFormat(spec.Child("format"), img.Spec.Format)...)
+	errs = append(errs, crawlv1.ValidateFirmware(spec.Child("firmware"), img.Spec.Firmware)...)
 	return errs
-}
-
-var checksumRE = regexp.MustCompile(`^sha256:[0-9a-fA-F]{64}$`)
-
-func validateChecksum(p *field.Path, sum string, required bool) field.ErrorList {
-	if sum == "" {
-		if required {
-			return field.ErrorList{field.Required(p, `"sha256:<64 hex digits>" of the image`)}
-		}
-		return nil
-	}
-	if !checksumRE.MatchString(sum) {
-		return field.ErrorList{field.Invalid(p, sum, `must be "sha256:" followed by 64 hex digits`)}
-	}
-	return nil
-}
-
-func validateImageURL(p *field.Path, raw string) field.ErrorList {
-	if raw == "" {
-		return field.ErrorList{field.Required(p, "http(s) URL of the image")}
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return field.ErrorList{field.Invalid(p, raw, "not a URL: "+err.Error())}
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return field.ErrorList{field.Invalid(p, raw, "scheme must be http or https")}
-	}
-	if u.Host == "" {
-		return field.ErrorList{field.Invalid(p, raw, "URL has no host")}
-	}
-	return nil
-}
-
-func validateFormat(p *field.Path, f crawlv1.ImageFormat) field.ErrorList {
-	switch f {
-	case "", crawlv1.ImageFormatQCOW2, crawlv1.ImageFormatRaw:
-		return nil
-	}
-	return field.ErrorList{field.NotSupported(p, f, []string{string(crawlv1.ImageFormatQCOW2), string(crawlv1.ImageFormatRaw)})}
-}
-
-func validateFirmware(p *field.Path, f crawlv1.Firmware) field.ErrorList {
-	switch f {
-	case "", crawlv1.FirmwareUEFI, crawlv1.FirmwareBIOS:
-		return nil
-	}
-	return field.ErrorList{field.NotSupported(p, f, []string{string(crawlv1.FirmwareUEFI), string(crawlv1.FirmwareBIOS)})}
 }

@@ -39,7 +39,7 @@ func TestDefaultProxyAccess(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := kvmProxy()
 			p.Spec.Access = tc.access
-			if err := (&ProxyWebhook{}).Default(context.Background(), p); err != nil {
+			if err := proxyWebhook(false).Default(context.Background(), p); err != nil {
 				t.Fatal(err)
 			}
 			if !equality.Semantic.DeepEqual(p.Spec.Access, tc.want) {
@@ -53,7 +53,7 @@ func TestDefaultProxyAccess(t *testing.T) {
 // spec.access to a Proxy stored before it existed (its squid belongs to
 // its cloud-init), and such a Proxy stays updatable.
 func TestStoredProxyWithoutAccessStaysUnmanaged(t *testing.T) {
-	w := &ProxyWebhook{}
+	w := proxyWebhook(false)
 	stored := kvmProxy()
 	stored.Spec.Access = nil
 	p := stored.DeepCopy()
@@ -78,7 +78,7 @@ func TestStoredProxyWithoutAccessStaysUnmanaged(t *testing.T) {
 // in a form that defaults to the stored one is no change (access is
 // immutable); a real change is refused naming spec.access.
 func TestAccessDefaultsKeepTheStoredSpelling(t *testing.T) {
-	w := &ProxyWebhook{}
+	w := proxyWebhook(false)
 	stored := kvmProxy()
 	stored.Spec.Access.AllowedPorts, stored.Spec.Access.MaxConnectionsPerClient = nil, 0 // stored with the webhook off
 	p := stored.DeepCopy()
@@ -107,7 +107,7 @@ func TestValidateProxyAccess(t *testing.T) {
 	basic := func(a *crawlv1.ProxyAccess) func(*crawlv1.Proxy) {
 		return func(p *crawlv1.Proxy) {
 			p.Spec.Access = a
-			DefaultProxy(p)
+			proxyWebhook(false).DefaultProxy(p)
 		}
 	}
 	cases := []struct {
@@ -155,7 +155,7 @@ func TestValidateProxyAccess(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := kvmProxy()
 			tc.mutate(p)
-			checkErrs(t, ValidateProxy(p).ToAggregate(), tc.wantErr)
+			checkErrs(t, proxyWebhook(true).ValidateProxy(p).ToAggregate(), tc.wantErr)
 		})
 	}
 }
@@ -164,7 +164,7 @@ func TestValidateProxyAccess(t *testing.T) {
 // choice, so a warning, not an error; a managed Proxy gets none unless a
 // source admits every address.
 func TestUnmanagedProxyIsAdmittedWithAWarning(t *testing.T) {
-	w := &ProxyWebhook{}
+	w := proxyWebhook(false)
 	for _, tc := range []struct {
 		name   string
 		access *crawlv1.ProxyAccess

@@ -15,7 +15,7 @@ func TestGCPImageWithoutCloudInitIsRefusedNamingTheField(t *testing.T) {
 		p.Spec.Port = 3128
 		p.Spec.Placement.Image = image
 		p.Spec.CloudInit.UserData, p.Spec.CloudInit.UserDataBase64 = userData, b64
-		DefaultProxy(p)
+		proxyWebhook(false).DefaultProxy(p)
 		return p
 	}
 	for _, tc := range []struct {
@@ -31,7 +31,7 @@ func TestGCPImageWithoutCloudInitIsRefusedNamingTheField(t *testing.T) {
 		{"debian without user-data", "projects/debian-cloud/global/images/family/debian-12", "", nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			errs := ValidateProxy(gcpProxy(tc.image, tc.userData, tc.b64))
+			errs := proxyWebhook(true).ValidateProxy(gcpProxy(tc.image, tc.userData, tc.b64))
 			var found bool
 			for _, e := range errs {
 				if e.Field == "spec.placement.image" && strings.Contains(e.Detail, "cloud-init") {

@@ -13,7 +13,7 @@ import (
 func urlProxy() *crawlv1.Proxy {
 	p := kvmProxy()
 	p.Spec.Placement.Image, p.Spec.Placement.ImageChecksum = "http://10.0.0.1:8080/internal.qcow2", goodSum
-	DefaultProxy(p)
+	proxyWebhook(false).DefaultProxy(p)
 	return p
 }
 
@@ -28,10 +28,10 @@ func TestProxyImageURLsNeedTheManagerFlag(t *testing.T) {
 		p       *crawlv1.Proxy
 		wantErr string
 	}{
-		{"URL refused by default", &ProxyWebhook{}, urlProxy(), "spec.placement.image: Forbidden: image URLs are fetched by the manager from inside the cluster"},
-		{"URL admitted with the flag", &ProxyWebhook{AllowImageURLs: true}, urlProxy(), ""},
-		{"KVMImage name admitted", &ProxyWebhook{}, kvmProxy(), ""},
-		{"gcp source image admitted", &ProxyWebhook{}, gcp, ""},
+		{"URL refused by default", proxyWebhook(false), urlProxy(), "spec.placement.image: Forbidden: image URLs are fetched by the manager from inside the cluster"},
+		{"URL admitted with the flag", proxyWebhook(true), urlProxy(), ""},
+		{"KVMImage name admitted", proxyWebhook(false), kvmProxy(), ""},
+		{"gcp source image admitted", proxyWebhook(false), gcp, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -48,7 +48,7 @@ func TestProxyImageURLsNeedTheManagerFlag(t *testing.T) {
 // (before the rule, or while the flag was on) can still be released and
 // changed elsewhere; the URL itself is immutable.
 func TestStoredURLProxyStaysReleasableWithoutTheFlag(t *testing.T) {
-	w := &ProxyWebhook{}
+	w := proxyWebhook(false)
 	now := metav1.Now()
 	for name, mutate := range map[string]func(*crawlv1.Proxy){
 		"finalizer removed": func(p *crawlv1.Proxy) { p.Finalizers = nil },

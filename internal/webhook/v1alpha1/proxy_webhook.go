@@ -4,19 +4,18 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/internal/proxyaccess"
-	"crawl.example.com/proxy-operator/pkg/provider/gcp"
-	"crawl.example.com/proxy-operator/pkg/squid"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
 
 // Smallest sizes a squid guest boots with.
@@ -27,6 +26,9 @@ var (
 
 // SetupWithManager registers the Proxy webhooks.
 func (w *ProxyWebhook) SetupWithManager(mgr ctrl.Manager) error {
+	if err := w.Plugins.Validate(); err != nil {
+		return fmt.Errorf("Proxy webhook: Plugins (controllers.Plugins()): %w", err)
+	}
 	return ctrl.NewWebhookManagedBy(mgr, &crawlv1.Proxy{}).WithDefaulter(w).WithValidator(w).Complete()
 }
 
@@ -41,6 +43,10 @@ type ProxyWebhook struct {
 	// fetch internal addresses (SSRF); a KVMImage, which only cluster admins
 	// create, is the default way to name an image.
 	AllowImageURLs bool
+	// Plugins are the providers a Proxy may name, with their part of
+	// defaulting and validation: the list the controllers run with
+	// (controllers.Plugins). Required.
+	Plugins plugin.List
 }
 
 func (w *ProxyWebhook) Default(ctx context.Context, p *crawlv1.Proxy) error {
@@ -53,15 +59,15 @@ func (w *ProxyWebhook) Default(ctx context.Context, p *crawlv1.Proxy) error {
 		return nil
 	}
 	if !update {
-		DefaultProxy(p)
+		w.DefaultProxy(p)
 		return nil
 	}
-	defaultSpec(p)
+	w.defaultSpec(&p.Spec, false)
 	// Placement, port and access are immutable: a value that means what
 	// the stored one means keeps the stored spelling, so defaulting never
 	// reads as a change to the CEL rules.
 	defaulted := old.DeepCopy()
-	defaultSpec(defaulted)
+	w.defaultSpec(&defaulted.Spec, false)
 	if equality.Semantic.DeepEqual(defaulted.Spec.Placement, p.Spec.Placement) {
 		p.Spec.Placement = old.Spec.Placement
 	}
@@ -74,81 +80,22 @@ func (w *ProxyWebhook) Default(ctx context.Context, p *crawlv1.Proxy) error {
 	return nil
 }
 
-// DefaultProxy applies the defaults of a Proxy being created, in place: a
-// Proxy without spec.access gets an operator-managed squid with a
-// generated Basic credential (secure by default). Updates never add
-// spec.access: a Proxy stored before it existed stays unmanaged, as it was
-// created (see crawlv1.Proxy.IsManaged).
-func DefaultProxy(p *crawlv1.Proxy) {
-	if p.Spec.Access == nil {
-		p.Spec.Access = &crawlv1.ProxyAccess{}
-	}
-	defaultSpec(p)
+// DefaultProxy applies the defaults of a Proxy being created, in place:
+// crawlv1.ProxySpec.Default's (spec.access included: secure by default),
+// then its provider's.
+func (w *ProxyWebhook) DefaultProxy(p *crawlv1.Proxy) {
+	w.defaultSpec(&p.Spec, true)
 }
 
-// defaultSpec applies the defaults every admission applies, creates and
-// updates alike.
-func defaultSpec(p *crawlv1.Proxy) {
-	s := &p.Spec
-	defaultAccess(s.Access)
-	if s.InstallGuestAgent == nil {
-		s.InstallGuestAgent = ptr.To(true)
-	}
-	if s.Port == 0 {
-		s.Port = crawlv1.DefaultProxyPort
-	}
-	if s.Resources.CPUs == 0 {
-		s.Resources.CPUs = 1
-	}
-	if s.Resources.Memory == nil {
-		s.Resources.Memory = ptr.To(resource.MustParse("512Mi"))
-	}
-	if s.Resources.Disk == nil {
-		s.Resources.Disk = ptr.To(resource.MustParse("10Gi"))
-	}
-	// A KVMImage carries its own firmware and format; a URL image gets the
-	// same defaults a KVMImage would.
-	if s.Provider == crawlv1.ProviderKVM && crawlv1.IsImageURL(s.Placement.Image) {
-		if s.Placement.Firmware == "" {
-			s.Placement.Firmware = crawlv1.FirmwareUEFI
-		}
-		if s.Placement.ImageFormat == "" {
-			s.Placement.ImageFormat = crawlv1.ImageFormatQCOW2
-		}
-	}
-}
-
-// defaultAccess fills what spec.access leaves out, for a managed squid
-// only: an unmanaged Proxy's access fields are refused by validation, and
-// defaulting them would make that refusal the webhook's own doing.
-func defaultAccess(a *crawlv1.ProxyAccess) {
-	if a == nil {
-		return
-	}
-	if a.Managed == nil {
-		a.Managed = ptr.To(true)
-	}
-	if !*a.Managed {
-		return
-	}
-	if a.Auth == nil {
-		a.Auth = &crawlv1.ProxyAuth{}
-	}
-	if a.Auth.Type == "" {
-		a.Auth.Type = crawlv1.ProxyAuthBasic
-	}
-	if len(a.AllowedPorts) == 0 {
-		for _, port := range squid.DefaultAllowedPorts {
-			a.AllowedPorts = append(a.AllowedPorts, int32(port))
-		}
-	}
-	if a.MaxConnectionsPerClient == 0 {
-		a.MaxConnectionsPerClient = squid.DefaultMaxConnectionsPerClient
+func (w *ProxyWebhook) defaultSpec(s *crawlv1.ProxySpec, create bool) {
+	s.Default(create)
+	if pl := w.Plugins.Get(string(s.Provider)); pl != nil {
+		pl.Default(s)
 	}
 }
 
 func (w *ProxyWebhook) ValidateCreate(_ context.Context, p *crawlv1.Proxy) (admission.Warnings, error) {
-	return accessWarnings(p), toInvalid(p, w.validate(p))
+	return accessWarnings(p), toInvalid(p, w.ValidateProxy(p))
 }
 
 // unmanagedWarning is returned on every admission of a Proxy whose squid
@@ -175,21 +122,11 @@ func accessWarnings(p *crawlv1.Proxy) admission.Warnings {
 	return out
 }
 
-// validate is ValidateProxy plus the manager's policy on image URLs.
-func (w *ProxyWebhook) validate(p *crawlv1.Proxy) field.ErrorList {
-	errs := ValidateProxy(p)
-	if !w.AllowImageURLs && p.Spec.Provider == crawlv1.ProviderKVM && crawlv1.IsImageURL(p.Spec.Placement.Image) {
-		errs = append(errs, field.Forbidden(field.NewPath("spec", "placement", "image"),
-			"image URLs are fetched by the manager from inside the cluster and are refused unless it runs with --allow-proxy-image-urls; name a KVMImage (created by a cluster admin) instead"))
-	}
-	return errs
-}
-
 func (w *ProxyWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Proxy) (admission.Warnings, error) {
 	if leftAlone(p, old.Spec, p.Spec) {
 		return nil, nil
 	}
-	errs := ratchet(w.validate(p), w.validate(old))
+	errs := ratchet(w.ValidateProxy(p), w.ValidateProxy(old))
 	errs = append(errs, ValidateProxyUpdate(old, p)...)
 	return accessWarnings(p), toInvalid(p, errs)
 }
@@ -237,8 +174,10 @@ func ValidateProxyUpdate(old, p *crawlv1.Proxy) field.ErrorList {
 	return errs
 }
 
-// ValidateProxy returns every problem of p, each naming its field.
-func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
+// ValidateProxy returns every problem of p, each naming its field: the
+// rules of every Proxy, and those of its provider's plug-in under the
+// manager's policy (--allow-proxy-image-urls).
+func (w *ProxyWebhook) ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 	spec := field.NewPath("spec")
 	pl := spec.Child("placement")
 	s := &p.Spec
@@ -250,28 +189,22 @@ func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 		errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), p.Name, msg))
 	}
 
-	switch s.Provider {
-	case crawlv1.ProviderKVM:
-		errs = append(errs, validateKVMPlacement(pl, &s.Placement)...)
-	case crawlv1.ProviderKubernetes, crawlv1.ProviderGCP:
-		if s.Placement.Host != "" {
-			errs = append(errs, field.Forbidden(pl.Child("host"), "only the kvm provider places on a KVMHost"))
-		}
-		if s.Placement.HostSelector != nil {
-			errs = append(errs, field.Forbidden(pl.Child("hostSelector"), "only the kvm provider places on a KVMHost"))
-		}
-		if s.Provider == crawlv1.ProviderKubernetes && s.Placement.Image != "" {
-			errs = append(errs, field.Forbidden(pl.Child("image"), "the kubernetes provider runs the manager's --kubernetes-squid-image"))
-		}
-		if s.Provider == crawlv1.ProviderGCP && (s.CloudInit.UserData != "" || len(s.CloudInit.UserDataBase64) > 0) {
-			if why := gcp.CloudInitUnsupported(s.Placement.Image); why != "" {
-				errs = append(errs, field.Invalid(pl.Child("image"), s.Placement.Image, why))
+	switch prov := w.Plugins.Get(string(s.Provider)); {
+	case s.Provider == "":
+		errs = append(errs, field.Required(spec.Child("provider"), "one of "+strings.Join(w.Plugins.Names(), ", ")))
+	case prov == nil:
+		errs = append(errs, field.NotSupported(spec.Child("provider"), s.Provider, w.Plugins.Names()))
+	default:
+		if prov.Domain() != plugin.Hosts {
+			onlyHosts := "only the " + strings.Join(w.Plugins.NamesIn(plugin.Hosts), ", ") + " provider places on a KVMHost"
+			if s.Placement.Host != "" {
+				errs = append(errs, field.Forbidden(pl.Child("host"), onlyHosts))
+			}
+			if s.Placement.HostSelector != nil {
+				errs = append(errs, field.Forbidden(pl.Child("hostSelector"), onlyHosts))
 			}
 		}
-	case "":
-		errs = append(errs, field.Required(spec.Child("provider"), "one of kvm, kubernetes, gcp"))
-	default:
-		errs = append(errs, field.NotSupported(spec.Child("provider"), s.Provider, []string{"kvm", "kubernetes", "gcp"}))
+		errs = append(errs, prov.Validate(p, plugin.Policy{AllowImageURLs: w.AllowImageURLs})...)
 	}
 
 	errs = append(errs, validateAccess(p)...)
@@ -292,22 +225,6 @@ func ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 	ci := spec.Child("cloudInit")
 	if s.CloudInit.UserData != "" && len(s.CloudInit.UserDataBase64) > 0 {
 		errs = append(errs, field.Forbidden(ci.Child("userDataBase64"), "set userData or userDataBase64, not both"))
-	}
-	if s.Provider == crawlv1.ProviderGCP {
-		// Checked here, not only at Create, so the Proxy is refused rather
-		// than stored to fail. The content never goes into the message.
-		if v, enc := crawlv1.GCEUserDataValue(s.CloudInit.UserDataBytes()); len(v) > crawlv1.GCEMaxMetadataValue {
-			f := ci.Child("userData")
-			if len(s.CloudInit.UserDataBase64) > 0 {
-				f = ci.Child("userDataBase64")
-			}
-			as := "as instance metadata"
-			if enc != "" {
-				as = "as instance metadata (base64, since it is not UTF-8)"
-			}
-			errs = append(errs, field.Invalid(f, fmt.Sprintf("<%d bytes>", len(s.CloudInit.UserDataBytes())),
-				fmt.Sprintf("is %d bytes %s, over Compute Engine's limit of %d", len(v), as, crawlv1.GCEMaxMetadataValue)))
-		}
 	}
 	return errs
 }
@@ -355,43 +272,6 @@ func validateAccess(p *crawlv1.Proxy) field.ErrorList {
 			for _, msg := range validation.IsDNS1123Subdomain(a.Auth.SecretRef.Name) {
 				errs = append(errs, field.Invalid(ref, a.Auth.SecretRef.Name, msg))
 			}
-		}
-	}
-	return errs
-}
-
-func validateKVMPlacement(pl *field.Path, p *crawlv1.ProxyPlacement) field.ErrorList {
-	var errs field.ErrorList
-	switch {
-	case p.Host == "" && p.HostSelector == nil:
-		errs = append(errs, field.Required(pl.Child("host"), "kvm needs a KVMHost name (host) or a hostSelector"))
-	case p.Host != "" && p.HostSelector != nil:
-		errs = append(errs, field.Forbidden(pl.Child("hostSelector"), "set host or hostSelector, not both"))
-	case p.Host != "":
-		for _, msg := range validation.IsDNS1123Subdomain(p.Host) {
-			errs = append(errs, field.Invalid(pl.Child("host"), p.Host, msg))
-		}
-	}
-	switch {
-	case p.Image == "":
-		errs = append(errs, field.Required(pl.Child("image"), "a KVMImage name or an http(s) URL"))
-	case crawlv1.IsImageURL(p.Image):
-		errs = append(errs, validateImageURL(pl.Child("image"), p.Image)...)
-		errs = append(errs, validateChecksum(pl.Child("imageChecksum"), p.ImageChecksum, true)...)
-		errs = append(errs, validateFormat(pl.Child("imageFormat"), p.ImageFormat)...)
-		errs = append(errs, validateFirmware(pl.Child("firmware"), p.Firmware)...)
-	default:
-		for _, msg := range validation.IsDNS1123Subdomain(p.Image) {
-			errs = append(errs, field.Invalid(pl.Child("image"), p.Image, "not a KVMImage name ("+msg+") nor an http(s) URL"))
-		}
-		if p.ImageChecksum != "" {
-			errs = append(errs, field.Forbidden(pl.Child("imageChecksum"), "a KVMImage carries its own checksum"))
-		}
-		if p.Firmware != "" {
-			errs = append(errs, field.Forbidden(pl.Child("firmware"), "a KVMImage carries its own firmware"))
-		}
-		if p.ImageFormat != "" {
-			errs = append(errs, field.Forbidden(pl.Child("imageFormat"), "a KVMImage carries its own format"))
 		}
 	}
 	return errs

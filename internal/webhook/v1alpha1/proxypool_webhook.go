@@ -17,10 +17,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
 
 // SetupWithManager registers the ProxyPool webhook.
 func (w *ProxyPoolWebhook) SetupWithManager(mgr ctrl.Manager) error {
+	if err := w.Proxy.Plugins.Validate(); err != nil {
+		return fmt.Errorf("ProxyPool webhook: Proxy.Plugins (controllers.Plugins()): %w", err)
+	}
 	return ctrl.NewWebhookManagedBy(mgr, &crawlv1.ProxyPool{}).WithValidator(w).Complete()
 }
 
@@ -32,8 +36,9 @@ func (w *ProxyPoolWebhook) SetupWithManager(mgr ctrl.Manager) error {
 // that tells its replicas out of date. The template is validated as each
 // replica will be: defaulted by the Proxy webhook, then validated by it.
 type ProxyPoolWebhook struct {
-	// Proxy holds the policy the Proxy webhook applies to every replica
-	// (--allow-proxy-image-urls).
+	// Proxy is the Proxy webhook every replica passes: the manager's
+	// policy (--allow-proxy-image-urls) and the providers' plug-ins, whose
+	// placement domains also decide which pool placement fields apply.
 	Proxy ProxyWebhook
 }
 
@@ -110,9 +115,14 @@ func (w *ProxyPoolWebhook) validateTemplate(p *crawlv1.ProxyPool) field.ErrorLis
 	// validated by the Proxy webhook.
 	replica := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "replica"}, Spec: *tpl.Spec.DeepCopy()}
 	pl, tplPl := &p.Spec.Placement, spec.Child("template", "spec", "placement")
+	plugins := w.Proxy.Plugins
+	domain := plugins.DomainOf(string(replica.Spec.Provider))
+	onlyFor := func(d plugin.Domain) string {
+		return "only for " + strings.Join(plugins.NamesIn(d), ", ") + " replicas"
+	}
 	switch {
-	case pl.HostSelector != nil && replica.Spec.Provider != crawlv1.ProviderKVM:
-		errs = append(errs, field.Forbidden(spec.Child("placement", "hostSelector"), "only for kvm replicas"))
+	case pl.HostSelector != nil && domain != plugin.Hosts:
+		errs = append(errs, field.Forbidden(spec.Child("placement", "hostSelector"), onlyFor(plugin.Hosts)))
 	case pl.HostSelector != nil && (replica.Spec.Placement.Host != "" || replica.Spec.Placement.HostSelector != nil):
 		errs = append(errs, field.Forbidden(tplPl.Child("host"), "spec.placement.hostSelector places the replicas: leave host and hostSelector out of the template"))
 	case pl.HostSelector != nil:
@@ -121,14 +131,14 @@ func (w *ProxyPoolWebhook) validateTemplate(p *crawlv1.ProxyPool) field.ErrorLis
 	if pl.HostSelector != nil {
 		errs = append(errs, metav1validation.ValidateLabelSelector(pl.HostSelector, metav1validation.LabelSelectorValidationOptions{}, spec.Child("placement", "hostSelector"))...)
 	}
-	if pl.CPUOvercommit != 0 && replica.Spec.Provider != crawlv1.ProviderKVM {
-		errs = append(errs, field.Forbidden(spec.Child("placement", "cpuOvercommit"), "only for kvm replicas"))
+	if pl.CPUOvercommit != 0 && domain != plugin.Hosts {
+		errs = append(errs, field.Forbidden(spec.Child("placement", "cpuOvercommit"), onlyFor(plugin.Hosts)))
 	}
 	if len(pl.Zones) > 0 {
 		zones := spec.Child("placement", "zones")
 		switch {
-		case replica.Spec.Provider != crawlv1.ProviderGCP:
-			errs = append(errs, field.Forbidden(zones, "only for gcp replicas"))
+		case domain != plugin.Zones:
+			errs = append(errs, field.Forbidden(zones, onlyFor(plugin.Zones)))
 		case replica.Spec.Placement.Zone != "":
 			errs = append(errs, field.Forbidden(tplPl.Child("zone"), "spec.placement.zones places the replicas: leave zone out of the template"))
 		}
@@ -140,8 +150,8 @@ func (w *ProxyPoolWebhook) validateTemplate(p *crawlv1.ProxyPool) field.ErrorLis
 			}
 		}
 	}
-	DefaultProxy(replica)
-	for _, e := range w.Proxy.validate(replica) {
+	w.Proxy.DefaultProxy(replica)
+	for _, e := range w.Proxy.ValidateProxy(replica) {
 		rest, ok := strings.CutPrefix(e.Field, "spec")
 		if !ok {
 			continue // the replica's name is the pool's, checked above

@@ -119,7 +119,7 @@ func TestValidateProxyPool(t *testing.T) {
 		{name: "rotation settings without maxAge", change: func(p *crawlv1.ProxyPool) { p.Spec.Rotation.MaxAge = nil },
 			want: []string{"spec.rotation.jitter: Forbidden", "spec.rotation.minInterval: Forbidden"}},
 	}
-	w := &ProxyPoolWebhook{}
+	w := poolWebhook()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p := goodPool()
@@ -144,7 +144,7 @@ func TestValidateProxyPool(t *testing.T) {
 }
 
 func TestValidateProxyPoolUpdateIsRatcheted(t *testing.T) {
-	w := &ProxyPoolWebhook{}
+	w := poolWebhook()
 	ctx := context.Background()
 	// Stored before today's rules: a template without an image.
 	old := goodPool()
@@ -181,7 +181,7 @@ func TestTheShippedSamplePoolIsAdmitted(t *testing.T) {
 	if err := yaml.UnmarshalStrict(y, p); err != nil {
 		t.Fatalf("sample: %v", err)
 	}
-	if _, err := (&ProxyPoolWebhook{}).ValidateCreate(context.Background(), p); err != nil {
+	if _, err := poolWebhook().ValidateCreate(context.Background(), p); err != nil {
 		t.Errorf("the shipped sample is refused: %v", err)
 	}
 }

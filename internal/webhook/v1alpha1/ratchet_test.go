@@ -40,7 +40,7 @@ func storedInvalidProxy() *crawlv1.Proxy {
 }
 
 func TestUpdatesReleasingAnInvalidStoredObjectAreAdmitted(t *testing.T) {
-	w := &ProxyWebhook{}
+	w := proxyWebhook(false)
 	now := metav1.Now()
 	cases := map[string]func(*crawlv1.Proxy){
 		"finalizer removed":       func(p *crawlv1.Proxy) { p.Finalizers = nil },
@@ -70,7 +70,7 @@ func TestUpdatesReleasingAnInvalidStoredObjectAreAdmitted(t *testing.T) {
 }
 
 func TestUpdateIsValidatedForWhatItChanges(t *testing.T) {
-	w := &ProxyWebhook{}
+	w := proxyWebhook(false)
 	cases := []struct {
 		name    string
 		mutate  func(*crawlv1.Proxy)

@@ -99,7 +99,7 @@ func FuzzProxyAdmission(f *testing.F) {
 		`{"metadata":{"name":"p"},"spec":{"provider":"kubernetes","access":{"allowedSourceCIDRs":["10.0.0.0/8","0.0.0.0/0","::/0"],"allowedPorts":[0,443],"auth":{"type":"None","secretRef":{"name":"p-proxy-credentials"}}}}}`,
 		`{"metadata":{"name":"p"},"spec":{"provider":"kubernetes","access":{"managed":false,"maxConnectionsPerClient":-3,"allowedDestinationExceptions":["10.1.0.0/16"],"extraDeniedDestinations":["10.0.0.0/8"]}}}`,
 		`{"metadata":{"name":"p"},"spec":{"provider":"gcp","access":{"managed":true,"auth":{}}}}`,
-	}, func() *crawlv1.Proxy { return &crawlv1.Proxy{} }, &ProxyWebhook{})
+	}, func() *crawlv1.Proxy { return &crawlv1.Proxy{} }, proxyWebhook(false))
 }
 
 func FuzzKVMHostAdmission(f *testing.F) {
@@ -130,5 +130,5 @@ func FuzzProxyPoolAdmission(f *testing.F) {
 		`{"metadata":{"name":"p"},"spec":{"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}},"spec":{"provider":"kubernetes"}},"rollout":{"maxSurge":0,"maxUnavailable":"0%"}}}`,
 		`{"metadata":{"name":"p"},"spec":{"selector":{"matchExpressions":[{"key":"a","operator":"In","values":["b"]}]},"template":{"metadata":{"labels":{"a":"c"}},"spec":{"provider":"gcp"}},"placement":{"zones":["z","z",""]}}}`,
 		`{"metadata":{"name":"p"},"spec":{"selector":{"matchLabels":{"a":"b"}},"template":{"spec":{"provider":"kvm","placement":{"image":"https://h/i"}}},"rotation":{"jitter":"1h","maxAge":"30m"},"remediation":{"maxUnhealthy":"140%","startupTimeout":"-1s"}}}`,
-	}, func() *crawlv1.ProxyPool { return &crawlv1.ProxyPool{} }, noDefaults{&ProxyPoolWebhook{}})
+	}, func() *crawlv1.ProxyPool { return &crawlv1.ProxyPool{} }, noDefaults{poolWebhook()})
 }

@@ -67,8 +67,8 @@ var _ = BeforeSuite(func() {
 	// As the manager runs by default: no --allow-proxy-image-urls.
 	Expect((&KVMHostWebhook{ManagerNamespace: managerNS}).SetupWithManager(mgr)).To(Succeed())
 	Expect((&KVMImageWebhook{}).SetupWithManager(mgr)).To(Succeed())
-	Expect((&ProxyWebhook{}).SetupWithManager(mgr)).To(Succeed())
-	Expect((&ProxyPoolWebhook{}).SetupWithManager(mgr)).To(Succeed())
+	Expect(proxyWebhook(false).SetupWithManager(mgr)).To(Succeed())
+	Expect(poolWebhook().SetupWithManager(mgr)).To(Succeed())
 	go func() {
 		defer GinkgoRecover()
 		Expect(mgr.Start(ctx)).To(Succeed())

@@ -148,7 +148,7 @@ func kvmProxy() *crawlv1.Proxy {
 			Access:    &crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"10.244.0.0/16"}},
 		},
 	}
-	DefaultProxy(p)
+	proxyWebhook(false).DefaultProxy(p)
 	return p
 }
 
@@ -161,7 +161,7 @@ func TestDefaultProxy(t *testing.T) {
 		t.Errorf("a KVMImage reference must not get a firmware default, got %q", p.Spec.Placement.Firmware)
 	}
 	u := &crawlv1.Proxy{Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Image: "https://x/y.qcow2"}, InstallGuestAgent: ptr.To(false)}}
-	DefaultProxy(u)
+	proxyWebhook(false).DefaultProxy(u)
 	if u.Spec.Placement.Firmware != crawlv1.FirmwareUEFI || u.Spec.Placement.ImageFormat != crawlv1.ImageFormatQCOW2 {
 		t.Errorf("URL image defaults: firmware=%q format=%q", u.Spec.Placement.Firmware, u.Spec.Placement.ImageFormat)
 	}
@@ -211,7 +211,7 @@ func TestValidateProxy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := kvmProxy()
 			tc.mutate(p)
-			checkErrs(t, ValidateProxy(p).ToAggregate(), tc.wantErr)
+			checkErrs(t, proxyWebhook(true).ValidateProxy(p).ToAggregate(), tc.wantErr)
 		})
 	}
 }
@@ -256,7 +256,7 @@ func TestGCEUserDataOverTheMetadataLimitIsRefusedAtAdmission(t *testing.T) {
 		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "g1", Namespace: "crawl"},
 			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderGCP, CloudInit: ci,
 				Access: &crawlv1.ProxyAccess{AllowedSourceCIDRs: []string{"198.51.100.0/24"}}}}
-		DefaultProxy(p)
+		proxyWebhook(false).DefaultProxy(p)
 		return p
 	}
 	limit := crawlv1.GCEMaxMetadataValue
@@ -272,7 +272,7 @@ func TestGCEUserDataOverTheMetadataLimitIsRefusedAtAdmission(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := (&ProxyWebhook{}).ValidateCreate(context.Background(), tc.p)
+			_, err := proxyWebhook(false).ValidateCreate(context.Background(), tc.p)
 			checkErrs(t, err, tc.wantErr)
 			if err != nil && strings.Contains(err.Error(), "xxxx") {
 				t.Error("the error repeats the user-data")
@@ -282,7 +282,7 @@ func TestGCEUserDataOverTheMetadataLimitIsRefusedAtAdmission(t *testing.T) {
 	// kvm has no such limit.
 	p := kvmProxy()
 	p.Spec.CloudInit.UserData = strings.Repeat("x", limit+1)
-	if errs := ValidateProxy(p); len(errs) != 0 {
+	if errs := proxyWebhook(true).ValidateProxy(p); len(errs) != 0 {
 		t.Errorf("kvm Proxy with large user-data refused: %v", errs.ToAggregate())
 	}
 }
