@@ -286,10 +286,14 @@ func run(o options) error {
 	}
 	if enabled[kubernetes.Name] {
 		ko := o.kubernetes
-		ko.APIReader = mgr.GetAPIReader()
 		ko.InstallID = installID
 		ko.ManagerNamespace = o.managerNamespace // its NetworkPolicies admit the manager's probes
-		registry.Add(kubernetes.New(mgr.GetClient(), ko))
+		// Also watches the cluster's own ranges, which every squid refuses.
+		kp, err := kubernetes.NewForManager(mgr, ko)
+		if err != nil {
+			return err
+		}
+		registry.Add(kp)
 	}
 	if enabled[gcp.Name] {
 		gopts := o.gcp

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -274,14 +277,14 @@ func TestSquidRefusesEveryDefaultDeniedRange(t *testing.T) {
 
 	var addrs, reachable []netip.Addr
 	for _, p := range slices.Concat(defaultDenied, alwaysDenied) {
-		addrs = append(addrs, p.Addr(), lastAddr(p))
+		addrs = append(addrs, p.Addr(), squidtest.LastAddr(p))
 	}
 	for _, row := range registryRows {
 		p := netip.MustParsePrefix(row.block)
 		if row.denied {
-			addrs = append(addrs, p.Addr(), lastAddr(p))
+			addrs = append(addrs, p.Addr(), squidtest.LastAddr(p))
 		} else {
-			reachable = append(reachable, p.Addr(), lastAddr(p))
+			reachable = append(reachable, p.Addr(), squidtest.LastAddr(p))
 		}
 	}
 	for _, spelling := range []string{
@@ -317,5 +320,46 @@ func TestSquidRefusesEveryDefaultDeniedRange(t *testing.T) {
 	}
 	if n := len(o.Requests()); n != 0 {
 		t.Errorf("origin reached %d times", n)
+	}
+}
+
+// The file of Paths.DeniedDestinationsFile, as a real squid applies it:
+// what it lists is refused before squid connects, even where an exception
+// lifts the default list, and squid re-reads it on reconfigure.
+func TestSquidRefusesTheDeniedDestinationsFile(t *testing.T) {
+	t.Parallel()
+	o := squidtest.NewOrigin(t, "127.0.0.1:0")
+	op := o.Port()
+	c := loopbackConfig(op)
+	c.AllowedDestinationExceptions = []string{"127.0.0.1/32"}
+	dir := squidtest.TempDir(t)
+	file := filepath.Join(dir, "denied")
+	write := func(ranges ...string) {
+		if err := os.WriteFile(file+".new", DeniedDestinationsFile(mustPrefixes(ranges)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(file+".new", file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write()
+	c.Paths.DeniedDestinationsFile = file
+	s := startSquid(t, c)
+	target := fmt.Sprintf("http://127.0.0.1:%d/", op)
+	if r := s.Request(t, client, "GET", target, goodCreds); r.Status != http.StatusNoContent {
+		t.Fatalf("with nothing in the file: %d %s, want 204", r.Status, r.SquidError)
+	}
+
+	write("127.0.0.1/32", "34.118.224.0/20")
+	s.Reconfigure(t, filepath.Join(s.Dir, "cache.log"))
+	reached := len(o.Requests())
+	squidtest.RequireRefusedBeforeConnecting(t, s, s.Request(t, client, "GET", target, goodCreds), "GET", target)
+	squidtest.RequireRefusedBeforeConnecting(t, s, s.Request(t, client, "CONNECT", "34.118.224.1:443", goodCreds), "CONNECT", "34.118.224.1:443")
+	if n := len(o.Requests()); n != reached {
+		t.Errorf("origin reached %d times after the file listed it", n-reached)
+	}
+	cacheLog, _ := os.ReadFile(filepath.Join(s.Dir, "cache.log"))
+	if problems := squidtest.Problems(string(cacheLog)); len(problems) > 0 {
+		t.Errorf("squid logged problems:\n%s", strings.Join(problems, "\n"))
 	}
 }

@@ -23,6 +23,11 @@ func insideAny(p netip.Prefix, set []netip.Prefix) bool {
 	return false
 }
 
+// Normalize sorts prefixes (IPv4 first) and drops every prefix contained
+// in another: the form of every list the operator writes, and squid needs
+// it (see normalize).
+func Normalize(in []netip.Prefix) []netip.Prefix { return normalize(in) }
+
 // normalize sorts prefixes (IPv4 first) and drops every prefix contained in
 // another. squid needs this, not just for tidiness: when an IP ACL lists a
 // range after one of its subnets, squid 5.7 keeps the subnet and ignores
@@ -90,4 +95,33 @@ func deniedDestinations(extra, exceptions []netip.Prefix) []netip.Prefix {
 		denied = next
 	}
 	return normalize(slices.Concat(denied, alwaysDenied, extra, nat64Spellings(extra)))
+}
+
+// Aggregate is Normalize with adjacent halves merged into the prefix they
+// make up, repeatedly: the same addresses in the fewest prefixes (a
+// NetworkPolicy's except list stays short where subtraction cut a range
+// into pieces that other entries fill again).
+func Aggregate(in []netip.Prefix) []netip.Prefix {
+	out := normalize(in)
+	for {
+		merged := false
+		next := out[:0:0]
+		for i := 0; i < len(out); i++ {
+			p := out[i]
+			if i+1 < len(out) && p.Bits() > 0 && p.Bits() == out[i+1].Bits() {
+				parent := netip.PrefixFrom(p.Addr(), p.Bits()-1).Masked()
+				if lo, hi := halves(parent); lo == p && hi == out[i+1] {
+					next = append(next, parent)
+					merged = true
+					i++
+					continue
+				}
+			}
+			next = append(next, p)
+		}
+		out = normalize(next)
+		if !merged {
+			return out
+		}
+	}
 }

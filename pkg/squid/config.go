@@ -76,6 +76,12 @@ type Paths struct {
 	// AccessLog is a file written by squid's stdio module, or "none".
 	AccessLog   string
 	CoredumpDir string
+	// DeniedDestinationsFile is a file of more destinations to refuse
+	// (DeniedDestinationsFile writes it), read by squid at start and on
+	// every reconfigure: a provider keeps it current without rendering
+	// squid.conf again (the kubernetes provider's cluster ranges). No
+	// exception lifts what it lists. Empty: no such file.
+	DeniedDestinationsFile string
 }
 
 // Config is what spec.access carries, plus the provider's paths.
@@ -209,6 +215,7 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 		{"cacheLog", c.Paths.CacheLog, false},
 		{"accessLog", c.Paths.AccessLog, true},
 		{"coredumpDir", c.Paths.CoredumpDir, false},
+		{"deniedDestinationsFile", c.Paths.DeniedDestinationsFile, false},
 	} {
 		if p.value == "" || (p.none && p.value == "none") {
 			continue

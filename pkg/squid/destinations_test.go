@@ -6,17 +6,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
-)
 
-// lastAddr is the highest address of p.
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
+	"crawl.example.com/proxy-operator/pkg/squid/squidtest"
+)
 
 // renderedDenied is the denied_destinations ACL of the config Render
 // writes for c.
@@ -93,7 +85,7 @@ func TestDefaultListCoversTheIANARegistries(t *testing.T) {
 	isDenied := renderedDenied(t, baseConfig())
 	for _, row := range registryRows {
 		p := netip.MustParsePrefix(row.block)
-		for _, a := range []netip.Addr{p.Addr(), lastAddr(p)} {
+		for _, a := range []netip.Addr{p.Addr(), squidtest.LastAddr(p)} {
 			if isDenied(a) != row.denied {
 				t.Errorf("%s (registry block %s): denied %v, want %v", a, row.block, isDenied(a), row.denied)
 			}
@@ -124,7 +116,7 @@ func TestNAT64SpellingsAreDenied(t *testing.T) {
 		t.Fatalf("only %d IPv4 ranges denied: %v", len(v4), v4)
 	}
 	for _, p := range v4 {
-		for _, a := range []netip.Addr{p.Addr(), lastAddr(p)} {
+		for _, a := range []netip.Addr{p.Addr(), squidtest.LastAddr(p)} {
 			if !isDenied(nat64(a)) {
 				t.Errorf("%s (%s) is not denied", nat64(a), a)
 			}

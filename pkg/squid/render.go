@@ -68,6 +68,10 @@ func Render(c Config) ([]byte, error) {
 	line("acl too_many_connections maxconn", strconv.Itoa(c.MaxConnectionsPerClient))
 	denied := deniedDestinations(mustPrefixes(c.ExtraDeniedDestinations), mustPrefixes(c.AllowedDestinationExceptions))
 	ipACL(&b, "denied_destinations", "dst", denied)
+	if c.Paths.DeniedDestinationsFile != "" {
+		// Quoted: squid reads the entries from the file.
+		line("acl file_denied_destinations dst", `"`+c.Paths.DeniedDestinationsFile+`"`)
+	}
 	b.WriteString("\n")
 
 	line("http_access deny !allowed_sources")
@@ -75,12 +79,18 @@ func Render(c Config) ([]byte, error) {
 	line("http_access deny !allowed_ports")
 	line("http_access deny connect_method !connect_ports")
 	line("http_access deny too_many_connections")
+	denyDestinations := func() {
+		line("http_access deny denied_destinations")
+		if c.Paths.DeniedDestinationsFile != "" {
+			line("http_access deny file_denied_destinations")
+		}
+	}
 	if basic {
 		line("http_access deny !authenticated")
-		line("http_access deny denied_destinations")
+		denyDestinations()
 		line("http_access allow allowed_sources authenticated")
 	} else {
-		line("http_access deny denied_destinations")
+		denyDestinations()
 		line("http_access allow allowed_sources")
 	}
 	line("http_access deny all")
@@ -147,9 +157,15 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// ipACL writes one IP ACL, normalised (see normalize). 0.0.0.0/0 becomes
-// its two halves: squid reads it as "all", IPv6 included.
+// ipACL writes one IP ACL (see ipWords).
 func ipACL(b *strings.Builder, name, kind string, prefixes []netip.Prefix) {
+	aclLines(b, name, kind, ipWords(prefixes))
+}
+
+// ipWords are the entries of an IP ACL for prefixes, normalised (see
+// normalize). 0.0.0.0/0 becomes its two halves: squid reads it as "all",
+// IPv6 included.
+func ipWords(prefixes []netip.Prefix) []string {
 	var split []netip.Prefix
 	for _, p := range prefixes {
 		if p.Bits() == 0 && p.Addr().Is4() {
@@ -164,7 +180,7 @@ func ipACL(b *strings.Builder, name, kind string, prefixes []netip.Prefix) {
 	for i, p := range norm {
 		words[i] = p.String()
 	}
-	aclLines(b, name, kind, words)
+	return words
 }
 
 // aclLines writes an ACL over as many short lines as it takes (entries of

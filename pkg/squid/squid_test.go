@@ -120,6 +120,7 @@ func TestValidateRejectsConfigInjection(t *testing.T) {
 			"listenAddress":                   func(c *Config) { c.ListenAddress = "127.0.0.1" + bad },
 			"paths.passwordFile":              func(c *Config) { c.Paths.PasswordFile = "/etc/squid/passwd" + bad },
 			"paths.accessLog":                 func(c *Config) { c.Paths.AccessLog = "/var/log/squid/access.log" + bad },
+			"paths.deniedDestinationsFile":    func(c *Config) { c.Paths.DeniedDestinationsFile = "/etc/squid/conf/denied" + bad },
 		} {
 			c := baseConfig()
 			change(&c)
@@ -228,6 +229,21 @@ func TestRenderRuleOrder(t *testing.T) {
 		idx := func(rule string) int { return slices.Index(rules, rule) }
 		if auth.Type == AuthBasic && !(idx("http_access deny !authenticated") >= 0 && idx("http_access deny !authenticated") < idx("http_access deny denied_destinations")) {
 			t.Errorf("destinations are judged (DNS lookup) before authentication: %q", rules)
+		}
+		if idx("http_access deny file_denied_destinations") >= 0 {
+			t.Errorf("%s: a file ACL without Paths.DeniedDestinationsFile: %q", auth.Type, rules)
+		}
+		c.Paths.DeniedDestinationsFile = "/etc/squid/conf/denied"
+		withFile, err := Render(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(withFile, []byte("acl file_denied_destinations dst \"/etc/squid/conf/denied\"\n")) {
+			t.Errorf("%s: no ACL reading the file:\n%s", auth.Type, withFile)
+		}
+		fileRules := httpAccessLines(withFile)
+		if i := slices.Index(fileRules, "http_access deny denied_destinations"); i < 0 || i+1 >= len(fileRules) || fileRules[i+1] != "http_access deny file_denied_destinations" {
+			t.Errorf("%s: the file's destinations are not refused right after the list's: %q", auth.Type, fileRules)
 		}
 		for _, forbidden := range []string{`(?m)^follow_x_forwarded_for`, `(?m)^http_access allow all$`, `(?m)^cache_dir`} {
 			if regexp.MustCompile(forbidden).Match(conf) {
@@ -368,5 +384,87 @@ func TestPasswordFileMatches(t *testing.T) {
 		if _, err := PasswordFile(bad); err == nil {
 			t.Errorf("PasswordFile accepted %q / %d-byte password", bad.Username, len(bad.Password))
 		}
+	}
+}
+
+// The file squid reads for Paths.DeniedDestinationsFile: never without an
+// entry (squid warns about an empty ACL), normalised, 0.0.0.0/0 in halves
+// as in squid.conf, entries as given (WithNAT64Spellings adds spellings).
+func TestDeniedDestinationsFile(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ranges []string
+		want   []string
+	}{
+		{"nothing", nil, []string{"0.0.0.0/32"}},
+		{"normalised", []string{"34.118.224.0/20", "34.118.224.1/32", "2600:1900:4000:1::/64", "240.16.0.0/24"},
+			[]string{"0.0.0.0/32", "34.118.224.0/20", "240.16.0.0/24", "2600:1900:4000:1::/64"}},
+		{"all of IPv4 in halves", []string{"0.0.0.0/0"}, []string{"0.0.0.0/1", "128.0.0.0/1"}},
+		{"spellings", toStrings(WithNAT64Spellings(mustPrefixes([]string{"34.118.224.0/20"}))),
+			[]string{"0.0.0.0/32", "34.118.224.0/20", "64:ff9b::2276:e000/116"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, l := range strings.Split(string(DeniedDestinationsFile(mustPrefixes(tc.ranges))), "\n") {
+				if l != "" && !strings.HasPrefix(l, "#") {
+					got = append(got, l)
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("entries %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func toStrings(ps []netip.Prefix) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
+}
+
+// DeniedDestinations is the list squid.conf's denied_destinations holds.
+func TestDeniedDestinationsIsTheRenderedList(t *testing.T) {
+	c := baseConfig()
+	c.ExtraDeniedDestinations = []string{"34.118.224.0/20"}
+	c.AllowedDestinationExceptions = []string{"10.20.0.0/16"}
+	got, err := c.DeniedDestinations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := Render(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := aclEntries(conf, "denied_destinations"); !slices.Equal(toStrings(got), want) {
+		t.Errorf("DeniedDestinations %q, squid.conf %q", got, want)
+	}
+	c.Auth.Password = ""
+	if _, err := c.DeniedDestinations(); err == nil {
+		t.Error("an invalid config has a list")
+	}
+}
+
+func TestAggregateMergesHalvesAndKeepsTheAddresses(t *testing.T) {
+	for _, tc := range []struct{ in, want []string }{
+		{[]string{"10.0.0.0/9", "10.128.0.0/9"}, []string{"10.0.0.0/8"}},
+		{[]string{"10.128.0.0/9", "10.0.0.0/9", "10.1.0.0/16"}, []string{"10.0.0.0/8"}},
+		{[]string{"10.0.0.0/9", "11.0.0.0/9"}, []string{"10.0.0.0/9", "11.0.0.0/9"}}, // adjacent, not halves
+		{[]string{"10.128.0.0/9", "11.0.0.0/9"}, []string{"10.128.0.0/9", "11.0.0.0/9"}},
+		{[]string{"0.0.0.0/1", "128.0.0.0/1", "::/1"}, []string{"0.0.0.0/0", "::/1"}},
+		{[]string{"::/128", "::1/128"}, []string{"::/127"}},
+		{nil, nil},
+	} {
+		got := toStrings(Aggregate(mustPrefixes(tc.in)))
+		if !slices.Equal(got, tc.want) && (len(got) != 0 || len(tc.want) != 0) {
+			t.Errorf("Aggregate(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	// ::/96 less :: and ::1, then :: and ::1 again: all of ::/96.
+	cut := append(subtract(netip.MustParsePrefix("::/96"), netip.MustParsePrefix("::/127")), mustPrefixes([]string{"::/128", "::1/128"})...)
+	if got := toStrings(Aggregate(cut)); !slices.Equal(got, []string{"::/96"}) {
+		t.Errorf("Aggregate(%d pieces of ::/96) = %q", len(cut), got)
 	}
 }

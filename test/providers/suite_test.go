@@ -202,7 +202,10 @@ func startManager(mc managerConfig) *harness {
 	if mc.registryBackoff > 0 {
 		registry.Backoff = func(int) time.Duration { return mc.registryBackoff }
 	}
-	registry.Add(kubernetes.New(m.GetClient(), kubernetes.Options{APIReader: m.GetAPIReader(), InstallID: testInstallID}))
+	// As main.go builds it: with the watch of the cluster's own ranges.
+	kp, err := kubernetes.NewForManager(m, kubernetes.Options{InstallID: testInstallID})
+	Expect(err).NotTo(HaveOccurred())
+	registry.Add(kp)
 	registry.Register(gcp.Name, mc.gcp)
 
 	w, err := controllers.Setup(mctx, m, controllers.Deps{

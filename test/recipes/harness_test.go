@@ -174,22 +174,16 @@ func (p proxy) entry(bans ...ban) entry {
 	return entry{Name: p.Name, URL: p.URL, CreatedAt: time.Now().UTC().Format(time.RFC3339), BannedDomains: bans}
 }
 
-// secretDir is a directory as the kubelet lays out a mounted Secret: the
-// files live in ..<timestamp>/, ..data points there, and each key is a
-// symlink through ..data. A change writes a new ..<timestamp>/ and swaps
-// ..data with a rename, atomically (the kubelet's AtomicWriter).
-type secretDir struct {
-	dir  string
-	gen  int
-	last string
-}
+// secretDir is the list Secret as the kubelet mounts it
+// (squidtest.KubeletDir: a change swaps ..data atomically).
+type secretDir struct{ squidtest.KubeletDir }
 
 // newSecretDir is the mount before anything is published: no files.
 func newSecretDir(t *testing.T) *secretDir {
-	return &secretDir{dir: t.TempDir()}
+	return &secretDir{squidtest.KubeletDir{Dir: t.TempDir()}}
 }
 
-func (d *secretDir) path(key string) string { return filepath.Join(d.dir, key) }
+func (d *secretDir) path(key string) string { return filepath.Join(d.Dir, key) }
 
 // publish writes proxies.json and proxies.txt for entries.
 func (d *secretDir) publish(t *testing.T, entries ...entry) {
@@ -205,37 +199,7 @@ func (d *secretDir) publish(t *testing.T, entries ...entry) {
 	for _, e := range entries {
 		txt.WriteString(e.URL + "\n")
 	}
-	d.gen++
-	ts := fmt.Sprintf("..2026_12_01_10_00_%02d.%06d", d.gen%60, d.gen)
-	files := map[string][]byte{"proxies.json": js, "proxies.txt": []byte(txt.String())}
-	if err := os.Mkdir(filepath.Join(d.dir, ts), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for key, data := range files {
-		if err := os.WriteFile(filepath.Join(d.dir, ts, key), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tmp := filepath.Join(d.dir, "..data_tmp")
-	if err := os.Symlink(ts, tmp); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(d.dir, "..data")); err != nil {
-		t.Fatal(err)
-	}
-	for key := range files {
-		if _, err := os.Lstat(d.path(key)); os.IsNotExist(err) {
-			if err := os.Symlink(filepath.Join("..data", key), d.path(key)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if d.last != "" {
-		if err := os.RemoveAll(filepath.Join(d.dir, d.last)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d.last = ts
+	d.Write(t, map[string][]byte{"proxies.json": js, "proxies.txt": []byte(txt.String())}, 0o644)
 }
 
 // process is a recipe running, its output (stdout and stderr) in a file.

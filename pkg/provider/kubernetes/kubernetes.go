@@ -40,7 +40,19 @@
 // (basic_ncsa_auth re-reads the file when it changes); Create rewrites the
 // ConfigMap, Secret and NetworkPolicy when what they hold differs from the
 // Machine. The NetworkPolicy is made before the pod, so the pod never runs
-// unguarded, and deleted after it.
+// unguarded, and deleted after it. It admits the proxy port from the
+// clients and the manager, and lets squid reach the cluster's DNS and
+// every address its deny list does not hold.
+//
+// Every squid of this provider also refuses the cluster's own ranges
+// (ClusterRanges: ServiceCIDRs, the kubernetes Service, Nodes' pod ranges
+// and addresses, Options.ExtraClusterRanges), which no exception of a
+// Proxy lifts (denylist.go). They change as nodes come and go, so they are
+// a file of their own in the ConfigMap, which is mounted as a directory
+// (ConfigDir): when they change, NewForManager's watch rewrites that file
+// and the NetworkPolicies, the kubelet updates the mounted files, and the
+// container's reloader (SquidCommand) has squid re-read them, without a new
+// pod.
 //
 // Naming and identity: the ConfigMap, Secret, NetworkPolicy and the first
 // pod are named ObjectName(name, uid), "proxy-<name>-<8 hex of
@@ -71,13 +83,16 @@
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;delete
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;create;update;delete
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=services,verbs=get
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=servicecidrs,verbs=list;watch
 package kubernetes
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
@@ -137,8 +152,14 @@ const (
 const (
 	ContainerName = "squid"
 	PortName      = "proxy"
-	ConfigKey     = "squid.conf"
-	ConfigPath    = "/etc/squid/squid.conf"
+	// ConfigDir is where the ConfigMap is mounted, as a directory: the
+	// kubelet updates its files in place (a subPath mount never changes).
+	ConfigDir  = "/etc/squid/conf"
+	ConfigKey  = "squid.conf"
+	ConfigPath = ConfigDir + "/" + ConfigKey
+	// ClusterRangesKey is the ConfigMap's file of the cluster's ranges,
+	// which squid.conf reads as an ACL (squid.Paths.DeniedDestinationsFile).
+	ClusterRangesKey = "cluster-ranges"
 	// PasswordKey is the Secret's key holding the basic_ncsa_auth file,
 	// mounted (as a directory: it follows updates) at AuthDir.
 	PasswordKey = "passwd"
@@ -172,7 +193,7 @@ type Options struct {
 	// pods carrying it.
 	InstallID string
 	// SquidImage runs squid; default DefaultSquidImage. Its entrypoint is
-	// not used: the container runs SquidCommand(ConfigPath).
+	// not used: the container runs SquidCommand(ConfigDir).
 	SquidImage      string
 	ImagePullPolicy corev1.PullPolicy // default IfNotPresent
 	// AllowedClientCIDRs may use the proxy; default DefaultAllowedClientCIDRs.
@@ -182,8 +203,9 @@ type Options struct {
 	// same-named foreign object is invisible to the cache; on
 	// AlreadyExists it is read through APIReader to be identified. Default:
 	// the client itself. Pass mgr.GetAPIReader(). It also lists a Proxy's
-	// pods when choosing a replacement's name and reads Nodes (one GET,
-	// only for a pod stuck terminating), so no Node informer is started.
+	// pods when choosing a replacement's name and reads the Node of a pod
+	// stuck terminating (one GET: its current conditions, not the
+	// cache's).
 	APIReader client.Reader
 	// StuckDeletionAfter: see DefaultStuckDeletionAfter.
 	StuckDeletionAfter time.Duration
@@ -194,7 +216,33 @@ type Options struct {
 	// DefaultManagerPodLabels.
 	ManagerNamespace string
 	ManagerPodLabels map[string]string
+
+	// ClusterRanges are the cluster's own ranges, which every squid
+	// refuses; Create waits for their first discovery. NewForManager sets
+	// it and keeps them current; nil: only ExtraClusterRanges.
+	ClusterRanges *ClusterRanges
+	// ExtraClusterRanges (--kubernetes-cluster-ranges) are refused as the
+	// cluster's own beside what is discovered: pod ranges the cluster
+	// does not record on Nodes (Calico or Cilium IPAM), the Service range
+	// of a cluster without the ServiceCIDR API, the whole pod range (so a
+	// node joining changes nothing).
+	ExtraClusterRanges []netip.Prefix
+	// DNSNamespace and DNSPodLabels select the cluster DNS pods, which a
+	// managed Proxy's NetworkPolicy lets squid reach on port 53; default
+	// kube-system and DefaultDNSPodLabels. DNSCIDRs are DNS servers
+	// reached by address (NodeLocal DNSCache's 169.254.20.10/32), on port
+	// 53 only.
+	DNSNamespace string
+	DNSPodLabels map[string]string
+	DNSCIDRs     []netip.Prefix
 }
+
+// DefaultDNSPodLabels select the cluster DNS pods: CoreDNS and kube-dns
+// carry k8s-app=kube-dns in kubeadm, kind, GKE, EKS and AKS clusters.
+var DefaultDNSPodLabels = map[string]string{"k8s-app": "kube-dns"}
+
+// DefaultDNSNamespace is where the cluster DNS pods run.
+const DefaultDNSNamespace = "kube-system"
 
 // DefaultManagerPodLabels are the manager pod's labels in config/manager.
 var DefaultManagerPodLabels = map[string]string{
@@ -208,14 +256,49 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 		"Container image running squid for Proxies with provider kubernetes; pin it by digest (@sha256:...). It must have squid (5 or later) on PATH; it runs as uid 13 on a read-only root.")
 	fs.Func("kubernetes-manager-pod-labels",
 		"Labels of the manager's pods (k=v,k=v), which managed Proxies' NetworkPolicies admit from --manager-namespace (default "+labels.Set(DefaultManagerPodLabels).String()+").",
-		func(v string) error {
-			set, err := labels.ConvertSelectorToLabelsMap(v)
-			if err != nil {
-				return err
+		labelsFlag(&o.ManagerPodLabels))
+	fs.Func("kubernetes-cluster-ranges",
+		"Comma-separated CIDRs every squid of provider kubernetes refuses as the cluster's own, beside those discovered (ServiceCIDRs, the kubernetes Service, Nodes' podCIDRs and addresses): pod ranges not on Nodes (Calico or Cilium IPAM), the Service range before Kubernetes 1.33, the whole pod range.",
+		cidrFlag(&o.ExtraClusterRanges))
+	fs.StringVar(&o.DNSNamespace, "kubernetes-dns-namespace", DefaultDNSNamespace,
+		"Namespace of the cluster DNS pods, which managed Proxies' NetworkPolicies let squid reach on port 53.")
+	fs.Func("kubernetes-dns-pod-labels",
+		"Labels of the cluster DNS pods (k=v,k=v) in --kubernetes-dns-namespace (default "+labels.Set(DefaultDNSPodLabels).String()+").",
+		labelsFlag(&o.DNSPodLabels))
+	fs.Func("kubernetes-dns-cidrs",
+		"Comma-separated CIDRs of DNS servers squid reaches by address, on port 53 only (NodeLocal DNSCache: 169.254.20.10/32).",
+		cidrFlag(&o.DNSCIDRs))
+}
+
+// labelsFlag parses k=v,k=v into *dst.
+func labelsFlag(dst *map[string]string) func(string) error {
+	return func(v string) error {
+		set, err := labels.ConvertSelectorToLabelsMap(v)
+		if err != nil {
+			return err
+		}
+		*dst = set
+		return nil
+	}
+}
+
+// cidrFlag parses a comma-separated list of canonical CIDRs into *dst.
+func cidrFlag(dst *[]netip.Prefix) func(string) error {
+	return func(v string) error {
+		var out []netip.Prefix
+		for _, s := range strings.Split(v, ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
 			}
-			o.ManagerPodLabels = set
-			return nil
-		})
+			p, ok := parseRange(s)
+			if !ok || p.String() != s {
+				return fmt.Errorf("%q is not a CIDR such as 10.96.0.0/12 (no host bits, no IPv4-mapped IPv6)", s)
+			}
+			out = append(out, p)
+		}
+		*dst = out
+		return nil
+	}
 }
 
 // CacheByObject restricts a manager's cache of Pods and ConfigMaps to the
@@ -224,12 +307,18 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 //
 //	ctrl.Options{Cache: cache.Options{ByObject: kubernetes.CacheByObject()}}
 //
-// Pass the manager's API reader as Options.APIReader alongside.
+// Pass the manager's API reader as Options.APIReader alongside
+// (NewForManager does). Nodes are cached for ClusterRanges, every one of
+// them (a Node's pod range and addresses are what is watched), trimmed of
+// their image and volume lists: at 5000 nodes a few MiB, and an event per
+// node status update (every few minutes each), of which only changed
+// ranges or addresses cause work.
 func CacheByObject() map[client.Object]cache.ByObject {
 	sel := labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy})
 	return map[client.Object]cache.ByObject{
 		&corev1.Pod{}:       {Label: sel},
 		&corev1.ConfigMap{}: {Label: sel},
+		&corev1.Node{}:      {Transform: trimNode},
 	}
 }
 
@@ -261,6 +350,12 @@ func New(c client.Client, opts Options) provider.Provider {
 	if opts.ManagerPodLabels == nil {
 		opts.ManagerPodLabels = DefaultManagerPodLabels
 	}
+	if opts.DNSNamespace == "" {
+		opts.DNSNamespace = DefaultDNSNamespace
+	}
+	if opts.DNSPodLabels == nil {
+		opts.DNSPodLabels = DefaultDNSPodLabels
+	}
 	r := opts.APIReader
 	if r == nil {
 		r = c
@@ -284,12 +379,17 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 		return nil, err
 	}
 
-	files, err := p.renderSquid(m)
+	cluster, err := p.clusterRanges(ctx)
+	if err != nil {
+		return nil, provider.Transientf("kubernetes: %w", err)
+	}
+	files, err := p.renderSquid(m, cluster)
 	if err != nil {
 		return nil, err
 	}
 	if err := p.converge(ctx, m, p.configMap(m, files), func(have, want client.Object) bool {
-		return equality.Semantic.DeepEqual(have.(*corev1.ConfigMap).Data, want.(*corev1.ConfigMap).Data)
+		h, w := have.(*corev1.ConfigMap), want.(*corev1.ConfigMap)
+		return equality.Semantic.DeepEqual(h.Data, w.Data) && h.Annotations[AnnotationDeniedDestinations] == w.Annotations[AnnotationDeniedDestinations]
 	}); err != nil {
 		return nil, err
 	}

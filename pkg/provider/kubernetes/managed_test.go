@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -103,8 +104,9 @@ func TestManagedProxyGetsSecretAndNetworkPolicy(t *testing.T) {
 	if got := np.Spec.PodSelector.MatchLabels; len(got) != 2 || got[LabelProxyUID] != uid || got[LabelManagedBy] != ManagedBy {
 		t.Errorf("NetworkPolicy selects %v, want this Proxy's pods", got)
 	}
-	if len(np.Spec.PolicyTypes) != 1 || np.Spec.PolicyTypes[0] != networkingv1.PolicyTypeIngress || len(np.Spec.Ingress) != 1 {
-		t.Fatalf("NetworkPolicy %+v, want one ingress rule", np.Spec)
+	// Egress is judged by TestNetworkPolicyEgress.
+	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}) || len(np.Spec.Ingress) != 1 {
+		t.Fatalf("NetworkPolicy %+v, want one ingress rule, and egress limited", np.Spec)
 	}
 	rule := np.Spec.Ingress[0]
 	if len(rule.Ports) != 1 || rule.Ports[0].Port.IntValue() != 3128 || *rule.Ports[0].Protocol != corev1.ProtocolTCP {

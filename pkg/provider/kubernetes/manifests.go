@@ -1,7 +1,9 @@
 package kubernetes
 
 import (
+	"slices"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -11,14 +13,50 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
+
+// ReloadInterval is how often the squid container looks for a changed
+// configuration (SquidCommand).
+const ReloadInterval = 5 * time.Second
+
+// reloader is the squid container's program (POSIX sh; $1 the config
+// directory, $2 the interval in seconds). squid runs in the foreground
+// (-N) and replaces the shell (exec), so it keeps the container's main
+// process and its exit is the container's. Beside it, a loop compares a
+// checksum of the directory's files every interval: the kubelet swaps a
+// mounted ConfigMap's files all at once when it changes, and on a change
+// squid checks the new files (squid -k parse) and re-reads them (SIGHUP,
+// what squid -k reconfigure sends) without a restart. A change that does
+// not parse is reported and squid keeps what it runs.
+const reloader = `conf="$1/squid.conf"
+sum() { cat "$1"/* 2>/dev/null | cksum; }
+seen=$(sum "$1")
+main=$$
+(
+  while sleep "$2" && kill -0 "$main" 2>/dev/null; do
+    now=$(sum "$1")
+    [ "$now" = "$seen" ] && continue
+    seen=$now
+    if out=$(squid -k parse -f "$conf" 2>&1); then
+      echo "squid-reloader: the configuration changed; reconfiguring squid" >&2
+      kill -HUP "$main"
+    else
+      echo "squid-reloader: the changed configuration does not parse, squid keeps the one it runs: $out" >&2
+    fi
+  done
+) &
+exec squid -N -f "$conf"
+`
 
 // SquidCommand is the squid container's command line, with the entrypoint
 // of the image bypassed so the contract does not depend on it: squid in
-// the foreground (-N: no daemon, so it is the container's process and its
-// exit is the container's), reading configPath. See docs/providers.md.
-func SquidCommand(configPath string) []string {
-	return []string{"squid", "-N", "-f", configPath}
+// the foreground reading configDir/squid.conf, and a reloader that has it
+// re-read the directory's files when they change (see reloader). The
+// image needs /bin/sh, cat, cksum and sleep beside squid. See
+// docs/providers.md.
+func SquidCommand(configDir string) []string {
+	return []string{"/bin/sh", "-c", reloader, "squid-reloader", configDir, strconv.Itoa(int(ReloadInterval / time.Second))}
 }
 
 func port(m *provider.Machine) int32 {
@@ -63,9 +101,11 @@ func OwnerReference(m *provider.Machine) metav1.OwnerReference {
 }
 
 func (p *Provider) configMap(m *provider.Machine, f squidFiles) *corev1.ConfigMap {
+	meta := p.meta(m, configKey(m))
+	meta.Annotations[AnnotationDeniedDestinations] = formatPrefixes(f.Own)
 	return &corev1.ConfigMap{
-		ObjectMeta: p.meta(m, configKey(m)),
-		Data:       map[string]string{ConfigKey: string(f.Conf)},
+		ObjectMeta: meta,
+		Data:       map[string]string{ConfigKey: string(f.Conf), ClusterRangesKey: string(squid.DeniedDestinationsFile(f.Cluster))},
 	}
 }
 
@@ -78,7 +118,8 @@ func (p *Provider) secret(m *provider.Machine, f squidFiles) *corev1.Secret {
 }
 
 // networkPolicy admits the proxy port of m's pods from the allowed
-// sources (ipBlock) and the manager's pods, and nothing else. Whether an
+// sources (ipBlock) and the manager's pods, and nothing else; it lets them
+// reach DNS and what squid does not refuse (egressRules). Whether an
 // ipBlock matches in-cluster pod addresses is the CNI's choice (Calico
 // does; Cilium applies CIDR rules only to traffic from outside the
 // cluster): docs/providers.md.
@@ -99,11 +140,12 @@ func (p *Provider) networkPolicy(m *provider.Machine, f squidFiles) *networkingv
 		ObjectMeta: p.meta(m, configKey(m)),
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelProxyUID: m.UID}},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
 				From:  from,
 				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &proxyPort}},
 			}},
+			Egress: p.egressRules(slices.Concat(f.Own, f.Cluster)),
 		},
 	}
 }
@@ -158,12 +200,12 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 				Name:            ContainerName,
 				Image:           p.opts.SquidImage,
 				ImagePullPolicy: p.opts.ImagePullPolicy,
-				Command:         SquidCommand(ConfigPath),
+				Command:         SquidCommand(ConfigDir),
 				Ports: []corev1.ContainerPort{{
 					Name: PortName, ContainerPort: port(m), Protocol: corev1.ProtocolTCP,
 				}},
 				VolumeMounts: []corev1.VolumeMount{
-					{Name: "config", MountPath: ConfigPath, SubPath: ConfigKey, ReadOnly: true},
+					{Name: "config", MountPath: ConfigDir, ReadOnly: true},
 					{Name: "state", MountPath: StateDir},
 				},
 				ReadinessProbe: &corev1.Probe{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -110,14 +111,15 @@ func TestCreateBuildsObjects(t *testing.T) {
 			t.Errorf("memory = %s", q.String())
 		}
 	}
-	if len(ctr.VolumeMounts) != 2 || ctr.VolumeMounts[0].MountPath != ConfigPath || ctr.VolumeMounts[0].SubPath != ConfigKey ||
+	// The ConfigMap as a directory: a subPath mount never follows updates.
+	if len(ctr.VolumeMounts) != 2 || ctr.VolumeMounts[0].MountPath != ConfigDir || ctr.VolumeMounts[0].SubPath != "" ||
 		!ctr.VolumeMounts[0].ReadOnly || ctr.VolumeMounts[1].MountPath != StateDir {
 		t.Errorf("mounts = %+v", ctr.VolumeMounts)
 	}
 	if v := pod.Spec.Volumes; len(v) != 2 || v[0].ConfigMap == nil || v[0].ConfigMap.Name != k.Name || v[1].EmptyDir == nil {
 		t.Errorf("volumes = %+v", v)
 	}
-	if strings.Join(ctr.Command, " ") != "squid -N -f "+ConfigPath || len(ctr.Args) != 0 {
+	if !slices.Equal(ctr.Command, SquidCommand(ConfigDir)) || !strings.HasSuffix(ctr.Command[2], "exec squid -N -f \"$conf\"\n") || len(ctr.Args) != 0 {
 		t.Errorf("command = %q args %q, want the documented squid command line", ctr.Command, ctr.Args)
 	}
 

@@ -56,6 +56,10 @@ func (p *Provider) converge(ctx context.Context, m *provider.Machine, want clien
 	switch h := have.(type) {
 	case *corev1.ConfigMap:
 		h.Data = want.(*corev1.ConfigMap).Data
+		if h.Annotations == nil {
+			h.Annotations = map[string]string{}
+		}
+		h.Annotations[AnnotationDeniedDestinations] = want.GetAnnotations()[AnnotationDeniedDestinations]
 	case *corev1.Secret:
 		h.Data = want.(*corev1.Secret).Data
 	case *networkingv1.NetworkPolicy:

@@ -1,6 +1,8 @@
 package kubernetes
 
 import (
+	"net/netip"
+
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/squid"
 )
@@ -21,15 +23,17 @@ var DefaultAllowedClientCIDRs = []string{
 // Where squid's files are in the pod. The access log goes to stdout and
 // cache.log to stderr (the container's log); the pid file and core dumps
 // to StateDir, the only writable directory, so squid runs as an
-// unprivileged user on a read-only root.
+// unprivileged user on a read-only root. The cluster's ranges are a file
+// beside squid.conf.
 func squidPaths() squid.Paths {
 	return squid.Paths{
-		PasswordFile: AuthDir + "/" + PasswordKey,
-		AuthHelper:   squid.DefaultAuthHelper,
-		PidFile:      StateDir + "/squid.pid",
-		CacheLog:     "/dev/stderr",
-		AccessLog:    "/dev/stdout",
-		CoredumpDir:  StateDir,
+		PasswordFile:           AuthDir + "/" + PasswordKey,
+		AuthHelper:             squid.DefaultAuthHelper,
+		PidFile:                StateDir + "/squid.pid",
+		CacheLog:               "/dev/stderr",
+		AccessLog:              "/dev/stdout",
+		CoredumpDir:            StateDir,
+		DeniedDestinationsFile: ConfigDir + "/" + ClusterRangesKey,
 	}
 }
 
@@ -59,13 +63,16 @@ type squidFiles struct {
 	Password []byte
 	Managed  bool
 	Sources  []string
+	// Own is what squid.conf refuses by itself, Cluster what the cluster's
+	// ranges add (the ClusterRangesKey file); see denylist.go.
+	Own, Cluster []netip.Prefix
 	// auth is what Password admits, to compare with a deployed file.
 	auth squid.Auth
 }
 
-// renderSquid renders m's squid files with the pod's paths. Errors are
-// permanent and name spec.access fields.
-func (p *Provider) renderSquid(m *provider.Machine) (squidFiles, error) {
+// renderSquid renders m's squid files with the pod's paths, refusing the
+// cluster's ranges too. Errors are permanent and name spec.access fields.
+func (p *Provider) renderSquid(m *provider.Machine, cluster []netip.Prefix) (squidFiles, error) {
 	c, managed, err := p.squidConfig(m)
 	if err != nil {
 		return squidFiles{}, provider.Permanentf("kubernetes: %w", err)
@@ -74,7 +81,11 @@ func (p *Provider) renderSquid(m *provider.Machine) (squidFiles, error) {
 	if err != nil {
 		return squidFiles{}, provider.Permanentf("kubernetes: squid configuration: %w", err)
 	}
-	f := squidFiles{Conf: conf, Managed: managed, auth: c.Auth}
+	own, err := c.DeniedDestinations()
+	if err != nil {
+		return squidFiles{}, provider.Permanentf("kubernetes: squid configuration: %w", err)
+	}
+	f := squidFiles{Conf: conf, Managed: managed, auth: c.Auth, Own: own, Cluster: clusterDenied(own, cluster)}
 	if managed {
 		f.Sources = c.AllowedSourceCIDRs
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,13 +46,23 @@ func managedMachine(origin *squidtest.Origin) *provider.Machine {
 	return m
 }
 
+// podRun is a squid running what Create put in the API, as the pod runs
+// it; its ConfigMap directory can be brought up to date (sync) as the
+// kubelet does when the ConfigMap changes.
+type podRun struct {
+	*squidtest.Squid
+	config *squidtest.KubeletDir
+}
+
 // runPod runs what Create put in the API for m the way the pod runs it:
-// the container's command line; the ConfigMap's squid.conf at ConfigPath
-// and the Secret's password file under AuthDir (root-owned, read-only,
-// the Secret as the kubelet writes it with fsGroup 13: root:13, 0440);
-// the state emptyDir the only writable path on a read-only root; uid and
-// gid SquidUID with no capabilities and no_new_privs.
-func runPod(t *testing.T, c client.Client, m *provider.Machine) *squidtest.Squid {
+// the container's command line (squid behind its reloader); the
+// ConfigMap at ConfigDir as the kubelet mounts it (a directory whose files
+// change all at once) and the Secret's password file under AuthDir
+// (root-owned, read-only, the Secret as the kubelet writes it with
+// fsGroup 13: root:13, 0440); the state emptyDir the only writable path on
+// a read-only root; uid and gid SquidUID with no capabilities and
+// no_new_privs.
+func runPod(t *testing.T, c client.Client, m *provider.Machine) *podRun {
 	t.Helper()
 	ctx := context.Background()
 	k := podKey(m)
@@ -62,9 +73,10 @@ func runPod(t *testing.T, c client.Client, m *provider.Machine) *squidtest.Squid
 			t.Fatal(err)
 		}
 	}
+	// etc stands for the image's /etc/squid, with the mounts in it.
 	dir := squidtest.TempDir(t)
 	etc, state := filepath.Join(dir, "etc-squid"), filepath.Join(dir, "state")
-	for _, d := range []string{etc, filepath.Join(etc, "auth"), state} {
+	for _, d := range []string{etc, filepath.Join(etc, filepath.Base(ConfigDir)), filepath.Join(etc, "auth"), state} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -73,16 +85,14 @@ func runPod(t *testing.T, c client.Client, m *provider.Machine) *squidtest.Squid
 	if err := os.Chown(state, uid, uid); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(etc, filepath.Base(ConfigPath)), []byte(cm.Data[ConfigKey]), 0o444); err != nil {
-		t.Fatal(err)
-	}
-	mounts := map[string]bool{}
+	run := &podRun{config: squidtest.NewKubeletDir(t, filepath.Join(etc, filepath.Base(ConfigDir)), configFiles(&cm), 0o444)}
+	mounts := map[string]corev1.VolumeMount{}
 	for _, vm := range pod.Spec.Containers[0].VolumeMounts {
-		mounts[vm.MountPath] = true
+		mounts[vm.MountPath] = vm
 	}
 	var secret corev1.Secret
 	if err := c.Get(ctx, k, &secret); err == nil {
-		if !mounts[AuthDir] {
+		if _, ok := mounts[AuthDir]; !ok {
 			t.Fatalf("the pod does not mount the Secret at %s: %+v", AuthDir, pod.Spec.Containers[0].VolumeMounts)
 		}
 		pw := filepath.Join(etc, "auth", PasswordKey)
@@ -93,15 +103,19 @@ func runPod(t *testing.T, c client.Client, m *provider.Machine) *squidtest.Squid
 			t.Fatal(err)
 		}
 	}
-	if !mounts[ConfigPath] || !mounts[StateDir] {
-		t.Fatalf("the pod mounts %v, want %s and %s", mounts, ConfigPath, StateDir)
+	if vm, ok := mounts[ConfigDir]; !ok || vm.SubPath != "" || mounts[StateDir].Name == "" {
+		t.Fatalf("the pod mounts %v, want the ConfigMap as the directory %s, and %s", mounts, ConfigDir, StateDir)
 	}
-	return squidtest.Start(t, squidtest.Options{
+	if filepath.Dir(ConfigDir) != filepath.Dir(AuthDir) || filepath.Dir(ConfigPath) != ConfigDir {
+		t.Fatalf("the layout changed: %s, %s and %s are not where etc is mounted", ConfigDir, AuthDir, ConfigPath)
+	}
+	run.Squid = squidtest.Start(t, squidtest.Options{
 		Dir:      dir,
 		Command:  pod.Spec.Containers[0].Command,
+		Parse:    []string{"squid", "-k", "parse", "-f", ConfigPath},
 		ConfPath: ConfigPath,
 		Mounts: []squidtest.Mount{
-			{Source: etc, Target: filepath.Dir(ConfigPath), ReadOnly: true},
+			{Source: etc, Target: filepath.Dir(ConfigDir), ReadOnly: true},
 			{Source: state, Target: StateDir},
 		},
 		ReadOnlyRoot: true,
@@ -109,6 +123,26 @@ func runPod(t *testing.T, c client.Client, m *provider.Machine) *squidtest.Squid
 		AccessLog:    "stdout",
 		Listen:       fmt.Sprintf("127.0.0.1:%d", port(m)),
 	})
+	return run
+}
+
+func configFiles(cm *corev1.ConfigMap) map[string][]byte {
+	files := map[string][]byte{}
+	for k, v := range cm.Data {
+		files[k] = []byte(v)
+	}
+	return files
+}
+
+// sync brings the mounted ConfigMap up to what the API holds, as the
+// kubelet does some time after it changed.
+func (r *podRun) sync(t *testing.T, c client.Client, m *provider.Machine) {
+	t.Helper()
+	var cm corev1.ConfigMap
+	if err := c.Get(context.Background(), podKey(m), &cm); err != nil {
+		t.Fatal(err)
+	}
+	r.config.Write(t, configFiles(&cm), 0o444)
 }
 
 // TestManagedSquidAsThePodRunsIt proves the managed squid.conf and
@@ -124,7 +158,7 @@ func TestManagedSquidAsThePodRunsIt(t *testing.T) {
 	}
 	s := runPod(t, c, m)
 
-	squidtest.CheckManagedPolicy(t, s, squidtest.Policy{
+	squidtest.CheckManagedPolicy(t, s.Squid, squidtest.Policy{
 		Client: squidClient, Stranger: squidStranger, Username: squidUser, Password: squidPassword, Origin: origin,
 	})
 	requireContainerContract(t, s)
@@ -141,9 +175,9 @@ func TestUnmanagedSquidKeepsTheBuiltInPolicy(t *testing.T) {
 	}
 	s := runPod(t, c, m)
 	for _, dst := range []string{"http://10.1.2.3/", "http://169.254.169.254/", "http://127.0.0.1:9/"} {
-		squidtest.RequireRefusedBeforeConnecting(t, s, s.Request(t, squidClient, http.MethodGet, dst, ""), http.MethodGet, dst)
+		squidtest.RequireRefusedBeforeConnecting(t, s.Squid, s.Request(t, squidClient, http.MethodGet, dst, ""), http.MethodGet, dst)
 	}
-	squidtest.RequireRefusedBeforeConnecting(t, s, s.Request(t, squidClient, http.MethodConnect, "192.0.2.1:22", ""), http.MethodConnect, "192.0.2.1:22")
+	squidtest.RequireRefusedBeforeConnecting(t, s.Squid, s.Request(t, squidClient, http.MethodConnect, "192.0.2.1:22", ""), http.MethodConnect, "192.0.2.1:22")
 	if r := s.Request(t, squidStranger, http.MethodGet, "http://192.0.2.1/", ""); r.Status != http.StatusForbidden {
 		t.Errorf("client outside the ranges: %d, want 403", r.Status)
 	}
@@ -153,7 +187,7 @@ func TestUnmanagedSquidKeepsTheBuiltInPolicy(t *testing.T) {
 // requireContainerContract: squid runs as the unprivileged user without
 // capabilities, wrote its pid file to the state directory, logged no
 // problem, and stops on SIGTERM well inside the pod's grace period.
-func requireContainerContract(t *testing.T, s *squidtest.Squid) {
+func requireContainerContract(t *testing.T, s *podRun) {
 	t.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.Pid()))
 	if err != nil {
@@ -185,4 +219,146 @@ func requireContainerContract(t *testing.T, s *squidtest.Squid) {
 	if len(problems) > 0 {
 		t.Errorf("squid logged problems:\n%s", strings.Join(problems, "\n"))
 	}
+}
+
+// clusterOrigins listen on port 80 at addresses of issue 25's cluster
+// (gkeCluster) and at a global address outside it, each put on lo in the
+// test's network namespace, so whatever squid lets through stays on this
+// machine and is counted.
+func clusterOrigins(t *testing.T) map[string]*squidtest.Origin {
+	t.Helper()
+	origins := map[string]*squidtest.Origin{}
+	for _, a := range []string{
+		"34.118.224.1",        // the kubernetes Service (ServiceCIDR 34.118.224.0/20)
+		"34.118.0.5",          // a pod in n2's global pod range
+		"2600:1900:4000:1::5", // a pod in n2's IPv6 pod range
+		"35.0.0.5",            // n1's external address
+		"34.118.16.1",         // none of the cluster's: must stay reachable
+	} {
+		addr := netip.MustParseAddr(a)
+		squidtest.AddLoopbackAddress(t, addr)
+		origins[a] = squidtest.NewOrigin(t, netip.AddrPortFrom(addr, 80).String())
+	}
+	return origins
+}
+
+// clusterMachine is a managed Proxy for the loopback client, with nothing
+// of its own that would refuse the cluster's global ranges.
+func clusterMachine() *provider.Machine {
+	m := machine()
+	m.Squid = &squid.Config{
+		AllowedSourceCIDRs: []string{squidClient + "/32"},
+		Auth:               squid.Auth{Type: squid.AuthBasic, Username: squidUser, Password: squidPassword},
+	}
+	return m
+}
+
+func discovered(t *testing.T, c client.Client) *ClusterRanges {
+	t.Helper()
+	r := NewClusterRanges(c, c)
+	if _, _, _, err := r.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// Issue 25: on a cluster whose Service range (34.118.224.0/20, the API
+// server at 34.118.224.1) and pod ranges (Class E, global IPv4 and IPv6)
+// are not private, the squid the provider ships refuses them all, and the
+// nodes' addresses, before connecting (403), and no origin there is
+// reached; a global address outside the cluster is. The global ranges are
+// in no default list: only discovery refuses them.
+func TestSquidRefusesTheDiscoveredClusterRanges(t *testing.T) {
+	origins := clusterOrigins(t)
+	c := newFake(t, gkeCluster()...)
+	m := clusterMachine()
+	if _, err := New(c, Options{ClusterRanges: discovered(t, c)}).Create(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	s := runPod(t, c, m)
+	creds := squidUser + ":" + squidPassword
+
+	if r := s.Request(t, squidClient, http.MethodGet, "http://34.118.16.1/", creds); r.Status != http.StatusNoContent || len(origins["34.118.16.1"].Requests()) != 1 {
+		t.Fatalf("a global address outside the cluster: %d %s, want 204 from its origin", r.Status, r.SquidError)
+	}
+	for _, tc := range []struct{ method, target string }{
+		{http.MethodGet, "http://34.118.224.1/"},
+		{http.MethodConnect, "34.118.224.1:443"}, // the API server, through its ClusterIP
+		{http.MethodGet, "http://34.118.230.17/"},
+		{http.MethodGet, "http://34.118.0.5/"},
+		{http.MethodGet, "http://240.16.0.5/"},
+		{http.MethodGet, "http://[2600:1900:4000:1::5]/"},
+		{http.MethodGet, "http://35.0.0.5/"},
+		{http.MethodGet, "http://10.128.0.5/"},
+		{http.MethodGet, "http://[64:ff9b::2276:e001]/"}, // 34.118.224.1 behind NAT64
+	} {
+		squidtest.RequireRefusedBeforeConnecting(t, s.Squid, s.Request(t, squidClient, tc.method, tc.target, creds), tc.method, tc.target)
+	}
+	for a, o := range origins {
+		if n := len(o.Requests()); a != "34.118.16.1" && n != 0 {
+			t.Errorf("origin at %s reached %d times", a, n)
+		}
+	}
+	requireContainerContract(t, s)
+}
+
+// The ranges change while the pod runs (a node with a global pod range
+// joins): the provider rewrites the ConfigMap and the NetworkPolicy, not
+// the pod; once the kubelet has updated the mounted files, the squid in
+// the pod re-reads them by itself (its reloader) and refuses the new
+// range, still running as the same process.
+func TestClusterRangesReachARunningSquid(t *testing.T) {
+	origins := clusterOrigins(t)
+	objs, joining := gkeClusterBefore("n2")
+	c := newFake(t, objs...)
+	ranges := discovered(t, c)
+	p := New(c, Options{ClusterRanges: ranges}).(*Provider)
+	m := clusterMachine()
+	ctx := context.Background()
+	if _, err := p.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	var before corev1.Pod
+	if err := c.Get(ctx, podKey(m), &before); err != nil {
+		t.Fatal(err)
+	}
+	s := runPod(t, c, m)
+	creds := squidUser + ":" + squidPassword
+	pid := s.Pid()
+	for _, target := range []string{"http://34.118.0.5/", "http://[2600:1900:4000:1::5]/"} {
+		if r := s.Request(t, squidClient, http.MethodGet, target, creds); r.Status != http.StatusNoContent {
+			t.Fatalf("%s before the node joined: %d %s, want 204", target, r.Status, r.SquidError)
+		}
+	}
+
+	if err := c.Create(ctx, joining); err != nil {
+		t.Fatal(err)
+	}
+	now, changed, _, err := ranges.Refresh(ctx)
+	if err != nil || !changed {
+		t.Fatalf("Refresh: changed %v (%v)", changed, err)
+	}
+	if _, err := p.applyClusterRanges(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	var after corev1.Pod
+	if err := c.Get(ctx, podKey(m), &after); err != nil || after.UID != before.UID {
+		t.Fatalf("the pod was replaced (%v)", err)
+	}
+	s.sync(t, c, m)
+	s.WaitListening(t, s.Stderr, 2) // the reloader had squid reconfigure
+	if s.Pid() != pid {
+		t.Fatal("squid was restarted, not reconfigured")
+	}
+	reached := len(origins["34.118.0.5"].Requests()) + len(origins["2600:1900:4000:1::5"].Requests())
+	for _, target := range []string{"http://34.118.0.5/", "http://[2600:1900:4000:1::5]/"} {
+		squidtest.RequireRefusedBeforeConnecting(t, s.Squid, s.Request(t, squidClient, http.MethodGet, target, creds), http.MethodGet, target)
+	}
+	if n := len(origins["34.118.0.5"].Requests()) + len(origins["2600:1900:4000:1::5"].Requests()); n != reached {
+		t.Errorf("the new range's origins reached %d times after the reload", n-reached)
+	}
+	if !strings.Contains(s.ReadStderr(), "squid-reloader: the configuration changed") {
+		t.Errorf("the reloader did not say why squid reconfigured:\n%s", s.Output())
+	}
+	requireContainerContract(t, s)
 }

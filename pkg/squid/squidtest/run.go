@@ -121,6 +121,9 @@ type Options struct {
 	// Command is the command line, squid first; default squid -N -f
 	// <config>. squid -k parse runs with the same arguments first.
 	Command []string
+	// Parse is the squid -k parse command line run first, for a Command
+	// that is not squid's own (a wrapper that starts it).
+	Parse []string
 
 	ConfPath     string
 	Mounts       []Mount
@@ -186,7 +189,10 @@ func Start(t testing.TB, o Options) *Squid {
 		s.Addr6 = o.Listen
 	}
 
-	parse := s.command(t, o, append([]string{o.Command[0], "-k", "parse"}, o.Command[1:]...))
+	if len(o.Parse) == 0 {
+		o.Parse = append([]string{o.Command[0], "-k", "parse"}, o.Command[1:]...)
+	}
+	parse := s.command(t, o, o.Parse)
 	out, err := parse.CombinedOutput()
 	problems := Problems(string(out))
 	if err != nil {
@@ -343,4 +349,38 @@ func (s *Squid) WaitForLogLine(t testing.TB, words ...string) string {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// listeningLine is what squid logs each time it opens its port: once when
+// it starts, once more after every reconfigure.
+const listeningLine = "Accepting HTTP Socket connections"
+
+// WaitListening waits until squid's cache log (the file at cacheLog, e.g.
+// s.Stderr when cache_log is /dev/stderr) says it opened its port n times
+// in all: n-1 reconfigures have completed.
+func (s *Squid) WaitListening(t testing.TB, cacheLog string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		data, _ := os.ReadFile(cacheLog)
+		if strings.Count(string(data), listeningLine) >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("squid did not open its port %d times within 30s:\n%s", n, s.Output())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Reconfigure sends squid SIGHUP, as squid -k reconfigure does, and waits
+// until it listens again with the files re-read.
+func (s *Squid) Reconfigure(t testing.TB, cacheLog string) {
+	t.Helper()
+	data, _ := os.ReadFile(cacheLog)
+	n := strings.Count(string(data), listeningLine)
+	if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	s.WaitListening(t, cacheLog, n+1)
 }

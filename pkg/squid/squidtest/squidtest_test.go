@@ -3,7 +3,9 @@ package squidtest
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -162,4 +164,23 @@ func TestOpenProxyUnderPolicy(t *testing.T) {
 	conf := fmt.Sprintf("http_port 127.0.0.1:3128\nhttp_access allow all\naccess_log stdio:%s/access.log\ncache_log %s/cache.log\npid_filename %s/squid.pid\n", dir, dir, dir)
 	s := Start(t, Options{Conf: []byte(conf), Dir: dir, Listen: "127.0.0.1:3128", AccessLog: filepath.Join(dir, "access.log")})
 	CheckManagedPolicy(t, s, Policy{Client: "127.0.0.1", Stranger: "127.0.0.2", Username: "crawler", Password: "a-password-of-some-length", Origin: NewOrigin(t, "127.0.0.44:0")})
+}
+
+// An address added to lo is one a listener can bind and a client reach,
+// IPv4 and IPv6, twice over.
+func TestAddLoopbackAddress(t *testing.T) {
+	for _, a := range []string{"34.118.224.1", "2600:1900:4000:1::5"} {
+		addr := netip.MustParseAddr(a)
+		AddLoopbackAddress(t, addr)
+		AddLoopbackAddress(t, addr)
+		o := NewOrigin(t, net.JoinHostPort(a, "0"))
+		resp, err := http.Get("http://" + o.HostPort() + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent || len(o.Requests()) != 1 {
+			t.Errorf("%s: %d, %d requests", a, resp.StatusCode, len(o.Requests()))
+		}
+	}
 }
