@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -1133,26 +1134,10 @@ func (m *poolMemory) overlay(cached []crawlv1.Proxy, now time.Time) []crawlv1.Pr
 		}
 		out[i] = *c
 	}
-	for uid := range m.gone {
-		if !seen[uid] {
-			delete(m.gone, uid)
-		}
-	}
-	for uid := range m.marks {
-		if !seen[uid] {
-			delete(m.marks, uid)
-		}
-	}
-	for n := range m.listed {
-		if !names[n] {
-			delete(m.listed, n)
-		}
-	}
-	for n := range m.unlisted {
-		if !names[n] {
-			delete(m.unlisted, n)
-		}
-	}
+	maps.DeleteFunc(m.gone, func(uid types.UID, _ time.Time) bool { return !seen[uid] })
+	maps.DeleteFunc(m.marks, func(uid types.UID, _ map[string]mark) bool { return !seen[uid] })
+	maps.DeleteFunc(m.listed, func(n string, _ bool) bool { return !names[n] })
+	maps.DeleteFunc(m.unlisted, func(n string, _ time.Time) bool { return !names[n] })
 	for name, made := range m.made {
 		if now.Sub(made.at) > expectationTimeout {
 			delete(m.made, name)

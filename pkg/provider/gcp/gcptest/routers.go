@@ -110,15 +110,14 @@ func (s *Server) routerList(w http.ResponseWriter, r *http.Request) {
 	for _, k := range s.sortedRouterKeys(project + "/" + region + "/") {
 		all = append(all, s.routers[k])
 	}
-	page, next, err := s.paginate(r, len(all))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+	items, next, ok := pageOf(s, w, r, all)
+	if !ok {
 		return
 	}
 	writeJSON(w, http.StatusOK, &compute.RouterList{
 		Kind:          "compute#routerList",
 		Id:            "projects/" + project + "/regions/" + region + "/routers",
-		Items:         all[page[0]:page[1]],
+		Items:         items,
 		NextPageToken: next,
 		SelfLink:      selfLinkBase + "projects/" + project + "/regions/" + region + "/routers",
 	})
@@ -132,14 +131,12 @@ func (s *Server) routerAggregatedList(w http.ResponseWriter, r *http.Request) {
 		writeError(w, f.code, f.reason, f.message)
 		return
 	}
-	keys := s.sortedRouterKeys(project + "/")
-	page, next, err := s.paginate(r, len(keys))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+	keys, next, ok := pageOf(s, w, r, s.sortedRouterKeys(project+"/"))
+	if !ok {
 		return
 	}
 	items := map[string]compute.RoutersScopedList{}
-	for _, k := range keys[page[0]:page[1]] {
+	for _, k := range keys {
 		scope := "regions/" + strings.Split(k, "/")[1]
 		sl := items[scope]
 		sl.Routers = append(sl.Routers, s.routers[k])

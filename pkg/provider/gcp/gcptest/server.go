@@ -771,15 +771,14 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 			all = append(all, inst)
 		}
 	}
-	page, next, err := s.paginate(r, len(all))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+	items, next, ok := pageOf(s, w, r, all)
+	if !ok {
 		return
 	}
 	writeJSON(w, http.StatusOK, &compute.InstanceList{
 		Kind:          "compute#instanceList",
 		Id:            "projects/" + project + "/zones/" + zone + "/instances",
-		Items:         all[page[0]:page[1]],
+		Items:         items,
 		NextPageToken: next,
 		SelfLink:      selfLinkBase + "projects/" + project + "/zones/" + zone + "/instances",
 	})
@@ -812,13 +811,12 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request) {
 			all = append(all, hit{zone, inst})
 		}
 	}
-	page, next, err := s.paginate(r, len(all))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+	hits, next, ok := pageOf(s, w, r, all)
+	if !ok {
 		return
 	}
 	items := map[string]compute.InstancesScopedList{}
-	for _, h := range all[page[0]:page[1]] {
+	for _, h := range hits {
 		sl := items["zones/"+h.zone]
 		sl.Instances = append(sl.Instances, h.inst)
 		items["zones/"+h.zone] = sl
@@ -840,6 +838,17 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request) {
 		NextPageToken: next,
 		SelfLink:      selfLinkBase + "projects/" + project + "/aggregated/instances",
 	})
+}
+
+// pageOf is the page of all this request asks for and the next page
+// token; false when the paging parameters are refused (the 400 written).
+func pageOf[T any](s *Server, w http.ResponseWriter, r *http.Request, all []T) ([]T, string, bool) {
+	page, next, err := s.paginate(r, len(all))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+		return nil, "", false
+	}
+	return all[page[0]:page[1]], next, true
 }
 
 // paginate returns the [from, to) window for this request and the next
