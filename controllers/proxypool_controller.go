@@ -336,6 +336,9 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 		p := &replicas[i]
 		byName[p.Name] = p
 		rep := replicaFrom(p, hash)
+		if !rep.DeletingSince.IsZero() && !rep.DeletionStuck {
+			rep.DeletionStuck = r.hostUnreachable(ctx, p)
+		}
 		state.Replicas = append(state.Replicas, rep)
 		// The annotation outlives a lost status write.
 		if rep.RotatingSince.After(state.LastRotation) {
@@ -390,7 +393,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	for i := range replicas {
 		p := &replicas[i]
 		rep := replicaFrom(p, hash)
-		if rep.DrainingSince.IsZero() || rep.Deleting || slices.Contains(plan.Delete, p.Name) {
+		if rep.DrainingSince.IsZero() || !rep.DeletingSince.IsZero() || slices.Contains(plan.Delete, p.Name) {
 			continue
 		}
 		// Draining, but unpublished for long enough already (or never
@@ -843,7 +846,7 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 		set(crawlv1.PoolRollingOutCondition, false, crawlv1.PoolPausedReason, fmt.Sprintf("%d replicas outdated; paused", s.Outdated))
 	case s.Outdated > 0:
 		set(crawlv1.PoolRollingOutCondition, true, crawlv1.PoolRollingOutReason,
-			fmt.Sprintf("%d replicas outdated, %d of %d up to date", s.Outdated, s.UpToDate, policy.Replicas))
+			fmt.Sprintf("%d replicas outdated, %d of %d up to date%s", s.Outdated, s.UpToDate, policy.Replicas, waitingForDeletions(s)))
 	default:
 		set(crawlv1.PoolRollingOutCondition, false, crawlv1.PoolUpToDateReason, "every replica is of the current template")
 	}
@@ -874,7 +877,8 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 
 	switch {
 	case s.Remediating > 0:
-		set(crawlv1.PoolRemediatingCondition, true, crawlv1.PoolRemediatingReason, fmt.Sprintf("replacing %d unhealthy replicas", s.Remediating))
+		set(crawlv1.PoolRemediatingCondition, true, crawlv1.PoolRemediatingReason,
+			fmt.Sprintf("replacing %d unhealthy replicas%s", s.Remediating, waitingForDeletions(s)))
 	case s.BackingOff > 0:
 		set(crawlv1.PoolRemediatingCondition, false, crawlv1.PoolRemediationBackoffReason,
 			fmt.Sprintf("%d replicas failed to start; their slots wait until %s before replacing them", s.BackingOff, s.BackoffUntil.UTC().Format(time.RFC3339)))
@@ -896,11 +900,68 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 		set(crawlv1.PoolRemediationAllowedCondition, false, crawlv1.PoolTooManyUnhealthyReason,
 			fmt.Sprintf("%d replicas unhealthy, more than maxUnhealthy (%d): the cause is likely outside them, nothing is replaced", s.Unhealthy, s.MaxUnhealthy))
 	}
+	r.setDeletionStuck(pool, policy, s)
 	if policy.Paused {
 		set(crawlv1.PoolPausedCondition, true, crawlv1.PoolPausedReason, "rollout, rotation and remediation stopped; scaling and publishing go on")
 	} else {
 		set(crawlv1.PoolPausedCondition, false, crawlv1.PoolNotPausedReason, "")
 	}
+}
+
+// waitingForDeletions is what a condition claiming progress adds when
+// replacements wait for room that deletions in progress hold: the plan
+// creates nothing for them until then.
+func waitingForDeletions(s poolfleet.Summary) string {
+	if s.WaitingForDeletions == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d replacements wait for replicas being deleted to go (until %s at the latest)",
+		s.WaitingForDeletions, s.DeletionsReleaseAt.UTC().Format(time.RFC3339))
+}
+
+// setDeletionStuck names the replicas whose deletion did not finish within
+// deletionTimeout or cannot finish: the pool no longer counts them and has
+// replaced them, though they may still hold an instance. A Warning event
+// when the list changes.
+func (r *ProxyPoolReconciler) setDeletionStuck(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.Summary) {
+	names := s.DeletionsReleased
+	if len(names) == 0 {
+		conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolDeletionStuckCondition, Status: metav1.ConditionFalse,
+			Reason: crawlv1.PoolNoDeletionStuckReason, Message: "no replica's deletion outlasted deletionTimeout"})
+		return
+	}
+	msg := fmt.Sprintf("%d replicas still being deleted past deletionTimeout (%s) or blocked by their provider or host: %s; "+
+		"no longer counted against maxSurge, replaced, and deleted when their provider lets them go",
+		len(names), policy.DeletionTimeout, strings.Join(shortList(names), ", "))
+	if c := conditions.Get(pool, crawlv1.PoolDeletionStuckCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != msg {
+		r.Recorder.Event(pool, "Warning", crawlv1.PoolDeletionStuckReason, msg)
+	}
+	conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolDeletionStuckCondition, Status: metav1.ConditionTrue,
+		Reason: crawlv1.PoolDeletionStuckReason, Message: msg})
+}
+
+// hostUnreachable reports whether p runs on a KVMHost known not to answer:
+// deleting p cannot finish until it does, so the pool need not wait out
+// deletionTimeout for it. Only the host's own dial and probe failures
+// count; anything else (or a host the cache cannot show) is no news.
+func (r *ProxyPoolReconciler) hostUnreachable(ctx context.Context, p *crawlv1.Proxy) bool {
+	if p.Spec.Provider != crawlv1.ProviderKVM || p.Status.Host == "" {
+		return false
+	}
+	h := &crawlv1.KVMHost{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: p.Status.Host}, h); err != nil {
+		return false
+	}
+	c := conditions.Get(h, crawlv1.ReadyCondition)
+	if c == nil || c.Status != metav1.ConditionFalse {
+		return false
+	}
+	switch c.Reason {
+	case crawlv1.HostTCPUnreachableReason, crawlv1.HostSSHHandshakeFailedReason, crawlv1.HostLibvirtConnectFailedReason,
+		crawlv1.HostTimeoutReason, crawlv1.HostProbeFailedReason:
+		return true
+	}
+	return false
 }
 
 func metaTime(t time.Time) *metav1.Time {

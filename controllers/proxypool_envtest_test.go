@@ -313,6 +313,79 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		waitProxyGone(ns, names[0], 20*time.Second)
 	})
 
+	It("reaches its replica count while a replica's deletion never finishes, and says which", func() {
+		ns := newNamespace()
+		booter := startPoolBooter(testHosts, ns)
+		defer booter.stop()
+		const deletionTimeout = 3 * time.Second
+		// maxSurge 1, maxUnavailable 0: the one room a replacement has is
+		// the one the stuck deletion holds.
+		pool := newPool(ns, "hold", 2, func(p *crawlv1.ProxyPool) {
+			p.Spec.Rollout.DrainSeconds = ptr.To(int32(0))
+			p.Spec.Remediation.DeletionTimeout = &metav1.Duration{Duration: deletionTimeout}
+		})
+		names := waitPoolReady(pool, 2)
+		stuck, next := names[0], names[1]
+
+		By("a replica whose deletion never finishes (a finalizer that never goes)")
+		const hold = "test.crawl.example.com/hold"
+		p := getProxy(ns, stuck)
+		p.Finalizers = append(p.Finalizers, hold)
+		Expect(k8sClient.Update(ctx, p)).To(Succeed())
+		release := func() {
+			Eventually(func() error {
+				p := &crawlv1.Proxy{}
+				if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: stuck}, p); err != nil {
+					return client.IgnoreNotFound(err)
+				}
+				p.Finalizers = slices.DeleteFunc(p.Finalizers, func(f string) bool { return f == hold })
+				return k8sClient.Update(ctx, p)
+			}).Should(Succeed())
+		}
+		DeferCleanup(release)
+		annotateProxy(ns, stuck, crawlv1.DeleteProxyAnnotation, "banned")
+		Eventually(func(g Gomega) {
+			g.Expect(getProxy(ns, stuck).DeletionTimestamp.IsZero()).To(BeFalse(), "the banned replica is not being deleted")
+			g.Expect(proxyNames(readyPoolReplicas(pool))).To(HaveLen(2))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+
+		By("another replica to replace: its room is the one the stuck deletion holds, until deletionTimeout")
+		annotateProxy(ns, next, crawlv1.DeleteProxyAnnotation, "banned")
+		waitProxyGone(ns, next, 40*time.Second)
+		Eventually(func(g Gomega) {
+			ready := proxyNames(readyPoolReplicas(pool))
+			g.Expect(ready).To(HaveLen(2))
+			g.Expect(ready).NotTo(ContainElements(stuck, next))
+			got := getPool(pool)
+			g.Expect(got.Status.AvailableReplicas).To(BeEquivalentTo(2))
+			g.Expect(conditions.IsTrue(got, crawlv1.PoolAvailableCondition)).To(BeTrue())
+			c := conditions.Get(got, crawlv1.PoolDeletionStuckCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(c.Reason).To(Equal(crawlv1.PoolDeletionStuckReason))
+			g.Expect(c.Message).To(ContainSubstring(stuck))
+		}).WithTimeout(40 * time.Second).Should(Succeed())
+		Expect(getProxy(ns, stuck).DeletionTimestamp.IsZero()).To(BeFalse(), "the stuck replica is still there, being deleted")
+		Eventually(func(g Gomega) {
+			events := &corev1.EventList{}
+			g.Expect(k8sClient.List(ctx, events, client.InNamespace(ns))).To(Succeed())
+			var warned []string
+			for _, e := range events.Items {
+				if e.InvolvedObject.Kind == "ProxyPool" && e.Type == corev1.EventTypeWarning && e.Reason == crawlv1.PoolDeletionStuckReason {
+					warned = append(warned, e.Message)
+				}
+			}
+			g.Expect(warned).To(ContainElement(ContainSubstring(stuck)))
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+
+		By("the deletion finishes at last: nothing is stuck")
+		release()
+		waitProxyGone(ns, stuck, 20*time.Second)
+		Eventually(func() string { return conditions.GetReason(getPool(pool), crawlv1.PoolDeletionStuckCondition) }).
+			Should(Equal(crawlv1.PoolNoDeletionStuckReason))
+		waitPoolReady(pool, 2)
+	})
+
 	It("backs off a slot whose replicas never start, and says so", func() {
 		ns := newNamespace()
 		booter := startPoolBooter(testHosts, ns)

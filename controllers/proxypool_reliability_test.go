@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -109,6 +110,15 @@ func (u *poolUnit) annotated(key string) []string {
 
 func (u *poolUnit) names() []string { return proxyNames(u.replicas()) }
 
+// serving creates the pool's replicas, makes them Ready an hour ago and
+// publishes them: a pool at rest.
+func (u *poolUnit) serving() {
+	u.t.Helper()
+	u.reconcile()
+	u.readyAll(time.Hour)
+	u.reconcile()
+}
+
 // Issue 26, defect 1: a name the pool cannot publish under, or an object
 // under it that the pool does not own, must not freeze the fleet; the
 // Published condition says what is in the way.
@@ -198,9 +208,7 @@ func newPoolUnitNamed(t *testing.T, name string, replicas int32) *poolUnit {
 func TestPoolPublishFailureHoldsOnlyDrainsOfListedReplicas(t *testing.T) {
 	u := newPoolUnit(t, 3)
 	f := withPublishFaults(u)
-	u.reconcile()
-	u.readyAll(time.Hour)
-	u.reconcile()
+	u.serving()
 	if got := storedList(t, u.c, "ns", "p"); len(got) != 3 {
 		t.Fatalf("published %v, want the 3 Ready replicas", got)
 	}
@@ -269,9 +277,7 @@ func TestPoolActingOnAReplicaDeletedMeanwhile(t *testing.T) {
 
 	// A drain of a replica gone meanwhile.
 	u = newPoolUnit(t, 2)
-	u.reconcile()
-	u.readyAll(time.Hour)
-	u.reconcile()
+	u.serving()
 	u.c.freeze(t)
 	for _, p := range u.replicas() {
 		if err := u.c.Client.Delete(context.Background(), &p); err != nil {
@@ -289,9 +295,7 @@ func TestPoolActingOnAReplicaDeletedMeanwhile(t *testing.T) {
 func TestPoolNeverPublishedReplicasAreNotDrained(t *testing.T) {
 	t.Run("a booting replica scaled down", func(t *testing.T) {
 		u := newPoolUnit(t, 2)
-		u.reconcile()
-		u.readyAll(time.Hour)
-		u.reconcile()
+		u.serving()
 		ready := u.names()
 		u.update(func(p *crawlv1.ProxyPool) { p.Spec.Replicas = ptr.To(int32(3)) })
 		u.reconcile()
@@ -394,9 +398,7 @@ func TestPoolMemoryExposure(t *testing.T) {
 // the pool goes.
 func TestPoolDeletedWithOrphanPolicyLeavesItsReplicas(t *testing.T) {
 	u := newPoolUnit(t, 2)
-	u.reconcile()
-	u.readyAll(time.Hour)
-	u.reconcile()
+	u.serving()
 	before := u.names()
 	// What the API server does for propagationPolicy Orphan: the orphan
 	// finalizer, then the deletion timestamp.
@@ -646,9 +648,7 @@ func TestPoolCredentialChangeIsARollout(t *testing.T) {
 // when they are more than maxUnhealthy.
 func TestPoolReplicasRejectingTheirCredentialAreReplaced(t *testing.T) {
 	u := credentialPool(t, 2, "first-password-1")
-	u.reconcile()
-	u.readyAll(time.Hour)
-	u.reconcile()
+	u.serving()
 	old := u.names()
 	// Both answer 407 (their squid has another password than the copy
 	// their Proxy probes with), for ten minutes.
@@ -735,5 +735,94 @@ func TestPoolTriesAnExhaustedZoneLast(t *testing.T) {
 	u.reconcile()
 	if c := count(); c[zones[0]] != 2 {
 		t.Errorf("zones %v, want the sixth replica in %s again, the others having been tried", c, zones[0])
+	}
+}
+
+// Issue 26, defect 2: a replica whose deletion cannot finish (its host
+// does not answer) holds no room, so the unhealthy replica it blocked is
+// replaced; meanwhile the status says the replacement waits, and for how
+// long, rather than claiming it is under way.
+func TestPoolStopsCountingADeletionItsHostCannotFinish(t *testing.T) {
+	u := newPoolUnit(t, 1)
+	u.serving()
+	ctx := context.Background()
+
+	// The replica is being deleted (the Proxy's finalizer holds it until
+	// its host deletes the instance), and a second one runs but stopped serving
+	// ten minutes ago: the pool wants a replacement; maxSurge 1 is the
+	// deleting replica's room.
+	dying := u.replicas()[0]
+	dying.Finalizers = append(dying.Finalizers, crawlv1.ProxyFinalizer)
+	if err := u.c.Client.Update(ctx, &dying); err != nil {
+		t.Fatal(err)
+	}
+	// On another host than the one new replicas go to.
+	dying.Status.Host = "hv0"
+	if err := u.c.Client.Status().Update(ctx, &dying); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.c.Client.Delete(ctx, &dying); err != nil {
+		t.Fatal(err)
+	}
+	u.reconcile()
+	u.readyAll(time.Hour)
+	var sick crawlv1.Proxy
+	for _, p := range u.replicas() {
+		if p.Name != dying.Name {
+			sick = p
+		}
+	}
+	conditions.Set(&sick, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: "ProbeFailed",
+		LastTransitionTime: metav1.NewTime(u.clock.Now().Add(-10 * time.Minute))})
+	if err := u.c.Client.Status().Update(ctx, &sick); err != nil {
+		t.Fatal(err)
+	}
+	u.reconcile()
+	if n := len(u.replicas()); n != 2 {
+		t.Fatalf("%d replicas, want 2: the deletion holds the surge", n)
+	}
+	pool := u.getPool()
+	if c := conditions.Get(pool, crawlv1.PoolRemediatingCondition); c == nil || !strings.Contains(c.Message, "wait for replicas being deleted") {
+		t.Errorf("Remediating %+v: it must say the replacement waits for a deletion", c)
+	}
+	if c := conditions.Get(pool, crawlv1.PoolDeletionStuckCondition); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("DeletionStuck %+v, want False within deletionTimeout", c)
+	}
+
+	// The host stops answering: the deletion cannot finish, the room is
+	// free at once, and the pool says which replica it gave up on.
+	host := sizedHost("hv0", 64*giB, func(h *crawlv1.KVMHost) {
+		conditions.Set(h, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionFalse, Reason: crawlv1.HostTCPUnreachableReason})
+	})
+	if err := u.c.Client.Create(ctx, host); err != nil {
+		t.Fatal(err)
+	}
+	u.reconcile()
+	if n := len(u.replicas()); n != 3 {
+		t.Fatalf("%d replicas, want 3: the replacement made beside the stuck deletion", n)
+	}
+	pool = u.getPool()
+	c := conditions.Get(pool, crawlv1.PoolDeletionStuckCondition)
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != crawlv1.PoolDeletionStuckReason || !strings.Contains(c.Message, dying.Name) {
+		t.Errorf("DeletionStuck %+v, want True naming %s", c, dying.Name)
+	}
+	if c := conditions.Get(pool, crawlv1.PoolRemediatingCondition); c == nil || strings.Contains(c.Message, "wait") {
+		t.Errorf("Remediating %+v: nothing waits any more", c)
+	}
+	warned := 0
+	for len(u.r.Recorder.(*record.FakeRecorder).Events) > 0 {
+		if e := <-u.r.Recorder.(*record.FakeRecorder).Events; strings.HasPrefix(e, "Warning "+crawlv1.PoolDeletionStuckReason) && strings.Contains(e, dying.Name) {
+			warned++
+		}
+	}
+	// Once, not at every pass.
+	u.reconcile()
+	for len(u.r.Recorder.(*record.FakeRecorder).Events) > 0 {
+		if e := <-u.r.Recorder.(*record.FakeRecorder).Events; strings.HasPrefix(e, "Warning "+crawlv1.PoolDeletionStuckReason) {
+			warned++
+		}
+	}
+	if warned != 1 {
+		t.Errorf("%d DeletionStuck warnings, want 1", warned)
 	}
 }

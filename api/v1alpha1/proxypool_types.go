@@ -66,6 +66,11 @@ const (
 	// remediation and deletions of replicas no list names go on, only
 	// drains wait for a list without the replica.
 	PoolPublishedCondition = "Published"
+	// PoolDeletionStuckCondition: replicas whose deletion outlasted
+	// spec.remediation.deletionTimeout, or cannot finish (their Proxy's
+	// DeletionBlocked, their KVMHost not answering). The pool counts them
+	// no more and has replaced them; they go when their provider lets them.
+	PoolDeletionStuckCondition = "DeletionStuck"
 )
 
 // ProxyPool condition reasons.
@@ -113,6 +118,9 @@ const (
 	// PoolDeletingReason (Available False): the pool is being deleted,
 	// its replicas with it.
 	PoolDeletingReason = "Deleting"
+	// DeletionStuck.
+	PoolDeletionStuckReason   = "DeletionTimedOut"
+	PoolNoDeletionStuckReason = "NoneStuck"
 	// Published.
 	PoolPublishedReason = "Published"
 	// PoolReplicasLeftOutReason (Published True): some Ready replicas are
@@ -216,6 +224,14 @@ type ProxyPoolRemediation struct {
 	// minutes (or this value, if longer). Default 30s.
 	// +optional
 	StartupBackoff *metav1.Duration `json:"startupBackoff,omitempty"`
+	// DeletionTimeout a replica being deleted still counts against
+	// maxSurge and as room being made; default 5m. Past it (or at once
+	// when its deletion is blocked for good) it no longer holds room, so
+	// an instance on a dead host or a provider that never answers does not
+	// keep the pool short or freeze its rollouts; the DeletionStuck
+	// condition names it, and it is still deleted when it can be.
+	// +optional
+	DeletionTimeout *metav1.Duration `json:"deletionTimeout,omitempty"`
 	// MaxUnhealthy (count or percent): when more replicas are unhealthy,
 	// remediation stops (RemediationAllowed=False, TooManyUnhealthy): an
 	// outage must not delete the fleet. Default 40%.

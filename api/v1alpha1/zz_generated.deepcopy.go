@@ -605,6 +605,11 @@ func (in *ProxyPoolRemediation) DeepCopyInto(out *ProxyPoolRemediation) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.DeletionTimeout != nil {
+		in, out := &in.DeletionTimeout, &out.DeletionTimeout
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.MaxUnhealthy != nil {
 		in, out := &in.MaxUnhealthy, &out.MaxUnhealthy
 		*out = new(intstr.IntOrString)

@@ -208,6 +208,7 @@ func validatePoolSpec(s *crawlv1.ProxyPoolSpec) field.ErrorList {
 	errs = append(errs, positive(rem.Child("startupTimeout"), m.StartupTimeout)...)
 	errs = append(errs, positive(rem.Child("unhealthyTimeout"), m.UnhealthyTimeout)...)
 	errs = append(errs, positive(rem.Child("startupBackoff"), m.StartupBackoff)...)
+	errs = append(errs, positive(rem.Child("deletionTimeout"), m.DeletionTimeout)...)
 	_, e := validateIntOrPercent(rem.Child("maxUnhealthy"), m.MaxUnhealthy, true)
 	errs = append(errs, e...)
 	if m.MaxCreatesPerMinute < 0 {

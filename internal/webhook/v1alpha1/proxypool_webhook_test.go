@@ -111,9 +111,10 @@ func TestValidateProxyPool(t *testing.T) {
 			p.Spec.Remediation.StartupTimeout = dur(-time.Second)
 			p.Spec.Remediation.UnhealthyTimeout = dur(0)
 			p.Spec.Remediation.StartupBackoff = dur(0)
+			p.Spec.Remediation.DeletionTimeout = dur(-time.Second)
 			p.Spec.Rotation.MinInterval = dur(-time.Second)
 		}, want: []string{"spec.rotation.maxAge: Invalid", "spec.remediation.startupTimeout: Invalid", "spec.remediation.unhealthyTimeout: Invalid",
-			"spec.remediation.startupBackoff: Invalid", "spec.rotation.minInterval: Invalid"}},
+			"spec.remediation.startupBackoff: Invalid", "spec.remediation.deletionTimeout: Invalid", "spec.rotation.minInterval: Invalid"}},
 		{name: "jitter not below maxAge", change: func(p *crawlv1.ProxyPool) { p.Spec.Rotation.Jitter = dur(6 * time.Hour) },
 			want: []string{"spec.rotation.jitter: Invalid", "less than maxAge"}},
 		{name: "rotation settings without maxAge", change: func(p *crawlv1.ProxyPool) { p.Spec.Rotation.MaxAge = nil },
