@@ -52,6 +52,12 @@ const (
 	ProxyPermanentErrorReason    = "PermanentError"
 	ProxyProviderDisabledReason  = "ProviderNotEnabled"
 	ProxyInstanceMissingReason   = "InstanceMissing"
+
+	// ProxyInsufficientCapacityReason (InstanceProvisioned): where the
+	// instance is to go (its zone) has no room now; retried. A pool places
+	// its next replicas in its other zones first.
+	ProxyInsufficientCapacityReason = "InsufficientCapacity"
+
 	// ProxyInstanceNotRunningReason (ProxyHealthy): the provider reported
 	// the instance not running; it is being started.
 	ProxyInstanceNotRunningReason = "InstanceNotRunning"

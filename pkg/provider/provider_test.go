@@ -22,6 +22,7 @@ func TestClass(t *testing.T) {
 		{"wrapped permanent", fmt.Errorf("create: %w", Permanentf("x")), ClassPermanent},
 		{"identity error is permanent", &IdentityError{Kind: "domain", Name: "d", Mismatch: "uid"}, ClassPermanent},
 		{"deadline", context.DeadlineExceeded, ClassTransient},
+		{"no capacity is transient", fmt.Errorf("insert: %w", NoCapacity(io.EOF)), ClassTransient},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -46,6 +47,17 @@ func TestClassedKeepsMessageAndCause(t *testing.T) {
 	}
 	if Transient(nil) != nil {
 		t.Errorf("Transient(nil) must be nil")
+	}
+}
+
+func TestNoCapacityKeepsMessageAndCause(t *testing.T) {
+	err := NoCapacity(io.ErrUnexpectedEOF)
+	if err.Error() != io.ErrUnexpectedEOF.Error() || !errors.Is(err, io.ErrUnexpectedEOF) ||
+		!errors.Is(err, ErrNoCapacity) || !errors.Is(err, ErrTransient) || !HasClass(err) {
+		t.Errorf("NoCapacity: %q, cause %v, no capacity %v, transient %v", err, errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, ErrNoCapacity), errors.Is(err, ErrTransient))
+	}
+	if errors.Is(Transientf("busy"), ErrNoCapacity) || NoCapacity(nil) != nil {
+		t.Error("only NoCapacity says no capacity; NoCapacity(nil) is nil")
 	}
 }
 
