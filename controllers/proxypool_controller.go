@@ -299,21 +299,15 @@ func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1
 func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1.ProxyPool) (ctrl.Result, error) {
 	log := logf.FromContext(ctx)
 	now := r.Clock.Now()
-	sel, err := metav1.LabelSelectorAsSelector(&pool.Spec.Selector)
-	if err != nil {
-		invalidSpec(pool, fmt.Errorf("spec.selector: %w", err))
+	policy, ok := poolPolicy(pool)
+	if !ok {
 		return ctrl.Result{}, nil
 	}
-	pool.Status.Selector = sel.String()
-	policy, err := poolfleet.PolicyFor(&pool.Spec)
-	if err != nil {
-		invalidSpec(pool, err)
-		return ctrl.Result{}, nil
-	}
-	templateHash := poolfleet.TemplateHash(&pool.Spec.Template)
-
 	mem := r.memory(pool)
 	defer func() { pool.Status.RecentCreates = mem.recentCreatesStatus(now) }()
+
+	// Observe: the replicas, the zones they ran out of, the credentials
+	// they should carry.
 	replicas, err := r.replicas(ctx, pool, mem, now)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -323,32 +317,91 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	templateHash := poolfleet.TemplateHash(&pool.Spec.Template)
 	hash := replicaHash(templateHash, creds)
 	state, byName := r.fleetState(ctx, pool, mem, replicas, hash, now)
 
+	// Plan.
 	plan := poolfleet.Decide(policy, state)
 	r.setStatus(pool, policy, plan, byName, now)
 	r.setCredentialsStatus(pool, replicas, templateHash, hash, plan.Status)
 	log.V(1).Info("plan", "replicas", len(replicas), "publish", len(plan.Publish), "drain", plan.Drain, "delete", plan.Delete,
 		"rotate", plan.Rotate, "create", len(plan.Create), "available", plan.Status.Available, "next", plan.Next)
 
-	// Unpublish first: a replica is out of the crawlers' list before its
-	// drain time starts.
-	published := replicasNamed(byName, plan.Publish)
-	// Whatever became of the publish, the rest of the plan goes on: only a
-	// replica a published object may still name waits (its drain for a
-	// list without it, its deletion for the drain).
-	pub := r.publish(ctx, pool, mem, published, now)
+	// Publish first: a replica is out of the crawlers' list before its
+	// drain time starts. Whatever became of the publish, the rest of the
+	// plan goes on: only a replica a published object may still name
+	// waits (its drain for a list without it, its deletion for the drain).
+	pub := r.publish(ctx, pool, mem, replicasNamed(byName, plan.Publish), now)
 
-	var errs []error
-	var deletes, drained, held []string
+	// Drain, delete, rotate.
+	held, errs := r.drainAndDelete(ctx, pool, mem, policy, plan, replicas, byName, hash, now)
+	r.setPublished(pool, pub, held)
+	errs = append(errs, r.rotate(ctx, pool, mem, byName, plan.Rotate, now)...)
+	if len(errs) > 0 {
+		// Creates wait: a replacement counted on a drain or rotation
+		// that was not written would exceed the budget.
+		return ctrl.Result{}, errors.Join(errs...)
+	}
+
+	// Create.
+	res := ctrl.Result{}
+	if plan.Status.Want == 0 || conditions.Get(pool, crawlv1.PoolPlacementBlockedCondition) == nil {
+		conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionFalse,
+			Reason: crawlv1.PoolPlacedReason, Message: "no replica waits for placement"})
+	}
+	made, blocked, err := r.create(ctx, pool, mem, replicas, replicaKind{hash: hash, credentials: creds}, plan.Create, now)
+	if err != nil {
+		return ctrl.Result{}, err
+	} else if blocked {
+		res.RequeueAfter = r.PlacementRetry
+	}
+
+	// Housekeeping: unused credential copies, when to look again.
+	if keep := revisionsInUse(pool, append(slices.Clone(replicas), made...), creds); keep != nil {
+		if err := r.pruneRevisions(ctx, pool, keep); err != nil {
+			// Unused copies only: the next pass tries again.
+			log.Info("could not delete unused credentials revisions", "err", err.Error())
+		}
+	}
+	res = r.nextLook(pool, res, plan, pub, now)
+	// A failed write is retried with the controller's backoff, after the
+	// rest of the plan was carried out.
+	return res, pub.failed()
+}
+
+// poolPolicy is the policy of pool's spec, and the selector in its status;
+// a spec the controller cannot act on is recorded instead (not ok).
+func poolPolicy(pool *crawlv1.ProxyPool) (poolfleet.Policy, bool) {
+	sel, err := metav1.LabelSelectorAsSelector(&pool.Spec.Selector)
+	if err != nil {
+		invalidSpec(pool, fmt.Errorf("spec.selector: %w", err))
+		return poolfleet.Policy{}, false
+	}
+	pool.Status.Selector = sel.String()
+	policy, err := poolfleet.PolicyFor(&pool.Spec)
+	if err != nil {
+		invalidSpec(pool, err)
+		return poolfleet.Policy{}, false
+	}
+	return policy, true
+}
+
+// drainAndDelete carries out the plan's drains and deletions. A drained
+// replica never published, or unpublished a drain time ago, is deleted
+// right away: crawlers cannot be using it. It returns the replicas held
+// because a published object may still list them, and the errors.
+func (r *ProxyPoolReconciler) drainAndDelete(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, policy poolfleet.Policy,
+	plan poolfleet.Plan, replicas []crawlv1.Proxy, byName map[string]*crawlv1.Proxy, hash string, now time.Time) (held []string, errs []error) {
+	drainedLongEnough := func(since time.Time, never bool) bool { return never || !now.Before(since.Add(policy.Drain)) }
+	var deletes, drained []string
 	for _, n := range plan.Drain {
 		p := byName[n]
 		listed, since, never := mem.exposure(p)
 		switch {
 		case listed:
 			held = append(held, n)
-		case never || !now.Before(since.Add(policy.Drain)):
+		case drainedLongEnough(since, never):
 			// Never published, or unpublished a drain time ago: crawlers
 			// cannot be using it, nothing to wait for.
 			deletes = append(deletes, n)
@@ -371,7 +424,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 		}
 		// Draining, but unpublished for long enough already (or never
 		// published): the drain is over.
-		if listed, since, never := mem.exposure(p); !listed && (never || !now.Before(since.Add(policy.Drain))) {
+		if listed, since, never := mem.exposure(p); !listed && drainedLongEnough(since, never) {
 			deletes = append(deletes, p.Name)
 		}
 	}
@@ -392,51 +445,37 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 		deleted = append(deleted, n)
 	}
 	r.event(pool, "Deleted", "deleted", deleted)
-	r.setPublished(pool, pub, held)
-	for _, n := range plan.Rotate {
+	return held, errs
+}
+
+// rotate marks the replicas the plan replaces for age.
+func (r *ProxyPoolReconciler) rotate(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, byName map[string]*crawlv1.Proxy, names []string, now time.Time) []error {
+	var errs []error
+	for _, n := range names {
 		if err := r.annotate(ctx, mem, byName[n], crawlv1.RotationAnnotation, poolfleet.FormatTime(now)); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		mem.lastRotation = now
 	}
-	r.event(pool, "Rotating", "reached its maximum age; replacing", plan.Rotate)
-	if len(errs) > 0 {
-		// Creates wait: a replacement counted on a drain or rotation
-		// that was not written would exceed the budget.
-		return ctrl.Result{}, errors.Join(errs...)
-	}
+	r.event(pool, "Rotating", "reached its maximum age; replacing", names)
+	return errs
+}
 
-	res := ctrl.Result{}
-	if plan.Status.Want == 0 || conditions.Get(pool, crawlv1.PoolPlacementBlockedCondition) == nil {
-		conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionFalse,
-			Reason: crawlv1.PoolPlacedReason, Message: "no replica waits for placement"})
-	}
-	made, blocked, err := r.create(ctx, pool, mem, replicas, replicaKind{hash: hash, credentials: creds}, plan.Create, now)
-	if err != nil {
-		return ctrl.Result{}, err
-	} else if blocked {
-		res.RequeueAfter = r.PlacementRetry
-	}
-	if keep := revisionsInUse(pool, append(slices.Clone(replicas), made...), creds); keep != nil {
-		if err := r.pruneRevisions(ctx, pool, keep); err != nil {
-			// Unused copies only: the next pass tries again.
-			log.Info("could not delete unused credentials revisions", "err", err.Error())
-		}
-	}
+// nextLook brings res forward to the next thing the pool waits for: the
+// plan's next step, a publish to retry, the user's credential Secret
+// (polled, not watched).
+func (r *ProxyPoolReconciler) nextLook(pool *crawlv1.ProxyPool, res ctrl.Result, plan poolfleet.Plan, pub publishOutcome, now time.Time) ctrl.Result {
 	if !plan.Next.IsZero() {
 		res = requeueSooner(res, max(plan.Next.Sub(now), time.Millisecond))
 	}
-	if retry := pub.retryAfter(); retry > 0 && (res.RequeueAfter == 0 || retry < res.RequeueAfter) {
-		res.RequeueAfter = retry
+	if retry := pub.retryAfter(); retry > 0 {
+		res = requeueSooner(res, retry)
 	}
-	if userCredentialsSecret(pool) != "" && (res.RequeueAfter == 0 || r.CredentialsCheckInterval < res.RequeueAfter) {
-		// The user's Secret is polled, not watched.
-		res.RequeueAfter = r.CredentialsCheckInterval
+	if userCredentialsSecret(pool) != "" {
+		res = requeueSooner(res, r.CredentialsCheckInterval)
 	}
-	// A failed write is retried with the controller's backoff, after the
-	// rest of the plan was carried out.
-	return res, pub.failed()
+	return res
 }
 
 // fleetState is what Decide sees of the pool: its replicas (also returned
