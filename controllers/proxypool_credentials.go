@@ -95,43 +95,81 @@ func (r *ProxyPoolReconciler) credentialsRevision(ctx context.Context, pool *cra
 	if c := mem.credentials; c != nil && c.ref == ref && now.Sub(c.checkedAt) < r.CredentialsCheckInterval {
 		return c.rev, nil
 	}
-	log := logf.FromContext(ctx)
 	revs, err := r.revisions(ctx, pool)
 	if err != nil {
 		return nil, err
 	}
-	theirs := &corev1.Secret{}
-	err = r.APIReader.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: ref}, theirs)
-	user, pass := string(theirs.Data[crawlv1.CredentialsUsernameKey]), string(theirs.Data[crawlv1.CredentialsPasswordKey])
-	switch {
-	case err != nil && !apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("read Secret %s/%s (spec.template.spec.access.auth.secretRef): %w", pool.Namespace, ref, err)
-	case err != nil || user == "" || pass == "":
+	theirs, err := r.userCredential(ctx, pool, ref)
+	if err != nil {
+		return nil, err
+	}
+	var rev *credentialsRevision
+	if theirs == nil {
 		// Nothing to copy: the newest revision stays current (its
 		// replicas serve on), or, without one, the Proxies report it.
-		log.V(1).Info("user's credentials Secret missing or incomplete; keeping the current revision", "secret", ref)
-		rev := newestRevision(revs)
-		mem.credentials = &credentialsCheck{ref: ref, checkedAt: now, rev: rev}
-		return rev, nil
-	}
-	for i := range revs {
-		s := &revs[i]
-		if string(s.Data[crawlv1.CredentialsUsernameKey]) == user && string(s.Data[crawlv1.CredentialsPasswordKey]) == pass {
-			rev := &credentialsRevision{name: s.Name, baseline: s.Annotations[annotationCredentialsBaseline] == "true"}
-			mem.credentials = &credentialsCheck{ref: ref, checkedAt: now, rev: rev}
-			return rev, nil
+		logf.FromContext(ctx).V(1).Info("user's credentials Secret missing or incomplete; keeping the current revision", "secret", ref)
+		rev = newestRevision(revs)
+	} else if rev = revisionHolding(revs, theirs); rev == nil {
+		// The first revision is the baseline: also none remembered (the
+		// cache may not show one made a moment ago).
+		first := len(revs) == 0 && (mem.credentials == nil || mem.credentials.rev == nil)
+		if rev, err = r.copyCredential(ctx, pool, ref, theirs, first, len(revs) > 0); err != nil {
+			return nil, err
 		}
 	}
-	// The first revision is the baseline: also none remembered (the cache
-	// may not show one made a moment ago).
-	first := len(revs) == 0 && (mem.credentials == nil || mem.credentials.rev == nil)
-	rev := &credentialsRevision{name: fmt.Sprintf("%s-credentials-%s", pool.Name, theirs.ResourceVersion), baseline: first}
+	mem.credentials = &credentialsCheck{ref: ref, checkedAt: now, rev: rev}
+	return rev, nil
+}
+
+// userCredential is the credential in the user's Secret, and the Secret's
+// resourceVersion when read.
+type userCredential struct {
+	user, pass, version string
+}
+
+// userCredential reads the user's Secret ref; nil when it is missing or
+// lacks a username or password.
+func (r *ProxyPoolReconciler) userCredential(ctx context.Context, pool *crawlv1.ProxyPool, ref string) (*userCredential, error) {
+	theirs := &corev1.Secret{}
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: ref}, theirs); apierrors.IsNotFound(err) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("read Secret %s/%s (spec.template.spec.access.auth.secretRef): %w", pool.Namespace, ref, err)
+	}
+	c := &userCredential{user: string(theirs.Data[crawlv1.CredentialsUsernameKey]), pass: string(theirs.Data[crawlv1.CredentialsPasswordKey]),
+		version: theirs.ResourceVersion}
+	if c.user == "" || c.pass == "" {
+		return nil, nil
+	}
+	return c, nil
+}
+
+// heldBy reports whether Secret s carries credential c.
+func (c *userCredential) heldBy(s *corev1.Secret) bool {
+	return string(s.Data[crawlv1.CredentialsUsernameKey]) == c.user && string(s.Data[crawlv1.CredentialsPasswordKey]) == c.pass
+}
+
+// revisionHolding is the revision among revs that holds c, or nil.
+func revisionHolding(revs []corev1.Secret, c *userCredential) *credentialsRevision {
+	for i := range revs {
+		if s := &revs[i]; c.heldBy(s) {
+			return &credentialsRevision{name: s.Name, baseline: s.Annotations[annotationCredentialsBaseline] == "true"}
+		}
+	}
+	return nil
+}
+
+// copyCredential makes the revision holding c, the user's Secret ref at
+// c.version; baseline when it is the pool's first. A change after an
+// earlier revision (changed) is an event.
+func (r *ProxyPoolReconciler) copyCredential(ctx context.Context, pool *crawlv1.ProxyPool, ref string, c *userCredential, baseline, changed bool) (*credentialsRevision, error) {
+	rev := &credentialsRevision{name: fmt.Sprintf("%s-credentials-%s", pool.Name, c.version), baseline: baseline}
 	s := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: rev.name,
 			Labels: map[string]string{labelManagedBy: managedBy, labelPoolCredentials: pool.Name, crawlv1.PoolNameLabel: pool.Name}},
 		Type:      corev1.SecretTypeOpaque,
 		Immutable: ptr.To(true),
-		Data:      map[string][]byte{crawlv1.CredentialsUsernameKey: []byte(user), crawlv1.CredentialsPasswordKey: []byte(pass)},
+		Data:      map[string][]byte{crawlv1.CredentialsUsernameKey: []byte(c.user), crawlv1.CredentialsPasswordKey: []byte(c.pass)},
 	}
 	if rev.baseline {
 		s.Annotations = map[string]string{annotationCredentialsBaseline: "true"}
@@ -139,27 +177,28 @@ func (r *ProxyPoolReconciler) credentialsRevision(ctx context.Context, pool *cra
 	if err := controllerutil.SetControllerReference(pool, s, r.Scheme); err != nil {
 		return nil, err
 	}
-	if err := r.Client.Create(ctx, s); apierrors.IsAlreadyExists(err) {
+	err := r.Client.Create(ctx, s)
+	switch {
+	case apierrors.IsAlreadyExists(err):
 		// Made by an earlier pass the cache has not shown yet: the same
 		// resourceVersion is the same content.
 		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
 			return nil, fmt.Errorf("read credentials revision %s: %w", rev.name, err)
 		}
-		if !metav1.IsControlledBy(s, pool) || string(s.Data[crawlv1.CredentialsUsernameKey]) != user || string(s.Data[crawlv1.CredentialsPasswordKey]) != pass {
+		if !metav1.IsControlledBy(s, pool) || !c.heldBy(s) {
 			return nil, fmt.Errorf("Secret %s/%s exists and is not this pool's copy of Secret %s: rename or delete it, the pool keeps its credentials revisions there",
 				pool.Namespace, rev.name, ref)
 		}
 		rev.baseline = s.Annotations[annotationCredentialsBaseline] == "true"
-	} else if err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("create credentials revision %s: %w", rev.name, err)
-	} else {
-		log.Info("credentials changed: new revision; replicas made with the previous one are replaced", "secret", ref, "revision", rev.name)
-		if len(revs) > 0 {
+	default:
+		logf.FromContext(ctx).Info("credentials changed: new revision; replicas made with the previous one are replaced", "secret", ref, "revision", rev.name)
+		if changed {
 			r.Recorder.Eventf(pool, corev1.EventTypeNormal, crawlv1.PoolCredentialsChangedReason,
 				"Secret %s changed: replicas are replaced with the new credential (revision %s)", ref, rev.name)
 		}
 	}
-	mem.credentials = &credentialsCheck{ref: ref, checkedAt: now, rev: rev}
 	return rev, nil
 }
 
