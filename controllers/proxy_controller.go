@@ -471,6 +471,9 @@ func reasonFor(err error) string {
 	case provider.ClassNotFound:
 		return crawlv1.ProxyInstanceMissingReason
 	}
+	if errors.Is(err, provider.ErrNoCapacity) {
+		return crawlv1.ProxyInsufficientCapacityReason
+	}
 	return crawlv1.ProxyTransientErrorReason
 }
 

@@ -358,6 +358,12 @@ func TestProxyStateMachine(t *testing.T) {
 		steps: []step{{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
 			wantReason: crawlv1.ProxyTransientErrorReason, wantMsg: "apiserver timeout", wantErr: true}},
 	}, {
+		name: "no capacity where the instance goes: retried, and said so (a pool tries its other zones first)",
+		prov: &scriptedProvider{create: failWith(provider.NoCapacity(errors.New("ZONE_RESOURCE_POOL_EXHAUSTED in us-central1-a")))},
+		steps: []step{{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyInsufficientCapacityReason, wantMsg: "ZONE_RESOURCE_POOL_EXHAUSTED", wantErr: true}},
+		wantCond: map[string]string{crawlv1.InstanceProvisionedCondition: crawlv1.ProxyInsufficientCapacityReason},
+	}, {
 		name: "permanent Create error: Failed, waits a resync, no hot loop",
 		prov: &scriptedProvider{create: failWith(provider.Permanentf("quota exceeded"))},
 		steps: []step{

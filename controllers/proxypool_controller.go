@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -55,6 +56,12 @@ type ProxyPoolReconciler struct {
 	// RepublishInterval: an unchanged list is published again this often,
 	// so published objects changed by hand come back.
 	RepublishInterval time.Duration
+	// APIReader reads the user's credential Secrets by name; nil: the
+	// Publisher's reader (the manager's API reader).
+	APIReader client.Reader
+	// CredentialsCheckInterval: how often the Secret a template's
+	// auth.secretRef names is read for a change; 0: a minute.
+	CredentialsCheckInterval time.Duration
 	// Plugins are the providers' plug-ins (Plugins): where a provider's
 	// replicas are placed.
 	Plugins plugin.List
@@ -128,6 +135,12 @@ func (r *ProxyPoolReconciler) complete() error {
 	}
 	if r.RepublishInterval == 0 {
 		r.RepublishInterval = 5 * time.Minute
+	}
+	if r.CredentialsCheckInterval == 0 {
+		r.CredentialsCheckInterval = defaultCredentialsCheckInterval
+	}
+	if r.APIReader == nil {
+		r.APIReader = r.Publisher.reader()
 	}
 	if r.place == nil {
 		r.place = r.placeReplica
@@ -225,9 +238,21 @@ func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 // its instance), and the pool is released once none is left. Owner
 // references would let the garbage collector do the last two, but not in
 // this order, and not at all where no collector runs.
+//
+// Deleted with propagationPolicy Orphan (kubectl delete --cascade=orphan),
+// the pool leaves its replicas and published objects as they are, as the
+// garbage collector does (it holds the pool with the orphan finalizer
+// while it removes their owner references).
 func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1.ProxyPool) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(pool, crawlv1.ProxyPoolFinalizer) {
 		r.forget(client.ObjectKeyFromObject(pool))
+		return ctrl.Result{}, nil
+	}
+	if controllerutil.ContainsFinalizer(pool, metav1.FinalizerOrphanDependents) {
+		logf.FromContext(ctx).Info("deleted with its dependents orphaned: replicas and published objects are left as they are")
+		r.Recorder.Event(pool, "Normal", "Orphaned", "deleted with propagation policy Orphan: its replicas and published objects stay")
+		r.forget(client.ObjectKeyFromObject(pool))
+		controllerutil.RemoveFinalizer(pool, crawlv1.ProxyPoolFinalizer)
 		return ctrl.Result{}, nil
 	}
 	if err := r.Publisher.Unpublish(ctx, pool); err != nil {
@@ -260,6 +285,11 @@ func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1
 		// Replica deletions are watched; the poll is a safety net.
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 	}
+	// Its replicas gone, so are their credential copies (without waiting
+	// for a garbage collector).
+	if err := r.pruneRevisions(ctx, pool, nil); err != nil {
+		return ctrl.Result{}, err
+	}
 	r.forget(client.ObjectKeyFromObject(pool))
 	controllerutil.RemoveFinalizer(pool, crawlv1.ProxyPoolFinalizer)
 	return ctrl.Result{}, nil
@@ -268,97 +298,188 @@ func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1
 func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1.ProxyPool) (ctrl.Result, error) {
 	log := logf.FromContext(ctx)
 	now := r.Clock.Now()
-	sel, err := metav1.LabelSelectorAsSelector(&pool.Spec.Selector)
-	if err != nil {
-		invalidSpec(pool, fmt.Errorf("spec.selector: %w", err))
+	policy, ok := poolPolicy(pool)
+	if !ok {
 		return ctrl.Result{}, nil
 	}
-	pool.Status.Selector = sel.String()
-	policy, err := poolfleet.PolicyFor(&pool.Spec)
-	if err != nil {
-		invalidSpec(pool, err)
-		return ctrl.Result{}, nil
-	}
-	hash := poolfleet.TemplateHash(&pool.Spec.Template)
-
 	mem := r.memory(pool)
+	defer func() { pool.Status.RecentCreates = mem.recentCreatesStatus(now) }()
+
+	// Observe: the replicas, the zones they ran out of, the credentials
+	// they should carry.
 	replicas, err := r.replicas(ctx, pool, mem, now)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	state, byName := r.fleetState(pool, mem, replicas, hash, now)
+	mem.observeZones(replicas, now)
+	creds, err := r.credentialsRevision(ctx, pool, mem, now)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	templateHash := poolfleet.TemplateHash(&pool.Spec.Template)
+	hash := replicaHash(templateHash, creds)
+	state, byName := r.fleetState(ctx, pool, mem, replicas, hash, now)
+
+	// Plan.
 	plan := poolfleet.Decide(policy, state)
 	r.setStatus(pool, policy, plan, byName, now)
+	r.setCredentialsStatus(pool, replicas, templateHash, hash, plan.Status)
 	log.V(1).Info("plan", "replicas", len(replicas), "publish", len(plan.Publish), "drain", plan.Drain, "delete", plan.Delete,
 		"rotate", plan.Rotate, "create", len(plan.Create), "available", plan.Status.Available, "next", plan.Next)
 
-	// Unpublish first: a replica is out of the crawlers' list before its
-	// drain time starts.
-	published := replicasNamed(byName, plan.Publish)
-	// A replica whose credential Secret is not there yet is left out while
-	// the others are published: the rest of the plan goes on, and the list
-	// is written again soon (the pool does not watch Secrets).
-	leftOut := false
-	if err := r.publish(ctx, pool, mem, published, now); errors.Is(err, ErrReplicasLeftOut) {
-		log.V(1).Info("some replicas are not published yet", "reason", err.Error())
-		leftOut = true
-	} else if err != nil {
-		return ctrl.Result{}, fmt.Errorf("publish: %w", err)
-	}
+	// Publish first: a replica is out of the crawlers' list before its
+	// drain time starts. Whatever became of the publish, the rest of the
+	// plan goes on: only a replica a published object may still name
+	// waits (its drain for a list without it, its deletion for the drain).
+	pub := r.publish(ctx, pool, mem, replicasNamed(byName, plan.Publish), now)
 
-	var errs []error
-	for _, n := range plan.Drain {
-		if err := r.annotate(ctx, mem, byName[n], crawlv1.DrainingAnnotation, poolfleet.FormatTime(now)); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	r.event(pool, "Draining", "unpublished, deleted after the drain time", plan.Drain)
-	for _, n := range plan.Delete {
-		p := byName[n]
-		if poolfleet.FailedToStart(policy, now, poolfleet.ReplicaFrom(p, hash)) {
-			mem.rememberLineage(replicas, p)
-		}
-		if err := r.delete(ctx, mem, p); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	r.event(pool, "Deleted", "deleted", plan.Delete)
-	for _, n := range plan.Rotate {
-		if err := r.annotate(ctx, mem, byName[n], crawlv1.RotationAnnotation, poolfleet.FormatTime(now)); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		mem.lastRotation = now
-	}
-	r.event(pool, "Rotating", "reached its maximum age; replacing", plan.Rotate)
+	// Drain, delete, rotate.
+	held, errs := r.drainAndDelete(ctx, pool, mem, policy, plan, replicas, byName, hash, now)
+	r.setPublished(pool, pub, held)
+	errs = append(errs, r.rotate(ctx, pool, mem, byName, plan.Rotate, now)...)
 	if len(errs) > 0 {
 		// Creates wait: a replacement counted on a drain or rotation
 		// that was not written would exceed the budget.
 		return ctrl.Result{}, errors.Join(errs...)
 	}
 
+	// Create.
 	res := ctrl.Result{}
 	if plan.Status.Want == 0 || conditions.Get(pool, crawlv1.PoolPlacementBlockedCondition) == nil {
 		conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionFalse,
 			Reason: crawlv1.PoolPlacedReason, Message: "no replica waits for placement"})
 	}
-	if blocked, err := r.create(ctx, pool, mem, replicas, hash, plan.Create, now); err != nil {
+	made, blocked, err := r.create(ctx, pool, mem, replicas, replicaKind{hash: hash, credentials: creds}, plan.Create, now)
+	if err != nil {
 		return ctrl.Result{}, err
 	} else if blocked {
 		res.RequeueAfter = r.PlacementRetry
 	}
+
+	// Housekeeping: unused credential copies, when to look again.
+	if keep := revisionsInUse(pool, append(slices.Clone(replicas), made...), creds); keep != nil {
+		if err := r.pruneRevisions(ctx, pool, keep); err != nil {
+			// Unused copies only: the next pass tries again.
+			log.Info("could not delete unused credentials revisions", "err", err.Error())
+		}
+	}
+	res = r.nextLook(pool, res, plan, pub, now)
+	// A failed write is retried with the controller's backoff, after the
+	// rest of the plan was carried out.
+	return res, pub.failed()
+}
+
+// poolPolicy is the policy of pool's spec, and the selector in its status;
+// a spec the controller cannot act on is recorded instead (not ok).
+func poolPolicy(pool *crawlv1.ProxyPool) (poolfleet.Policy, bool) {
+	sel, err := metav1.LabelSelectorAsSelector(&pool.Spec.Selector)
+	if err != nil {
+		invalidSpec(pool, fmt.Errorf("spec.selector: %w", err))
+		return poolfleet.Policy{}, false
+	}
+	pool.Status.Selector = sel.String()
+	policy, err := poolfleet.PolicyFor(&pool.Spec)
+	if err != nil {
+		invalidSpec(pool, err)
+		return poolfleet.Policy{}, false
+	}
+	return policy, true
+}
+
+// drainAndDelete carries out the plan's drains and deletions. A drained
+// replica never published, or unpublished a drain time ago, is deleted
+// right away: crawlers cannot be using it. It returns the replicas held
+// because a published object may still list them, and the errors.
+func (r *ProxyPoolReconciler) drainAndDelete(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, policy poolfleet.Policy,
+	plan poolfleet.Plan, replicas []crawlv1.Proxy, byName map[string]*crawlv1.Proxy, hash string, now time.Time) (held []string, errs []error) {
+	drainedLongEnough := func(since time.Time, never bool) bool { return never || !now.Before(since.Add(policy.Drain)) }
+	var deletes, drained []string
+	for _, n := range plan.Drain {
+		p := byName[n]
+		listed, since, never := mem.exposure(p)
+		switch {
+		case listed:
+			held = append(held, n)
+		case drainedLongEnough(since, never):
+			// Never published, or unpublished a drain time ago: crawlers
+			// cannot be using it, nothing to wait for.
+			deletes = append(deletes, n)
+		default:
+			// Its drain time runs from when it left the lists.
+			if err := r.annotate(ctx, mem, p, crawlv1.DrainingAnnotation, poolfleet.FormatTime(since)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			drained = append(drained, n)
+		}
+	}
+	r.event(pool, "Draining", "unpublished, deleted after the drain time", drained)
+	deletes = append(deletes, plan.Delete...)
+	for i := range replicas {
+		p := &replicas[i]
+		rep := replicaFrom(p, hash)
+		if rep.DrainingSince.IsZero() || !rep.DeletingSince.IsZero() || slices.Contains(plan.Delete, p.Name) {
+			continue
+		}
+		// Draining, but unpublished for long enough already (or never
+		// published): the drain is over.
+		if listed, since, never := mem.exposure(p); !listed && drainedLongEnough(since, never) {
+			deletes = append(deletes, p.Name)
+		}
+	}
+	var deleted []string
+	for _, n := range deletes {
+		p := byName[n]
+		if listed, _, _ := mem.exposure(p); listed {
+			held = append(held, n)
+			continue
+		}
+		if poolfleet.FailedToStart(policy, now, replicaFrom(p, hash)) {
+			mem.rememberLineage(replicas, p)
+		}
+		if err := r.delete(ctx, mem, p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		deleted = append(deleted, n)
+	}
+	r.event(pool, "Deleted", "deleted", deleted)
+	return held, errs
+}
+
+// rotate marks the replicas the plan replaces for age.
+func (r *ProxyPoolReconciler) rotate(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, byName map[string]*crawlv1.Proxy, names []string, now time.Time) []error {
+	var errs []error
+	for _, n := range names {
+		if err := r.annotate(ctx, mem, byName[n], crawlv1.RotationAnnotation, poolfleet.FormatTime(now)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		mem.lastRotation = now
+	}
+	r.event(pool, "Rotating", "reached its maximum age; replacing", names)
+	return errs
+}
+
+// nextLook brings res forward to the next thing the pool waits for: the
+// plan's next step, a publish to retry, the user's credential Secret
+// (polled, not watched).
+func (r *ProxyPoolReconciler) nextLook(pool *crawlv1.ProxyPool, res ctrl.Result, plan poolfleet.Plan, pub publishOutcome, now time.Time) ctrl.Result {
 	if !plan.Next.IsZero() {
 		res = requeueSooner(res, max(plan.Next.Sub(now), time.Millisecond))
 	}
-	if leftOut {
-		res = requeueSooner(res, leftOutRetry)
+	if retry := pub.retryAfter(); retry > 0 {
+		res = requeueSooner(res, retry)
 	}
-	return res, nil
+	if userCredentialsSecret(pool) != "" {
+		res = requeueSooner(res, r.CredentialsCheckInterval)
+	}
+	return res
 }
 
 // fleetState is what Decide sees of the pool: its replicas (also returned
 // by name), when it last rotated one, its recent creates and lineages.
-func (r *ProxyPoolReconciler) fleetState(pool *crawlv1.ProxyPool, mem *poolMemory, replicas []crawlv1.Proxy, hash string, now time.Time) (poolfleet.State, map[string]*crawlv1.Proxy) {
+func (r *ProxyPoolReconciler) fleetState(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, replicas []crawlv1.Proxy, hash string, now time.Time) (poolfleet.State, map[string]*crawlv1.Proxy) {
 	byName := make(map[string]*crawlv1.Proxy, len(replicas))
 	state := poolfleet.State{Now: now, PlacementBlocked: conditions.IsTrue(pool, crawlv1.PoolPlacementBlockedCondition)}
 	if rot := pool.Status.Rotation; rot != nil && rot.LastTime != nil {
@@ -372,7 +493,10 @@ func (r *ProxyPoolReconciler) fleetState(pool *crawlv1.ProxyPool, mem *poolMemor
 	for i := range replicas {
 		p := &replicas[i]
 		byName[p.Name] = p
-		rep := poolfleet.ReplicaFrom(p, hash)
+		rep := replicaFrom(p, hash)
+		if !rep.DeletingSince.IsZero() && !rep.DeletionStuck {
+			rep.DeletionStuck = r.hostUnreachable(ctx, p)
+		}
 		state.Replicas = append(state.Replicas, rep)
 		// The annotation outlives a lost status write.
 		if rep.RotatingSince.After(state.LastRotation) {
@@ -396,6 +520,91 @@ func replicasNamed(byName map[string]*crawlv1.Proxy, names []string) []crawlv1.P
 
 // leftOutRetry: how soon a list that left replicas out is written again.
 const leftOutRetry = 2 * time.Second
+
+// blockedRetry: how soon a pool whose published name is taken looks
+// again; the pool does not watch the object in the way.
+const blockedRetry = 30 * time.Second
+
+// publishOutcome is what became of one pass's publish.
+type publishOutcome struct {
+	// skipped: nothing changed since the last complete write.
+	skipped bool
+	listed  int
+	err     error
+}
+
+func (o publishOutcome) asPublishError() (*PublishError, bool) {
+	var pe *PublishError
+	return pe, errors.As(o.err, &pe)
+}
+
+// failed is the error to retry with backoff: a write that did not go
+// through, or a publish that could not even read what to publish.
+func (o publishOutcome) failed() error {
+	if o.err == nil {
+		return nil
+	}
+	if pe, ok := o.asPublishError(); ok {
+		if pe.Written() {
+			return nil
+		}
+		return fmt.Errorf("publish: %w", errors.Join(pe.Failed...))
+	}
+	return fmt.Errorf("publish: %w", o.err)
+}
+
+func (o publishOutcome) retryAfter() time.Duration {
+	pe, ok := o.asPublishError()
+	switch {
+	case !ok:
+		return 0
+	case len(pe.LeftOut) > 0:
+		return leftOutRetry
+	case len(pe.Blocked) > 0:
+		return blockedRetry
+	}
+	return 0
+}
+
+// setPublished sets the Published condition from this pass's publish, and
+// says which drains and deletions wait for a list without their replica.
+func (r *ProxyPoolReconciler) setPublished(pool *crawlv1.ProxyPool, o publishOutcome, held []string) {
+	waiting := ""
+	if len(held) > 0 {
+		slices.Sort(held)
+		waiting = fmt.Sprintf("; %d replicas wait to be removed until a list without them is written: %s", len(held), strings.Join(shortList(held), ", "))
+	}
+	if o.skipped && len(held) == 0 && conditions.Get(pool, crawlv1.PoolPublishedCondition) != nil {
+		return
+	}
+	ok, reason := true, crawlv1.PoolPublishedReason
+	msg := fmt.Sprintf("%d replicas listed in Secret and Service %s", o.listed, crawlv1.PublishedName(pool.Name))
+	pe, isPublishError := o.asPublishError()
+	switch {
+	case o.err == nil:
+	case !isPublishError:
+		ok, reason, msg = false, crawlv1.PoolPublishFailedReason, o.err.Error()
+	case len(pe.Failed) > 0:
+		ok, reason, msg = false, crawlv1.PoolPublishFailedReason, errors.Join(pe.Failed...).Error()
+	case len(pe.Blocked) > 0:
+		var msgs []string
+		for _, b := range pe.Blocked {
+			msgs = append(msgs, b.Message)
+		}
+		ok, reason, msg = false, pe.Blocked[0].Reason, strings.Join(msgs, "; ")
+	case len(pe.LeftOut) > 0:
+		reason, msg = crawlv1.PoolReplicasLeftOutReason, leftOutError(pool.Namespace+"/"+pool.Name, pe.LeftOut).Error()
+	}
+	setPoolCondition(pool, crawlv1.PoolPublishedCondition, ok, reason, msg+waiting)
+}
+
+// shortList is names, the first five and a count of the rest.
+func shortList(names []string) []string {
+	if len(names) <= 5 {
+		return names
+	}
+	return append(slices.Clone(names[:5]), fmt.Sprintf("and %d more", len(names)-5))
+}
 
 // invalidSpec records a spec the controller cannot act on (stored without
 // the webhook); a change of the spec triggers the next reconcile.
@@ -424,20 +633,38 @@ func (r *ProxyPoolReconciler) replicas(ctx context.Context, pool *crawlv1.ProxyP
 }
 
 // publish hands the published replicas to the Publisher when they, or the
-// pool, changed since the last successful call, or RepublishInterval ago.
-func (r *ProxyPoolReconciler) publish(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, published []crawlv1.Proxy, now time.Time) error {
+// pool, changed since the last complete write, or RepublishInterval ago,
+// and keeps in mem which replicas the published objects may name.
+func (r *ProxyPoolReconciler) publish(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, published []crawlv1.Proxy, now time.Time) publishOutcome {
 	fp := publishFingerprint(pool, published)
 	if fp == mem.publishedFP && now.Sub(mem.publishedAt) < r.RepublishInterval {
-		return nil
+		return publishOutcome{skipped: true, listed: len(mem.listed)}
 	}
-	if err := r.Publisher.Publish(ctx, pool, published); err != nil {
-		return err
+	err := r.Publisher.Publish(ctx, pool, published)
+	attempted := make(map[string]bool, len(published))
+	for i := range published {
+		attempted[published[i].Name] = true
+	}
+	written := err == nil
+	var pe *PublishError
+	if errors.As(err, &pe) {
+		for _, l := range pe.LeftOut {
+			delete(attempted, l.Name)
+		}
+		written = pe.Written()
+		if len(pe.LeftOut) > 0 {
+			logf.FromContext(ctx).V(1).Info("some replicas are not published yet", "reason", leftOutError(pool.Namespace+"/"+pool.Name, pe.LeftOut).Error())
+		}
+	}
+	mem.wrote(attempted, written, now)
+	if err != nil {
+		return publishOutcome{listed: len(attempted), err: err}
 	}
 	mem.publishedFP, mem.publishedAt = fp, now
 	if r.OnPublished != nil {
 		r.OnPublished(client.ObjectKeyFromObject(pool), published)
 	}
-	return nil
+	return publishOutcome{listed: len(attempted)}
 }
 
 func publishFingerprint(pool *crawlv1.ProxyPool, published []crawlv1.Proxy) uint64 {
@@ -456,10 +683,15 @@ func publishFingerprint(pool *crawlv1.ProxyPool, published []crawlv1.Proxy) uint
 func (r *ProxyPoolReconciler) annotate(ctx context.Context, mem *poolMemory, p *crawlv1.Proxy, key, value string) error {
 	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{%q:%q}}}`, key, value))
 	obj := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name}}
-	if err := r.Client.Patch(ctx, obj, patch); err != nil {
-		return fmt.Errorf("annotate %s with %s: %w", p.Name, key, client.IgnoreNotFound(err))
+	if err := r.Client.Patch(ctx, obj, patch); apierrors.IsNotFound(err) {
+		// Deleted by someone else meanwhile: nothing left to mark, and
+		// the deletion's event brings the next reconcile.
+		logf.FromContext(ctx).V(1).Info("replica gone before it was annotated", "proxy", client.ObjectKeyFromObject(p), "annotation", key)
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("annotate %s with %s: %w", p.Name, key, err)
 	}
-	mem.annotated(p.UID, key, value)
+	mem.annotated(p.UID, key, value, r.Clock.Now())
 	logf.FromContext(ctx).V(1).Info("annotated replica", "proxy", client.ObjectKeyFromObject(p), "annotation", key)
 	return nil
 }
@@ -470,7 +702,7 @@ func (r *ProxyPoolReconciler) delete(ctx context.Context, mem *poolMemory, p *cr
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete %s: %w", p.Name, err)
 	}
-	mem.deleting(p.UID)
+	mem.deleting(p.UID, r.Clock.Now())
 	logf.FromContext(ctx).Info("deleted replica", "proxy", client.ObjectKeyFromObject(p))
 	return nil
 }
@@ -484,18 +716,18 @@ func (r *ProxyPoolReconciler) delete(ctx context.Context, mem *poolMemory, p *cr
 // thousand does not wait for a thousand round trips in a row, and a
 // template the API refuses costs one create, not a thousand.
 func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, replicas []crawlv1.Proxy,
-	hash string, creates []poolfleet.Create, now time.Time) (blocked bool, _ error) {
+	kind replicaKind, creates []poolfleet.Create, now time.Time) (made []crawlv1.Proxy, blocked bool, _ error) {
 	log := logf.FromContext(ctx)
 	all := slices.Clone(replicas)
 	var placed []*crawlv1.Proxy
 	for _, c := range creates {
-		p, err := r.newReplica(pool, hash, c, all)
+		p, err := r.newReplica(pool, kind, c, all)
 		if err != nil {
-			return false, err
+			return nil, false, err
 		}
 		why, err := r.place(ctx, pool, all, p)
 		if err != nil {
-			return false, fmt.Errorf("place a replica: %w", err)
+			return nil, false, fmt.Errorf("place a replica: %w", err)
 		}
 		if why != nil {
 			conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionTrue,
@@ -526,7 +758,7 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 			break
 		}
 	}
-	var made []string
+	var names []string
 	var failed []error
 	for i, p := range placed[:done] {
 		if errs[i] != nil {
@@ -534,11 +766,20 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 			continue
 		}
 		mem.created(p, p.Annotations[crawlv1.ReplacesAnnotation], now)
-		made = append(made, p.Name)
-		log.Info("created replica", "proxy", client.ObjectKeyFromObject(p), "templateHash", hash)
+		made = append(made, *p)
+		names = append(names, p.Name)
+		log.Info("created replica", "proxy", client.ObjectKeyFromObject(p), "templateHash", kind.hash)
 	}
-	r.event(pool, "Created", "created", made)
-	return blocked, errors.Join(failed...)
+	r.event(pool, "Created", "created", names)
+	return made, blocked, errors.Join(failed...)
+}
+
+// replicaKind is what makes a new replica of the pool now: its template
+// hash and the credentials revision it refers to (nil: the template's own
+// reference).
+type replicaKind struct {
+	hash        string
+	credentials *credentialsRevision
 }
 
 // maxCreateBatch bounds the creates in flight at once.
@@ -552,7 +793,7 @@ const nameAlphabet = "bcdfghjklmnpqrstvwxz2456789"
 // annotations with the pool's name and the template hash, a controller
 // reference to the pool, and a name <pool>-<5 random characters> not taken
 // by another replica.
-func (r *ProxyPoolReconciler) newReplica(pool *crawlv1.ProxyPool, hash string, c poolfleet.Create, taken []crawlv1.Proxy) (*crawlv1.Proxy, error) {
+func (r *ProxyPoolReconciler) newReplica(pool *crawlv1.ProxyPool, kind replicaKind, c poolfleet.Create, taken []crawlv1.Proxy) (*crawlv1.Proxy, error) {
 	tpl := &pool.Spec.Template
 	p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Labels: map[string]string{}, Annotations: map[string]string{}}}
 	for k, v := range tpl.Metadata.Labels {
@@ -562,7 +803,7 @@ func (r *ProxyPoolReconciler) newReplica(pool *crawlv1.ProxyPool, hash string, c
 		p.Annotations[k] = v
 	}
 	p.Labels[crawlv1.PoolNameLabel] = pool.Name
-	p.Labels[crawlv1.TemplateHashLabel] = hash
+	p.Labels[crawlv1.TemplateHashLabel] = kind.hash
 	if c.Replaces != "" {
 		p.Annotations[crawlv1.ReplacesAnnotation] = c.Replaces
 		p.Annotations[crawlv1.StartupFailuresAnnotation] = strconv.Itoa(c.Failures)
@@ -571,6 +812,9 @@ func (r *ProxyPoolReconciler) newReplica(pool *crawlv1.ProxyPool, hash string, c
 		p.Annotations = nil
 	}
 	tpl.Spec.DeepCopyInto(&p.Spec)
+	if kind.credentials != nil {
+		p.Spec.Access.Auth.SecretRef = &crawlv1.LocalObjectReference{Name: kind.credentials.name}
+	}
 	if err := controllerutil.SetControllerReference(pool, p, r.Scheme); err != nil {
 		return nil, err
 	}
@@ -610,6 +854,7 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 	setRollingOut(pool, policy, plan.Status)
 	setRotating(pool, policy, plan.Status, now)
 	r.setRemediating(pool, policy, plan.Status)
+	r.setDeletionStuck(pool, policy, plan.Status)
 	if policy.Paused {
 		setPoolCondition(pool, crawlv1.PoolPausedCondition, true, crawlv1.PoolPausedReason, "rollout, rotation and remediation stopped; scaling and publishing go on")
 	} else {
@@ -667,7 +912,7 @@ func setRollingOut(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet
 		setPoolCondition(pool, crawlv1.PoolRollingOutCondition, false, crawlv1.PoolPausedReason, fmt.Sprintf("%d replicas outdated; paused", s.Outdated))
 	case s.Outdated > 0:
 		setPoolCondition(pool, crawlv1.PoolRollingOutCondition, true, crawlv1.PoolRollingOutReason,
-			fmt.Sprintf("%d replicas outdated, %d of %d up to date", s.Outdated, s.UpToDate, policy.Replicas))
+			fmt.Sprintf("%d replicas outdated, %d of %d up to date%s", s.Outdated, s.UpToDate, policy.Replicas, waitingForDeletions(s)))
 	default:
 		setPoolCondition(pool, crawlv1.PoolRollingOutCondition, false, crawlv1.PoolUpToDateReason, "every replica is of the current template")
 	}
@@ -704,7 +949,8 @@ func setRotating(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.S
 func (r *ProxyPoolReconciler) setRemediating(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.Summary) {
 	switch {
 	case s.Remediating > 0:
-		setPoolCondition(pool, crawlv1.PoolRemediatingCondition, true, crawlv1.PoolRemediatingReason, fmt.Sprintf("replacing %d unhealthy replicas", s.Remediating))
+		setPoolCondition(pool, crawlv1.PoolRemediatingCondition, true, crawlv1.PoolRemediatingReason,
+			fmt.Sprintf("replacing %d unhealthy replicas%s", s.Remediating, waitingForDeletions(s)))
 	case s.BackingOff > 0:
 		setPoolCondition(pool, crawlv1.PoolRemediatingCondition, false, crawlv1.PoolRemediationBackoffReason,
 			fmt.Sprintf("%d replicas failed to start; their slots wait until %s before replacing them", s.BackingOff, s.BackoffUntil.UTC().Format(time.RFC3339)))
@@ -728,6 +974,60 @@ func (r *ProxyPoolReconciler) setRemediating(pool *crawlv1.ProxyPool, policy poo
 	}
 }
 
+// waitingForDeletions is what a condition claiming progress adds when
+// replacements wait for room that deletions in progress hold: the plan
+// creates nothing for them until then.
+func waitingForDeletions(s poolfleet.Summary) string {
+	if s.WaitingForDeletions == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d replacements wait for replicas being deleted to go (until %s at the latest)",
+		s.WaitingForDeletions, s.DeletionsReleaseAt.UTC().Format(time.RFC3339))
+}
+
+// setDeletionStuck names the replicas whose deletion did not finish within
+// deletionTimeout or cannot finish: the pool no longer counts them and has
+// replaced them, though they may still hold an instance. A Warning event
+// when the list changes.
+func (r *ProxyPoolReconciler) setDeletionStuck(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.Summary) {
+	names := s.DeletionsReleased
+	if len(names) == 0 {
+		setPoolCondition(pool, crawlv1.PoolDeletionStuckCondition, false, crawlv1.PoolNoDeletionStuckReason, "no replica's deletion outlasted deletionTimeout")
+		return
+	}
+	msg := fmt.Sprintf("%d replicas still being deleted past deletionTimeout (%s) or blocked by their provider or host: %s; "+
+		"no longer counted against maxSurge, replaced, and deleted when their provider lets them go",
+		len(names), policy.DeletionTimeout, strings.Join(shortList(names), ", "))
+	if c := conditions.Get(pool, crawlv1.PoolDeletionStuckCondition); c == nil || c.Status != metav1.ConditionTrue || c.Message != msg {
+		r.Recorder.Event(pool, "Warning", crawlv1.PoolDeletionStuckReason, msg)
+	}
+	setPoolCondition(pool, crawlv1.PoolDeletionStuckCondition, true, crawlv1.PoolDeletionStuckReason, msg)
+}
+
+// hostUnreachable reports whether p runs on a KVMHost known not to answer:
+// deleting p cannot finish until it does, so the pool need not wait out
+// deletionTimeout for it. Only the host's own dial and probe failures
+// count; anything else (or a host the cache cannot show) is no news.
+func (r *ProxyPoolReconciler) hostUnreachable(ctx context.Context, p *crawlv1.Proxy) bool {
+	if p.Spec.Provider != crawlv1.ProviderKVM || p.Status.Host == "" {
+		return false
+	}
+	h := &crawlv1.KVMHost{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: p.Status.Host}, h); err != nil {
+		return false
+	}
+	c := conditions.Get(h, crawlv1.ReadyCondition)
+	if c == nil || c.Status != metav1.ConditionFalse {
+		return false
+	}
+	switch c.Reason {
+	case crawlv1.HostTCPUnreachableReason, crawlv1.HostSSHHandshakeFailedReason, crawlv1.HostLibvirtConnectFailedReason,
+		crawlv1.HostTimeoutReason, crawlv1.HostProbeFailedReason:
+		return true
+	}
+	return false
+}
+
 func metaTime(t time.Time) *metav1.Time {
 	if t.IsZero() {
 		return nil
@@ -746,17 +1046,33 @@ type poolMemory struct {
 	// made: created, not yet in the cache.
 	made map[string]madeReplica
 	// marks: annotations written, not yet in the cache.
-	marks map[types.UID]map[string]string
-	// gone: deletions issued, the cache not showing them yet.
-	gone map[types.UID]bool
-	// creates: when each replica was created, kept a CreateWindow.
+	marks map[types.UID]map[string]mark
+	// gone: deletions issued (when), the cache not showing them yet.
+	gone map[types.UID]time.Time
+	// creates: when each replica was created, kept a CreateWindow; also
+	// in status.recentCreates, so a restarted manager keeps the cap.
 	creates  map[string]time.Time
 	lineages []poolfleet.Lineage
 	// lastRotation: the status keeps whole seconds only.
 	lastRotation time.Time
+	// credentials: the last reading of the template's credential Secret.
+	credentials *credentialsCheck
+	// zones: where replicas went and which zones had no room.
+	zones zoneMemory
 
 	publishedFP uint64
 	publishedAt time.Time
+
+	// listed: the replicas the published objects may name now: those of
+	// the last write that went through, and those a failed write since
+	// tried to list. Unknown (listedKnown false) until a write goes
+	// through after this memory began (at a manager's start), from when
+	// (trackedSince) every listing is seen here.
+	listed       map[string]bool
+	listedKnown  bool
+	trackedSince time.Time
+	// unlisted: when a replica left the lists.
+	unlisted map[string]time.Time
 }
 
 type madeReplica struct {
@@ -764,8 +1080,15 @@ type madeReplica struct {
 	at  time.Time
 }
 
+// mark is an annotation value written at a time.
+type mark struct {
+	value string
+	at    time.Time
+}
+
 // expectationTimeout bounds how long a write is assumed to be on its way to
-// the cache; past it, the cache is believed.
+// the cache; past it, the cache is believed (someone may have undone the
+// write, or it never took).
 const expectationTimeout = time.Minute
 
 func (r *ProxyPoolReconciler) memory(pool *crawlv1.ProxyPool) *poolMemory {
@@ -774,8 +1097,14 @@ func (r *ProxyPoolReconciler) memory(pool *crawlv1.ProxyPool) *poolMemory {
 	defer r.memMu.Unlock()
 	m := r.pools[key]
 	if m == nil || m.uid != pool.UID {
-		m = &poolMemory{uid: pool.UID, made: map[string]madeReplica{}, marks: map[types.UID]map[string]string{},
-			gone: map[types.UID]bool{}, creates: map[string]time.Time{}}
+		m = &poolMemory{uid: pool.UID, made: map[string]madeReplica{}, marks: map[types.UID]map[string]mark{},
+			gone: map[types.UID]time.Time{}, creates: map[string]time.Time{}}
+		// The creates of the manager before this one (a restart): the
+		// status keeps whole seconds, so each counts up to a second
+		// longer, never shorter.
+		for _, c := range pool.Status.RecentCreates {
+			m.creates[c.Name] = c.Time.Add(time.Second - time.Nanosecond)
+		}
 		r.pools[key] = m
 	}
 	return m
@@ -798,14 +1127,78 @@ func (m *poolMemory) created(p *crawlv1.Proxy, replaces string, now time.Time) {
 	}
 }
 
-func (m *poolMemory) annotated(uid types.UID, key, value string) {
+func (m *poolMemory) annotated(uid types.UID, key, value string, now time.Time) {
 	if m.marks[uid] == nil {
-		m.marks[uid] = map[string]string{}
+		m.marks[uid] = map[string]mark{}
 	}
-	m.marks[uid][key] = value
+	m.marks[uid][key] = mark{value: value, at: now}
 }
 
-func (m *poolMemory) deleting(uid types.UID) { m.gone[uid] = true }
+func (m *poolMemory) deleting(uid types.UID, now time.Time) { m.gone[uid] = now }
+
+// recentCreatesStatus is the create record for the status: the creates
+// within the window, oldest first.
+func (m *poolMemory) recentCreatesStatus(now time.Time) []crawlv1.ProxyPoolCreate {
+	var out []crawlv1.ProxyPoolCreate
+	for name, t := range m.creates {
+		if now.Sub(t) < poolfleet.CreateWindow {
+			out = append(out, crawlv1.ProxyPoolCreate{Name: name, Time: metav1.NewTime(t)})
+		}
+	}
+	slices.SortFunc(out, func(a, b crawlv1.ProxyPoolCreate) int {
+		if c := a.Time.Compare(b.Time.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	// The newest maxRecentCreates: what the status may hold.
+	return out[max(0, len(out)-maxRecentCreates):]
+}
+
+// maxRecentCreates is the MaxItems of status.recentCreates.
+const maxRecentCreates = 1000
+
+// wrote records a publish of attempted: written, the published objects
+// list exactly those now; not written, they may also list them.
+func (m *poolMemory) wrote(attempted map[string]bool, written bool, now time.Time) {
+	if m.listed == nil {
+		m.listed, m.unlisted = map[string]bool{}, map[string]time.Time{}
+	}
+	for n := range attempted {
+		m.listed[n] = true
+		delete(m.unlisted, n)
+	}
+	if !written {
+		return
+	}
+	for n := range m.listed {
+		if !attempted[n] {
+			delete(m.listed, n)
+			m.unlisted[n] = now
+		}
+	}
+	if !m.listedKnown {
+		m.listedKnown, m.trackedSince = true, now
+	}
+}
+
+// exposure says whether a published object may name p now; if none does,
+// since when (never: none ever did).
+func (m *poolMemory) exposure(p *crawlv1.Proxy) (listed bool, since time.Time, never bool) {
+	switch {
+	case !m.listedKnown || m.listed[p.Name]:
+		return true, time.Time{}, false
+	case !m.unlisted[p.Name].IsZero():
+		return false, m.unlisted[p.Name], false
+	case p.CreationTimestamp.Time.Before(m.trackedSince.Truncate(time.Second)):
+		// Made before this memory: another manager may have listed it
+		// until then. (Creation times are whole seconds; a replica made
+		// within the second before cannot have been Ready, let alone
+		// published.)
+		return false, m.trackedSince, false
+	}
+	return false, time.Time{}, true
+}
 
 // rememberLineage keeps the failure count of a replica that failed to start
 // and is deleted before any replacement names it.
@@ -837,15 +1230,15 @@ func (m *poolMemory) overlay(cached []crawlv1.Proxy, now time.Time) []crawlv1.Pr
 		seen[p.UID], names[p.Name] = true, true
 		delete(m.made, p.Name)
 		stale := false
-		if m.gone[p.UID] {
-			if p.DeletionTimestamp.IsZero() {
+		if at, ok := m.gone[p.UID]; ok {
+			if p.DeletionTimestamp.IsZero() && now.Sub(at) <= expectationTimeout {
 				stale = true
 			} else {
 				delete(m.gone, p.UID)
 			}
 		}
 		for k, v := range m.marks[p.UID] {
-			if p.Annotations[k] == v {
+			if p.Annotations[k] == v.value || now.Sub(v.at) > expectationTimeout {
 				delete(m.marks[p.UID], k)
 			} else {
 				stale = true
@@ -859,27 +1252,21 @@ func (m *poolMemory) overlay(cached []crawlv1.Proxy, now time.Time) []crawlv1.Pr
 		}
 		// Copy before changing: the cached object is the informer's.
 		c := p.DeepCopy()
-		if m.gone[c.UID] {
+		if _, ok := m.gone[c.UID]; ok {
 			c.DeletionTimestamp = &metav1.Time{Time: now}
 		}
 		for k, v := range m.marks[c.UID] {
 			if c.Annotations == nil {
 				c.Annotations = map[string]string{}
 			}
-			c.Annotations[k] = v
+			c.Annotations[k] = v.value
 		}
 		out[i] = *c
 	}
-	for uid := range m.gone {
-		if !seen[uid] {
-			delete(m.gone, uid)
-		}
-	}
-	for uid := range m.marks {
-		if !seen[uid] {
-			delete(m.marks, uid)
-		}
-	}
+	maps.DeleteFunc(m.gone, func(uid types.UID, _ time.Time) bool { return !seen[uid] })
+	maps.DeleteFunc(m.marks, func(uid types.UID, _ map[string]mark) bool { return !seen[uid] })
+	maps.DeleteFunc(m.listed, func(n string, _ bool) bool { return !names[n] })
+	maps.DeleteFunc(m.unlisted, func(n string, _ time.Time) bool { return !names[n] })
 	for name, made := range m.made {
 		if now.Sub(made.at) > expectationTimeout {
 			delete(m.made, name)

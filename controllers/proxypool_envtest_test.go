@@ -13,6 +13,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -144,7 +145,10 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		w.disarm()
 		setScale(pool, 2)
 		Eventually(func() int { return len(poolReplicas(pool)) }).WithTimeout(20 * time.Second).Should(Equal(2))
-		Expect(w.drainedNames()).To(ConsistOf(marked, sick, oldest))
+		// The not-Ready one left the list when it lost Ready, long enough
+		// ago to need no drain now: removed, drained or not.
+		Expect(w.removedNames()).To(ConsistOf(marked, sick, oldest))
+		Expect(w.drainedNames()).To(ContainElements(marked, oldest))
 		Eventually(func() []string { return published.last(pool) }).Should(HaveLen(2))
 		expectPublishedIsReady(pool)
 		w.expectPublishedNeverDraining(pool)
@@ -244,7 +248,9 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		waitProxyGone(ns, victim.Name, 30*time.Second)
 		waitPoolReady(pool, 5)
 		Expect(w.createdNames()).To(HaveLen(6))
-		Expect(w.drainedNames()).To(ConsistOf(victim.Name))
+		// Unpublished when it lost Ready, more than drainSeconds before
+		// its replacement was available: deleted without a drain.
+		Expect(w.removedNames()).To(ConsistOf(victim.Name))
 		w.expectBudgetKept()
 
 		By("three of five unhealthy at once (an outage): the short-circuit")
@@ -281,6 +287,103 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		Eventually(func() bool { return conditions.IsTrue(getPool(pool), crawlv1.PoolRemediationAllowedCondition) }).WithTimeout(20 * time.Second).Should(BeTrue())
 		Expect(proxyNames(readyPoolReplicas(pool))).To(ConsistOf(proxyNames(now)), "the replicas that were unhealthy serve again; none was replaced")
 		Expect(len(w.createdNames())).To(Equal(created))
+	})
+
+	It("leaves its replicas and published objects when deleted with propagationPolicy Orphan", func() {
+		ns := newNamespace()
+		booter := startPoolBooter(testHosts, ns)
+		defer booter.stop()
+		pool := newPool(ns, "orphan", 1)
+		names := waitPoolReady(pool, 1)
+
+		// kubectl delete --cascade=orphan: the API server puts the orphan
+		// finalizer on the pool; the garbage collector (none runs here)
+		// would remove the owner references and then that finalizer.
+		Expect(k8sClient.Delete(ctx, getPool(pool), client.PropagationPolicy(metav1.DeletePropagationOrphan))).To(Succeed())
+		Eventually(func() []string { return getPool(pool).Finalizers }).Should(Equal([]string{metav1.FinalizerOrphanDependents}))
+		Consistently(func(g Gomega) {
+			p := getProxy(ns, names[0])
+			g.Expect(p.DeletionTimestamp.IsZero()).To(BeTrue(), "replica %s deleted", p.Name)
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: crawlv1.PublishedName("orphan")}, &corev1.Secret{})).To(Succeed())
+		}).WithTimeout(3 * time.Second).WithPolling(200 * time.Millisecond).Should(Succeed())
+
+		// What the garbage collector would do, so the namespace can go.
+		updatePool(pool, func(p *crawlv1.ProxyPool) { p.Finalizers = nil })
+		Expect(k8sClient.Delete(ctx, getProxy(ns, names[0]))).To(Succeed())
+		waitProxyGone(ns, names[0], 20*time.Second)
+	})
+
+	It("reaches its replica count while a replica's deletion never finishes, and says which", func() {
+		ns := newNamespace()
+		booter := startPoolBooter(testHosts, ns)
+		defer booter.stop()
+		const deletionTimeout = 3 * time.Second
+		// maxSurge 1, maxUnavailable 0: the one room a replacement has is
+		// the one the stuck deletion holds.
+		pool := newPool(ns, "hold", 2, func(p *crawlv1.ProxyPool) {
+			p.Spec.Rollout.DrainSeconds = ptr.To(int32(0))
+			p.Spec.Remediation.DeletionTimeout = &metav1.Duration{Duration: deletionTimeout}
+		})
+		names := waitPoolReady(pool, 2)
+		stuck, next := names[0], names[1]
+
+		By("a replica whose deletion never finishes (a finalizer that never goes)")
+		const hold = "test.crawl.example.com/hold"
+		p := getProxy(ns, stuck)
+		p.Finalizers = append(p.Finalizers, hold)
+		Expect(k8sClient.Update(ctx, p)).To(Succeed())
+		release := func() {
+			Eventually(func() error {
+				p := &crawlv1.Proxy{}
+				if err := k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: stuck}, p); err != nil {
+					return client.IgnoreNotFound(err)
+				}
+				p.Finalizers = slices.DeleteFunc(p.Finalizers, func(f string) bool { return f == hold })
+				return k8sClient.Update(ctx, p)
+			}).Should(Succeed())
+		}
+		DeferCleanup(release)
+		annotateProxy(ns, stuck, crawlv1.DeleteProxyAnnotation, "banned")
+		Eventually(func(g Gomega) {
+			g.Expect(getProxy(ns, stuck).DeletionTimestamp.IsZero()).To(BeFalse(), "the banned replica is not being deleted")
+			g.Expect(proxyNames(readyPoolReplicas(pool))).To(HaveLen(2))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+
+		By("another replica to replace: its room is the one the stuck deletion holds, until deletionTimeout")
+		annotateProxy(ns, next, crawlv1.DeleteProxyAnnotation, "banned")
+		waitProxyGone(ns, next, 40*time.Second)
+		Eventually(func(g Gomega) {
+			ready := proxyNames(readyPoolReplicas(pool))
+			g.Expect(ready).To(HaveLen(2))
+			g.Expect(ready).NotTo(ContainElements(stuck, next))
+			got := getPool(pool)
+			g.Expect(got.Status.AvailableReplicas).To(BeEquivalentTo(2))
+			g.Expect(conditions.IsTrue(got, crawlv1.PoolAvailableCondition)).To(BeTrue())
+			c := conditions.Get(got, crawlv1.PoolDeletionStuckCondition)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+			g.Expect(c.Reason).To(Equal(crawlv1.PoolDeletionStuckReason))
+			g.Expect(c.Message).To(ContainSubstring(stuck))
+		}).WithTimeout(40 * time.Second).Should(Succeed())
+		Expect(getProxy(ns, stuck).DeletionTimestamp.IsZero()).To(BeFalse(), "the stuck replica is still there, being deleted")
+		Eventually(func(g Gomega) {
+			events := &corev1.EventList{}
+			g.Expect(k8sClient.List(ctx, events, client.InNamespace(ns))).To(Succeed())
+			var warned []string
+			for _, e := range events.Items {
+				if e.InvolvedObject.Kind == "ProxyPool" && e.Type == corev1.EventTypeWarning && e.Reason == crawlv1.PoolDeletionStuckReason {
+					warned = append(warned, e.Message)
+				}
+			}
+			g.Expect(warned).To(ContainElement(ContainSubstring(stuck)))
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+
+		By("the deletion finishes at last: nothing is stuck")
+		release()
+		waitProxyGone(ns, stuck, 20*time.Second)
+		Eventually(func() string { return conditions.GetReason(getPool(pool), crawlv1.PoolDeletionStuckCondition) }).
+			Should(Equal(crawlv1.PoolNoDeletionStuckReason))
+		waitPoolReady(pool, 2)
 	})
 
 	It("backs off a slot whose replicas never start, and says so", func() {
@@ -560,6 +663,7 @@ type poolWatch struct {
 	created                     []creation
 	createdAt                   map[string]bool
 	drained                     map[string]time.Time
+	removed                     map[string]bool
 	rotated                     []rotation
 	rotatedSeen                 map[string]bool
 	mostRotating, mostExistEver int
@@ -578,7 +682,7 @@ type rotation struct {
 }
 
 func watchPool(ns, pool string) *poolWatch {
-	w := &poolWatch{pool: pool, objs: map[string]*crawlv1.Proxy{}, lastSeen: map[string]*crawlv1.Proxy{}, createdAt: map[string]bool{}, drained: map[string]time.Time{},
+	w := &poolWatch{pool: pool, objs: map[string]*crawlv1.Proxy{}, lastSeen: map[string]*crawlv1.Proxy{}, createdAt: map[string]bool{}, drained: map[string]time.Time{}, removed: map[string]bool{},
 		rotatedSeen: map[string]bool{}, minAvailable: 1 << 30}
 	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
@@ -637,7 +741,11 @@ func (w *poolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 		w.createdAt[p.Name] = true
 		w.created = append(w.created, creation{name: p.Name, at: now})
 	}
+	if t == watch.Deleted || !p.DeletionTimestamp.IsZero() {
+		w.removed[p.Name] = true
+	}
 	if v, ok := p.Annotations[crawlv1.DrainingAnnotation]; ok {
+		w.removed[p.Name] = true
 		if _, seen := w.drained[p.Name]; !seen {
 			at, err := time.Parse(time.RFC3339Nano, v)
 			Expect(err).NotTo(HaveOccurred(), "draining annotation of %s", p.Name)
@@ -726,6 +834,13 @@ func (w *poolWatch) drainedNames() []string {
 		out = append(out, n)
 	}
 	return out
+}
+
+// removedNames are the replicas taken out of service: drained or deleted.
+func (w *poolWatch) removedNames() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Collect(maps.Keys(w.removed))
 }
 
 func (w *poolWatch) rotations() []rotation {

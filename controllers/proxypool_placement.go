@@ -34,8 +34,9 @@ type PlacementBlocked struct{ Reason, Message string }
 //     host, else every KVMHost), with room for the replica and holding the
 //     fewest of the pool's replicas; replica.Spec.Placement.Host is set and
 //     its hostSelector cleared.
-//   - Zones (gcp): the listed placement.zones zone with the fewest replicas
-//     (none listed: the template's zone).
+//   - Zones (gcp): the listed placement.zones zone with the fewest replicas,
+//     a zone that had no room last after the others (chooseZone; none
+//     listed: the template's zone).
 //   - Nodes (kubernetes): nothing here; the Proxy controller asks the
 //     provider for a spread of the pool's instances over nodes.
 //
@@ -51,7 +52,7 @@ func (r *ProxyPoolReconciler) placeReplica(ctx context.Context, pool *crawlv1.Pr
 				inUse = append(inUse, replicas[i].Spec.Placement.Zone)
 			}
 		}
-		if z := placement.ChooseZone(pool.Spec.Placement.Zones, inUse); z != "" {
+		if z := r.chooseZone(pool, inUse); z != "" {
 			replica.Spec.Placement.Zone = z
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -64,9 +65,16 @@ func newReplicaOf(pool *crawlv1.ProxyPool, n int) *crawlv1.Proxy {
 
 func placementReconciler(t *testing.T, objs ...client.Object) *ProxyPoolReconciler {
 	t.Helper()
-	c := fake.NewClientBuilder().WithScheme(envtestutil.Scheme()).WithObjects(objs...).
+	sch := envtestutil.Scheme()
+	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(objs...).
 		WithStatusSubresource(&crawlv1.KVMHost{}, &crawlv1.Proxy{}).Build()
-	return &ProxyPoolReconciler{Client: c, Plugins: Plugins()}
+	// Completed as Setup does: placement reads the pool's memory (the
+	// zones that had no room).
+	r := &ProxyPoolReconciler{Client: c, Scheme: sch, Recorder: record.NewFakeRecorder(100), Publisher: &Publisher{Client: c}, Plugins: Plugins()}
+	if err := r.complete(); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // placeBurst places n replicas in one pass as the pool does: each created

@@ -51,8 +51,62 @@ const defaultCredentialTTL = 5 * time.Minute
 // ErrReplicasLeftOut is wrapped by the error Publish returns when it
 // published the other replicas but had to leave some out (credentials not
 // there yet, no usable endpoint). It is worth a retry: a credential Secret
-// that appears later is not an event the pool controller watches.
+// that appears later is not an event the pool controller watches. It says
+// nothing about the other objects: whether the lists were written is
+// PublishError.Written.
 var ErrReplicasLeftOut = errors.New("replicas left out of the published lists")
+
+// PublishError is what Publish returns when it could not publish all it was
+// given. Its parts are told apart, because they call for different
+// actions: a replica left out is simply not listed; an object the pool may
+// not write lists nothing of the pool's; a failed write may still list what
+// it listed before, so a replica must not be deleted on the strength of it.
+type PublishError struct {
+	pool string
+	// LeftOut are the replicas written into no list (each with why); the
+	// lists were written without them.
+	LeftOut []LeftOutReplica
+	// Blocked are the objects the pool cannot write until someone acts
+	// (another owner's object under the name, a name no Service can
+	// have). They hold none of the pool's lists.
+	Blocked []*PublishBlocked
+	// Failed are writes worth retrying (the API server refused or did not
+	// answer); the object may hold the list from before.
+	Failed []error
+}
+
+// LeftOutReplica is one replica Publish left out, and why.
+type LeftOutReplica struct{ Name, Reason string }
+
+// PublishBlocked is an object the pool cannot publish under.
+type PublishBlocked struct {
+	// Kind and Name of the object, e.g. Service crawl/crawl-a-proxies.
+	Kind, Name string
+	// Reason is the Published condition's reason.
+	Reason string
+	// Message says what is in the way and what to do.
+	Message string
+}
+
+func (b *PublishBlocked) Error() string { return b.Message }
+
+// Written reports whether every object the pool can write now lists
+// exactly the replicas given, less those left out.
+func (e *PublishError) Written() bool { return len(e.Failed) == 0 }
+
+func (e *PublishError) Error() string { return errors.Join(e.Unwrap()...).Error() }
+
+func (e *PublishError) Unwrap() []error {
+	var errs []error
+	for _, b := range e.Blocked {
+		errs = append(errs, b)
+	}
+	errs = append(errs, e.Failed...)
+	if len(e.LeftOut) > 0 {
+		errs = append(errs, leftOutError(e.pool, e.LeftOut))
+	}
+	return errs
+}
 
 // PublishedProxy is one entry of proxies.json.
 type PublishedProxy struct {
@@ -116,10 +170,11 @@ type credentialEntry struct {
 // Publish makes the pool's published objects list exactly replicas (the
 // pool controller passes the Ready, non-draining ones). A replica that
 // cannot be published yet (its credential Secret is missing or has no url,
-// or it has no endpoint) is left out of every list, logged at V(1), and
-// named in an error wrapping ErrReplicasLeftOut; the others are published
-// all the same. Any other error means nothing was written, or not all: call
-// again.
+// or it has no endpoint) is left out of every list and logged at V(1); an
+// object the pool may not write under its name is skipped; the others are
+// written all the same. Anything short of all that is a *PublishError
+// saying which part fell short; any other error means nothing was read or
+// written: call again.
 func (p *Publisher) Publish(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy) error {
 	if p.Client == nil {
 		return errors.New("Publisher: Client is required")
@@ -134,30 +189,36 @@ func (p *Publisher) Publish(ctx context.Context, pool *crawlv1.ProxyPool, replic
 		return err
 	}
 	for _, l := range leftOut {
-		log.V(1).Info("replica left out of the published lists", "proxy", types.NamespacedName{Namespace: pool.Namespace, Name: l.name}, "reason", l.reason)
+		log.V(1).Info("replica left out of the published lists", "proxy", types.NamespacedName{Namespace: pool.Namespace, Name: l.Name}, "reason", l.Reason)
 	}
 
-	var errs []error
-	if err := p.publishSecret(ctx, pool, entries); err != nil {
-		errs = append(errs, err)
+	perr := &PublishError{pool: pool.Namespace + "/" + pool.Name, LeftOut: leftOut}
+	note := func(err error) {
+		var b *PublishBlocked
+		switch {
+		case err == nil:
+		case errors.As(err, &b):
+			perr.Blocked = append(perr.Blocked, b)
+		default:
+			perr.Failed = append(perr.Failed, err)
+		}
 	}
+	note(p.publishSecret(ctx, pool, entries))
 	svc := crawlv1.PublishedName(pool.Name)
 	if msgs := validation.IsDNS1035Label(svc); len(msgs) > 0 {
-		// The pool's name is too long or starts with a digit: crawlers still
-		// get the Secret; in-cluster discovery needs a shorter name.
-		errs = append(errs, fmt.Errorf("ProxyPool %s/%s: no Service or EndpointSlices published: Service name %q: %s", pool.Namespace, pool.Name, svc, strings.Join(msgs, "; ")))
+		// A pool admitted before the webhook refused such names: crawlers
+		// still get the Secret; in-cluster discovery needs another name.
+		note(&PublishBlocked{Kind: "Service", Name: pool.Namespace + "/" + svc, Reason: crawlv1.PoolPublishInvalidNameReason,
+			Message: fmt.Sprintf("no Service or EndpointSlices published: %q is not a valid Service name (%s); the Secret is published",
+				svc, strings.Join(msgs, "; "))})
 	} else {
-		if err := p.publishService(ctx, pool); err != nil {
-			errs = append(errs, err)
-		}
-		if err := p.publishEndpointSlices(ctx, pool, endpoints); err != nil {
-			errs = append(errs, err)
-		}
+		note(p.publishService(ctx, pool))
+		note(p.publishEndpointSlices(ctx, pool, endpoints))
 	}
-	if len(leftOut) > 0 {
-		errs = append(errs, leftOutError(pool, leftOut))
+	if len(perr.LeftOut) == 0 && len(perr.Blocked) == 0 && len(perr.Failed) == 0 {
+		return nil
 	}
-	return errors.Join(errs...)
+	return perr
 }
 
 // Unpublish deletes what Publish wrote for pool (those objects it
@@ -196,18 +257,18 @@ func (p *Publisher) Unpublish(ctx context.Context, pool *crawlv1.ProxyPool) erro
 	return errors.Join(errs...)
 }
 
-type leftOutReplica struct{ name, reason string }
-
-func leftOutError(pool *crawlv1.ProxyPool, l []leftOutReplica) error {
+// leftOutError names the first few replicas left out, with why; pool is
+// namespace/name.
+func leftOutError(pool string, l []LeftOutReplica) error {
 	const shown = 10
 	var parts []string
 	for _, r := range l[:min(len(l), shown)] {
-		parts = append(parts, r.name+": "+r.reason)
+		parts = append(parts, r.Name+": "+r.Reason)
 	}
 	if len(l) > shown {
 		parts = append(parts, fmt.Sprintf("and %d more", len(l)-shown))
 	}
-	return fmt.Errorf("ProxyPool %s/%s: %w (%d): %s", pool.Namespace, pool.Name, ErrReplicasLeftOut, len(l), strings.Join(parts, "; "))
+	return fmt.Errorf("ProxyPool %s: %w (%d): %s", pool, ErrReplicasLeftOut, len(l), strings.Join(parts, "; "))
 }
 
 // sliceEndpoint is one replica's endpoint in the EndpointSlices.
@@ -221,7 +282,7 @@ type sliceEndpoint struct {
 // endpoints, reading credentials. An error other than a replica left out
 // (the API server did not answer) aborts: publishing without a replica that
 // is fine would make crawlers drop it for nothing.
-func (p *Publisher) resolve(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy) ([]PublishedProxy, []sliceEndpoint, []leftOutReplica, error) {
+func (p *Publisher) resolve(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy) ([]PublishedProxy, []sliceEndpoint, []LeftOutReplica, error) {
 	log := ctrl.LoggerFrom(ctx)
 	sorted := make([]*crawlv1.Proxy, 0, len(replicas))
 	for i := range replicas {
@@ -233,12 +294,12 @@ func (p *Publisher) resolve(ctx context.Context, pool *crawlv1.ProxyPool, replic
 	var (
 		entries   []PublishedProxy
 		endpoints []sliceEndpoint
-		leftOut   []leftOutReplica
+		leftOut   []LeftOutReplica
 		fresh     = map[types.UID]credentialEntry{}
 	)
 	for _, r := range sorted {
 		if r.Namespace != pool.Namespace {
-			leftOut = append(leftOut, leftOutReplica{r.Name, fmt.Sprintf("in namespace %q, not the pool's", r.Namespace)})
+			leftOut = append(leftOut, LeftOutReplica{r.Name, fmt.Sprintf("in namespace %q, not the pool's", r.Namespace)})
 			continue
 		}
 		u, entry, reason, err := p.replicaURL(ctx, pool, r)
@@ -246,7 +307,7 @@ func (p *Publisher) resolve(ctx context.Context, pool *crawlv1.ProxyPool, replic
 			return nil, nil, nil, err
 		}
 		if reason != "" {
-			leftOut = append(leftOut, leftOutReplica{r.Name, reason})
+			leftOut = append(leftOut, LeftOutReplica{r.Name, reason})
 			continue
 		}
 		if entry != nil && r.UID != "" {
@@ -476,7 +537,8 @@ func (p *Publisher) publishService(ctx context.Context, pool *crawlv1.ProxyPool)
 		if svc.Spec.ClusterIP != corev1.ClusterIPNone {
 			// clusterIP is immutable; a load-balanced address would pin a
 			// crawler's connections to one proxy anyway.
-			return fmt.Errorf("Service %s/%s is not headless (clusterIP %s): delete it and the pool recreates it", svc.Namespace, svc.Name, svc.Spec.ClusterIP)
+			return &PublishBlocked{Kind: "Service", Name: svc.Namespace + "/" + svc.Name, Reason: crawlv1.PoolPublishConflictReason,
+				Message: fmt.Sprintf("Service %s/%s is not headless (clusterIP %s): delete it and the pool recreates it", svc.Namespace, svc.Name, svc.Spec.ClusterIP)}
 		}
 		// No selector: the slices below are the only endpoints, not Pods.
 		svc.Spec.Selector = nil
@@ -511,7 +573,9 @@ func (p *Publisher) ensure(ctx context.Context, pool *crawlv1.ProxyPool, kind st
 		return fmt.Errorf("read %s %s: %w", kind, key, err)
 	}
 	if !controlledBy(obj, pool) {
-		return fmt.Errorf("%s %s exists and is not controlled by ProxyPool %s: rename or delete it, the pool publishes there", kind, key, pool.Name)
+		return &PublishBlocked{Kind: kind, Name: key.String(), Reason: crawlv1.PoolPublishConflictReason,
+			Message: fmt.Sprintf("%s %s exists and is not controlled by ProxyPool %s%s: rename or delete it, the pool publishes there",
+				kind, key, pool.Name, ownerOf(obj))}
 	}
 	before := obj.DeepCopyObject()
 	if err := mutate(false); err != nil {
@@ -539,6 +603,15 @@ func (p *Publisher) stamp(pool *crawlv1.ProxyPool, obj client.Object) error {
 	labels[crawlv1.PoolNameLabel] = pool.Name
 	obj.SetLabels(labels)
 	return controllerutil.SetControllerReference(pool, obj, p.Client.Scheme())
+}
+
+// ownerOf says who controls obj, for a message: ", controlled by Kind
+// name", or nothing.
+func ownerOf(obj client.Object) string {
+	if ref := metav1.GetControllerOf(obj); ref != nil {
+		return fmt.Sprintf(" (it is controlled by %s %s)", ref.Kind, ref.Name)
+	}
+	return ""
 }
 
 func controlledBy(obj client.Object, pool *crawlv1.ProxyPool) bool {

@@ -348,12 +348,11 @@ func sliceNames(ss []*discoveryv1.EndpointSlice) []string {
 }
 
 func TestPublishLeftOutErrorIsBounded(t *testing.T) {
-	pool := &crawlv1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"}}
-	var l []leftOutReplica
+	var l []LeftOutReplica
 	for _, n := range names("r", 0, 25) {
-		l = append(l, leftOutReplica{n, "no endpoint in status"})
+		l = append(l, LeftOutReplica{n, "no endpoint in status"})
 	}
-	msg := leftOutError(pool, l).Error()
+	msg := leftOutError("ns/p", l).Error()
 	if !strings.Contains(msg, "(25)") || !strings.Contains(msg, "r009") || strings.Contains(msg, "r010") || !strings.Contains(msg, "and 15 more") {
 		t.Errorf("message %q", msg)
 	}

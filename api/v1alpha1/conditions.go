@@ -64,6 +64,12 @@ const (
 	// the instance's host, which does not answer its health checks; retried
 	// when it does.
 	ProxyHostNotAnsweringReason = "HostNotAnswering"
+
+	// ProxyInsufficientCapacityReason (InstanceProvisioned): where the
+	// instance is to go (its zone) has no room now; retried. A pool places
+	// its next replicas in its other zones first.
+	ProxyInsufficientCapacityReason = "InsufficientCapacity"
+
 	// ProxyInstanceNotRunningReason (ProxyHealthy): the provider reported
 	// the instance not running; it is being started.
 	ProxyInstanceNotRunningReason = "InstanceNotRunning"

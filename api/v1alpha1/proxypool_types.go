@@ -61,6 +61,16 @@ const (
 	PoolRemediationAllowedCondition = "RemediationAllowed"
 	PoolPlacementBlockedCondition   = "PlacementBlocked"
 	PoolPausedCondition             = "Paused"
+	// PoolPublishedCondition: the published objects list the Ready
+	// replicas. False names the object in the way and why; creates,
+	// remediation and deletions of replicas no list names go on, only
+	// drains wait for a list without the replica.
+	PoolPublishedCondition = "Published"
+	// PoolDeletionStuckCondition: replicas whose deletion outlasted
+	// spec.remediation.deletionTimeout, or cannot finish (their Proxy's
+	// DeletionBlocked, their KVMHost not answering). The pool counts them
+	// no more and has replaced them; they go when their provider lets them.
+	PoolDeletionStuckCondition = "DeletionStuck"
 )
 
 // ProxyPool condition reasons.
@@ -71,9 +81,16 @@ const (
 	// PoolInvalidSpecReason (Available Unknown): a spec the webhook would
 	// refuse, stored without it; nothing is done until it changes.
 	PoolInvalidSpecReason = "InvalidSpec"
+	// PoolCredentialsRejectedReason (Available False): replicas answer
+	// 407 to the credential they are probed with; the shortfall is theirs.
+	PoolCredentialsRejectedReason = "CredentialsRejected"
 	// RollingOut.
 	PoolRollingOutReason = "RollingOut"
-	PoolUpToDateReason   = "UpToDate"
+	// PoolCredentialsChangedReason (RollingOut True): the Secret the
+	// template's auth.secretRef names changed; replicas made with the
+	// previous credential are replaced.
+	PoolCredentialsChangedReason = "CredentialsChanged"
+	PoolUpToDateReason           = "UpToDate"
 	// PoolOnDeleteReason (RollingOut False): outdated replicas wait until
 	// someone deletes them.
 	PoolOnDeleteReason = "OnDelete"
@@ -101,6 +118,22 @@ const (
 	// PoolDeletingReason (Available False): the pool is being deleted,
 	// its replicas with it.
 	PoolDeletingReason = "Deleting"
+	// DeletionStuck.
+	PoolDeletionStuckReason   = "DeletionTimedOut"
+	PoolNoDeletionStuckReason = "NoneStuck"
+	// Published.
+	PoolPublishedReason = "Published"
+	// PoolReplicasLeftOutReason (Published True): some Ready replicas are
+	// not listed yet (their credential Secret is not there yet).
+	PoolReplicasLeftOutReason = "ReplicasLeftOut"
+	// PoolPublishConflictReason (Published False): an object named
+	// <pool>-proxies that the pool does not control is in the way.
+	PoolPublishConflictReason = "NameConflict"
+	// PoolPublishInvalidNameReason (Published False): <pool>-proxies is no
+	// valid Service name (a pool admitted before the name rule).
+	PoolPublishInvalidNameReason = "InvalidName"
+	// PoolPublishFailedReason (Published False): a write failed; retried.
+	PoolPublishFailedReason = "WriteFailed"
 )
 
 // ProxyTemplate is what each replica is made from.
@@ -192,6 +225,14 @@ type ProxyPoolRemediation struct {
 	// minutes (or this value, if longer). Default 30s.
 	// +optional
 	StartupBackoff *metav1.Duration `json:"startupBackoff,omitempty"`
+	// DeletionTimeout a replica being deleted still counts against
+	// maxSurge and as room being made; default 5m. Past it (or at once
+	// when its deletion is blocked for good) it no longer holds room, so
+	// an instance on a dead host or a provider that never answers does not
+	// keep the pool short or freeze its rollouts; the DeletionStuck
+	// condition names it, and it is still deleted when it can be.
+	// +optional
+	DeletionTimeout *metav1.Duration `json:"deletionTimeout,omitempty"`
 	// MaxUnhealthy (count or percent): when more replicas are unhealthy,
 	// remediation stops (RemediationAllowed=False, TooManyUnhealthy): an
 	// outage must not delete the fleet. Default 40%.
@@ -276,6 +317,18 @@ type ProxyPoolRotationStatus struct {
 	NextTime *metav1.Time `json:"nextTime,omitempty"`
 }
 
+// ProxyPoolCreate is one replica creation.
+type ProxyPoolCreate struct {
+	// Name of the replica.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Name string `json:"name"`
+	// Time it was created.
+	// +required
+	Time metav1.Time `json:"time"`
+}
+
 // ProxyPoolStatus is the observed fleet.
 type ProxyPoolStatus struct {
 	// +listType=map
@@ -307,6 +360,14 @@ type ProxyPoolStatus struct {
 	Selector string `json:"selector,omitempty"`
 	// +optional
 	Rotation *ProxyPoolRotationStatus `json:"rotation,omitempty"`
+	// RecentCreates are the replicas the pool created within the last
+	// minute, deleted ones too: remediation.maxCreatesPerMinute holds
+	// across a restart of the manager. The newest 1000 at most.
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=1000
+	// +optional
+	RecentCreates []ProxyPoolCreate `json:"recentCreates,omitempty"`
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 }

@@ -42,7 +42,7 @@ func FuzzDecideKeepsTheBudget(f *testing.F) {
 // checkPlan returns what plan breaks of the rules every plan keeps.
 func checkPlan(p Policy, s State, plan Plan) error {
 	byName := map[string]Replica{}
-	live := func(r Replica) bool { return !r.Deleting && r.DrainingSince.IsZero() }
+	live := func(r Replica) bool { return !r.deleting() && r.DrainingSince.IsZero() }
 	available := func(r Replica) bool { return live(r) && r.Ready && !s.Now.Before(r.ReadyChanged.Add(p.MinReady)) }
 	availBefore, liveBefore := 0, 0
 	for _, r := range s.Replicas {
@@ -84,9 +84,16 @@ func checkAvailability(p Policy, before, lost int) error {
 }
 
 // checkCreates: existence stays within replicas+maxSurge (or where it was)
-// and creates within the per-minute cap.
+// and creates within the per-minute cap. A replica being deleted past
+// deletionTimeout, or stuck, does not exist for the surge.
 func checkCreates(p Policy, s State, plan Plan) error {
-	if exist, ceiling := len(s.Replicas)+len(plan.Create), max(p.Replicas+p.MaxSurge, len(s.Replicas)); exist > ceiling {
+	holding := 0
+	for _, r := range s.Replicas {
+		if !r.deleting() || (!r.DeletionStuck && s.Now.Before(r.DeletingSince.Add(p.DeletionTimeout))) {
+			holding++
+		}
+	}
+	if exist, ceiling := holding+len(plan.Create), max(p.Replicas+p.MaxSurge, holding); exist > ceiling {
 		return fmt.Errorf("%d replicas would exist, over the ceiling %d", exist, ceiling)
 	}
 	recent := 0
@@ -130,7 +137,7 @@ func checkRotations(p Policy, s State, plan Plan, availBefore int) error {
 	}
 	for _, n := range plan.Rotate {
 		for _, r := range s.Replicas {
-			if r.Name == n && (!r.RotatingSince.IsZero() || !r.DrainingSince.IsZero() || r.Deleting) {
+			if r.Name == n && (!r.RotatingSince.IsZero() || !r.DrainingSince.IsZero() || r.deleting()) {
 				return fmt.Errorf("rotation of %s, which is rotating, draining or deleting", n)
 			}
 		}
@@ -144,15 +151,15 @@ func checkRotations(p Policy, s State, plan Plan, availBefore int) error {
 func checkRemovals(p Policy, s State, plan Plan, byName map[string]Replica, liveBefore int) error {
 	liveRemoved := 0
 	for _, n := range plan.Drain {
-		if r := byName[n]; p.Drain == 0 || r.Deleting || !r.DrainingSince.IsZero() {
-			return fmt.Errorf("drain of %s (drainSeconds %s, deleting %v, draining since %s)", n, p.Drain, r.Deleting, r.DrainingSince)
+		if r := byName[n]; p.Drain == 0 || r.deleting() || !r.DrainingSince.IsZero() {
+			return fmt.Errorf("drain of %s (drainSeconds %s, deleting %v, draining since %s)", n, p.Drain, r.deleting(), r.DrainingSince)
 		}
 		liveRemoved++
 	}
 	for _, n := range plan.Delete {
 		r := byName[n]
 		switch {
-		case r.Deleting:
+		case r.deleting():
 			return fmt.Errorf("delete of %s, which is deleting", n)
 		case r.DrainingSince.IsZero() && p.Drain != 0:
 			return fmt.Errorf("delete of %s, never drained", n)
@@ -208,6 +215,7 @@ func randomPolicy(r *rand.Rand) Policy {
 	p.MaxUnhealthy = []intstr.IntOrString{intstr.FromString("40%"), intstr.FromInt32(int32(r.IntN(4))), intstr.FromString("100%"), intstr.FromString("0%")}[r.IntN(4)]
 	p.MaxCreatesPerMinute = 1 + r.IntN(10)
 	p.Order = []crawlv1.ScaleDownOrder{crawlv1.ScaleDownOldest, crawlv1.ScaleDownNewest, crawlv1.ScaleDownRandom}[r.IntN(3)]
+	p.DeletionTimeout = time.Duration(1+r.IntN(20)) * time.Minute
 	return p
 }
 
@@ -225,7 +233,11 @@ func randomState(r *rand.Rand) State {
 		if r.IntN(5) == 0 {
 			rep.DrainingSince = ago(time.Minute)
 		}
-		rep.Deleting = r.IntN(8) == 0
+		if r.IntN(8) == 0 {
+			// Some past randomPolicy's deletionTimeout, some stuck.
+			rep.DeletingSince = ago(20 * time.Minute)
+			rep.DeletionStuck = r.IntN(4) == 0
+		}
 		if r.IntN(5) == 0 {
 			rep.RotatingSince = ago(10 * time.Minute)
 		}

@@ -1,6 +1,9 @@
 package fleet
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // cause is why a replica is replaced.
 type cause int
@@ -17,7 +20,10 @@ const (
 type view struct {
 	Replica
 	live, draining, available bool
-	startupFailed, unhealthy  bool
+	// released: being deleted past Policy.DeletionTimeout, or stuck; it no
+	// longer holds room nor counts as room being made.
+	released                 bool
+	startupFailed, unhealthy bool
 	// unhealthyAt: when a live not-Ready replica counts as unhealthy;
 	// remediateAt: when it may be replaced (its slot's backoff included).
 	unhealthyAt, remediateAt time.Time
@@ -57,6 +63,12 @@ func classify(p Policy, s State, next *nextTimer) ([]*view, Summary) {
 		if v.draining {
 			next.at(v.DrainingSince.Add(p.Drain))
 		}
+		if v.deleting() && !v.released {
+			next.at(v.DeletingSince.Add(p.DeletionTimeout))
+		}
+		if v.released {
+			sum.DeletionsReleased = append(sum.DeletionsReleased, v.Name)
+		}
 		if v.live {
 			live++
 			if v.Ready && !v.available {
@@ -64,6 +76,7 @@ func classify(p Policy, s State, next *nextTimer) ([]*view, Summary) {
 			}
 		}
 	}
+	slices.Sort(sum.DeletionsReleased)
 	sum.MaxUnhealthy = MaxUnhealthyOf(p.MaxUnhealthy, live)
 	sum.RemediationAllowed = sum.Unhealthy <= sum.MaxUnhealthy
 	return vs, sum
@@ -72,7 +85,7 @@ func classify(p Policy, s State, next *nextTimer) ([]*view, Summary) {
 // count adds v to the status counts.
 func count(sum *Summary, v *view) {
 	sum.Replicas++
-	if !v.Deleting && v.Ready {
+	if !v.deleting() && v.Ready {
 		sum.Ready++
 	}
 	if v.draining {
@@ -97,8 +110,19 @@ func count(sum *Summary, v *view) {
 // classifyReplica derives what the steps need of one replica.
 func classifyReplica(p Policy, now time.Time, r Replica) *view {
 	v := &view{Replica: r}
-	v.draining = !r.Deleting && !r.DrainingSince.IsZero()
-	v.live = !r.Deleting && !v.draining
+	v.draining = !r.deleting() && !r.DrainingSince.IsZero()
+	v.live = !r.deleting() && !v.draining
+	// A replica being deleted holds its room for DeletionTimeout, then no
+	// more. Cluster API's MachineSet once stopped counting a Machine as
+	// soon as its deletion started, and since kubernetes-sigs/cluster-api
+	// #3434 counts it until it is gone, bounding the wait on the Machine
+	// instead (nodeDrainTimeout, nodeDeletionTimeout). Neither fits here:
+	// not counting it at all would put replicas+maxSurge+deleting instances
+	// on the hosts at once during every rollout, while the Proxy's own
+	// deletion has no bound (it retries so as not to leak an instance).
+	// So the pool bounds its own wait, and waits not at all for a deletion
+	// that cannot finish.
+	v.released = r.deleting() && (r.DeletionStuck || !now.Before(r.DeletingSince.Add(p.DeletionTimeout)))
 	v.expiresAt, _ = ExpiresAt(r.Created, r.UID, p.MaxAge, p.Jitter)
 	if !v.live {
 		return v

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ func TestClassify(t *testing.T) {
 	p := policy(3, func(p *Policy) { p.MinReady = 30 * time.Second })
 	type want struct {
 		live, draining, available, unhealthy, startupFailed bool
+		released                                            bool
 		unhealthyAt, remediateAt                            time.Time
 		next                                                time.Duration // from t0; 0: none
 	}
@@ -35,9 +37,15 @@ func TestClassify(t *testing.T) {
 		{"draining: not live, due when the drain ends",
 			with(ready("a", time.Hour), func(r *Replica) { r.DrainingSince = t0.Add(-10 * time.Second) }),
 			want{draining: true, next: 20 * time.Second}},
-		{"deleting: neither live nor draining",
-			with(ready("a", time.Hour), func(r *Replica) { r.Deleting, r.DrainingSince = true, t0.Add(-time.Hour) }),
-			want{}},
+		{"deleting: neither live nor draining, holds its room until deletionTimeout",
+			with(ready("a", time.Hour), func(r *Replica) { r.DeletingSince, r.DrainingSince = t0.Add(-time.Second), t0.Add(-time.Hour) }),
+			want{next: DefaultDeletionTimeout - time.Second}},
+		{"deleting for deletionTimeout: released",
+			with(ready("a", time.Hour), func(r *Replica) { r.DeletingSince = t0.Add(-DefaultDeletionTimeout) }),
+			want{released: true}},
+		{"deleting, stuck: released at once",
+			with(ready("a", time.Hour), func(r *Replica) { r.DeletingSince, r.DeletionStuck = t0.Add(-time.Second), true }),
+			want{released: true}},
 		{"booting inside startupTimeout: judged at the window's end", booting("b", 4*time.Minute),
 			want{live: true, unhealthyAt: t0.Add(6 * time.Minute), remediateAt: t0.Add(6 * time.Minute), next: 6 * time.Minute}},
 		{"not Ready at startupTimeout: failed to start, unhealthy", booting("b", 11*time.Minute),
@@ -55,7 +63,7 @@ func TestClassify(t *testing.T) {
 			vs, _ := classify(p, State{Now: t0, Replicas: []Replica{tc.r}}, &next)
 			replace(p, t0, vs, &Summary{RemediationAllowed: true}, &next)
 			v, w := vs[0], tc.want
-			got := want{v.live, v.draining, v.available, v.unhealthy, v.startupFailed, v.unhealthyAt, v.remediateAt, 0}
+			got := want{v.live, v.draining, v.available, v.unhealthy, v.startupFailed, v.released, v.unhealthyAt, v.remediateAt, 0}
 			w.next = 0
 			if got != w {
 				t.Errorf("got %+v\nwant %+v", got, w)
@@ -80,7 +88,7 @@ func TestClassifyCounts(t *testing.T) {
 			p:    policy(3, func(p *Policy) { p.MaxUnavailable = 1 }),
 			rs: []Replica{ready("a", time.Hour), outdated(ready("b", time.Hour)),
 				with(ready("c", time.Hour), func(r *Replica) { r.DrainingSince = t0 }),
-				with(ready("d", time.Hour), func(r *Replica) { r.Deleting = true })},
+				with(ready("d", time.Hour), func(r *Replica) { r.DeletingSince = t0.Add(-time.Second) })},
 			want: Summary{Replicas: 4, Ready: 3, Available: 2, UpToDate: 1, Outdated: 1, Draining: 1,
 				MinAvailable: 2, MaxUnhealthy: 1, RemediationAllowed: true},
 		},
@@ -103,12 +111,22 @@ func TestClassifyCounts(t *testing.T) {
 				with(ready("e", time.Hour), func(r *Replica) { r.DrainingSince = t0 })},
 			want: Summary{Replicas: 5, Ready: 4, Available: 3, UpToDate: 4, Unhealthy: 1, Draining: 1, MinAvailable: 2, MaxUnhealthy: 2, RemediationAllowed: true},
 		},
+		{
+			name: "deletions past deletionTimeout or stuck are named, those within it are not",
+			p:    policy(1),
+			rs: []Replica{ready("a", time.Hour),
+				with(ready("z", time.Hour), func(r *Replica) { r.DeletingSince = t0.Add(-5 * time.Minute) }),
+				with(ready("y", time.Hour), func(r *Replica) { r.DeletingSince, r.DeletionStuck = t0.Add(-time.Second), true }),
+				with(ready("x", time.Hour), func(r *Replica) { r.DeletingSince = t0.Add(-5*time.Minute + time.Second) })},
+			want: Summary{Replicas: 4, Ready: 1, Available: 1, UpToDate: 1, MinAvailable: 1, MaxUnhealthy: 1, RemediationAllowed: true,
+				DeletionsReleased: []string{"y", "z"}},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			next := nextTimer{now: t0}
 			_, got := classify(tc.p, State{Now: t0, Replicas: tc.rs}, &next)
-			if got != tc.want {
+			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
 			}
 		})

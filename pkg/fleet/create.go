@@ -23,6 +23,22 @@ func create(p Policy, s State, vs []*view, b budget, sum *Summary, next *nextTim
 		sum.CreateLimitedUntil = oldest.Add(CreateWindow)
 		next.at(sum.CreateLimitedUntil)
 	}
+	if short := min(want, b.rate) - max(0, b.room); short > 0 {
+		// Room, not the cap, holds these: say how many wait for
+		// deletions in progress and until when, so the status promises
+		// nothing sooner.
+		holders := 0
+		for _, v := range vs {
+			if v.deleting() && !v.released {
+				holders++
+				sum.DeletionsReleaseAt = later(sum.DeletionsReleaseAt, v.DeletingSince.Add(p.DeletionTimeout))
+			}
+		}
+		sum.WaitingForDeletions = min(short, holders)
+		if holders == 0 {
+			sum.DeletionsReleaseAt = time.Time{}
+		}
+	}
 	lineages := uncoveredLineages(p, vs, s.Lineages)
 	var creates []Create
 	for i := range n {

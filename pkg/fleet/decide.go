@@ -92,6 +92,16 @@ type Summary struct {
 	// CreateLimitedUntil: creates were held by the per-minute cap until
 	// then.
 	CreateLimitedUntil time.Time
+
+	// DeletionsReleased are the replicas whose deletion has not finished
+	// within Policy.DeletionTimeout, or cannot finish (DeletionStuck),
+	// sorted by name: they no longer hold room, and are replaced.
+	DeletionsReleased []string
+	// WaitingForDeletions: replicas wanted but not created because
+	// replicas being deleted still hold their room, which the last of
+	// those gives up by DeletionsReleaseAt at the latest.
+	WaitingForDeletions int
+	DeletionsReleaseAt  time.Time
 }
 
 // Decide returns the plan for a pool with policy p in state s. It keeps the
@@ -112,7 +122,7 @@ func Decide(p Policy, s State) Plan {
 	next := nextTimer{now: s.Now}
 	vs, sum := classify(p, s, &next)
 	replace(p, s.Now, vs, &sum, &next)
-	b := budgetOf(p, s, sum.Available)
+	b := budgetOf(p, s, vs, sum.Available)
 
 	var plan Plan
 	plan.Rotate = rotate(p, s, vs, b, &sum, &next)
@@ -143,9 +153,16 @@ type budget struct {
 	available int
 }
 
-// budgetOf is the budget before any step has acted.
-func budgetOf(p Policy, s State, available int) budget {
-	b := budget{room: p.Replicas + p.MaxSurge - len(s.Replicas), available: available}
+// budgetOf is the budget before any step has acted. A replica whose
+// deletion was released holds no room: it may never go.
+func budgetOf(p Policy, s State, vs []*view, available int) budget {
+	holding := 0
+	for _, v := range vs {
+		if !v.released {
+			holding++
+		}
+	}
+	b := budget{room: p.Replicas + p.MaxSurge - holding, available: available}
 	recent := 0
 	for _, t := range s.RecentCreates {
 		if s.Now.Sub(t) < CreateWindow && !t.After(s.Now) {

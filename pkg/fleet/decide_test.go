@@ -162,7 +162,7 @@ func TestDecide(t *testing.T) {
 			name:   "maxSurge 0 drains no more while one is on its way out",
 			policy: policy(3, func(p *Policy) { p.MaxSurge, p.MaxUnavailable = 0, 1 }),
 			state: State{Replicas: []Replica{outdated(ready("a", time.Hour)), outdated(ready("c", time.Hour)),
-				with(outdated(ready("b", time.Hour)), func(r *Replica) { r.Deleting = true })}},
+				with(outdated(ready("b", time.Hour)), func(r *Replica) { r.DeletingSince = t0.Add(-time.Second) })}},
 			want: want{available: 2},
 		},
 		{

@@ -82,12 +82,12 @@ func drainFirst(p Policy, s State, vs []*view, b budget) {
 }
 
 // makingRoom counts what is already on its way to make room or a replica:
-// replicas draining, deleting or drained now, and kept ones not yet
-// available.
+// replicas draining, deleting (until released) or drained now, and kept
+// ones not yet available.
 func makingRoom(vs []*view) int {
 	n := 0
 	for _, v := range vs {
-		if v.draining || v.Deleting || v.drainNow {
+		if v.draining || (v.deleting() && !v.released) || v.drainNow {
 			n++
 		}
 		if v.kept() && !v.available {

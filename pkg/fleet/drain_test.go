@@ -126,7 +126,7 @@ func TestDrainsDeletionsAndPublished(t *testing.T) {
 		ready("a", time.Hour), ready("b", time.Hour),
 		with(ready("c", time.Hour), func(r *Replica) { r.DrainingSince = t0.Add(-30 * time.Second) }),
 		with(ready("d", time.Hour), func(r *Replica) { r.DrainingSince = t0.Add(-29 * time.Second) }),
-		with(ready("e", time.Hour), func(r *Replica) { r.Deleting = true }),
+		with(ready("e", time.Hour), func(r *Replica) { r.DeletingSince = t0.Add(-time.Second) }),
 		booting("f", time.Minute),
 	}
 	for _, tc := range []struct {
@@ -158,13 +158,27 @@ func TestBudgetOf(t *testing.T) {
 		t0.Add(-time.Minute), // left the window
 		t0.Add(time.Second),  // a clock ahead of ours: not counted
 	}}
-	b := budgetOf(p, s, 4)
+	vs, _ := classified(p, s.Replicas...)
+	b := budgetOf(p, s, vs, 4)
 	want := budget{room: -1, rate: 3, oldestCreate: t0.Add(-59 * time.Second), available: 4}
 	if b != want {
 		t.Errorf("budget %+v, want %+v", b, want)
 	}
 	p.MaxCreatesPerMinute = 1
-	if b := budgetOf(p, s, 4); b.rate != 0 {
+	if b := budgetOf(p, s, vs, 4); b.rate != 0 {
 		t.Errorf("rate %d over the cap, want 0", b.rate)
+	}
+	// Two of the five are being deleted: one within deletionTimeout holds
+	// its room, one past it (or stuck) does not.
+	s.Replicas[3] = with(ready("d", time.Hour), func(r *Replica) { r.DeletingSince = t0.Add(-time.Minute) })
+	s.Replicas[4] = with(ready("e", time.Hour), func(r *Replica) { r.DeletingSince = t0.Add(-p.DeletionTimeout) })
+	vs, _ = classified(p, s.Replicas...)
+	if b := budgetOf(p, s, vs, 4); b.room != 0 {
+		t.Errorf("room %d with a deletion past deletionTimeout, want 0", b.room)
+	}
+	s.Replicas[4] = with(ready("e", time.Hour), func(r *Replica) { r.DeletingSince, r.DeletionStuck = t0.Add(-time.Second), true })
+	vs, _ = classified(p, s.Replicas...)
+	if b := budgetOf(p, s, vs, 4); b.room != 0 {
+		t.Errorf("room %d with a stuck deletion, want 0", b.room)
 	}
 }

@@ -28,6 +28,12 @@ const (
 	DefaultStartupBackoff         = 30 * time.Second
 	DefaultMaxCreatesPerMinute    = 10
 	DefaultMaxConcurrentRotations = 1
+	// DefaultDeletionTimeout is how long a replica being deleted still
+	// holds its room (against maxSurge) and counts as room being made.
+	// Deleting an instance takes seconds on kvm and a minute or two on
+	// gcp; one still there after this waits on a dead host or a provider
+	// that will not answer, and the pool replaces it rather than wait.
+	DefaultDeletionTimeout = 5 * time.Minute
 	// MaxStartupBackoff caps the doubling (unless startupBackoff itself is
 	// longer).
 	MaxStartupBackoff = 30 * time.Minute
@@ -63,6 +69,8 @@ type Policy struct {
 	StartupTimeout   time.Duration
 	UnhealthyTimeout time.Duration
 	StartupBackoff   time.Duration
+	// DeletionTimeout: how long a replica being deleted holds its room.
+	DeletionTimeout time.Duration
 	// MaxUnhealthy is resolved against the live replicas at each decision.
 	MaxUnhealthy        intstr.IntOrString
 	MaxCreatesPerMinute int
@@ -83,6 +91,7 @@ func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
 		StartupTimeout:         DefaultStartupTimeout,
 		UnhealthyTimeout:       DefaultUnhealthyTimeout,
 		StartupBackoff:         DefaultStartupBackoff,
+		DeletionTimeout:        DefaultDeletionTimeout,
 		MaxUnhealthy:           DefaultMaxUnhealthy,
 		MaxCreatesPerMinute:    DefaultMaxCreatesPerMinute,
 		Order:                  spec.ScaleDown.Order,
@@ -126,6 +135,7 @@ func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
 		{rem.StartupTimeout, &p.StartupTimeout},
 		{rem.UnhealthyTimeout, &p.UnhealthyTimeout},
 		{rem.StartupBackoff, &p.StartupBackoff},
+		{rem.DeletionTimeout, &p.DeletionTimeout},
 	} {
 		if d.from != nil && d.from.Duration > 0 {
 			*d.to = d.from.Duration

@@ -28,8 +28,12 @@ type Replica struct {
 	Marked bool
 	// DrainingSince is when it was unpublished; zero while it is not.
 	DrainingSince time.Time
-	// Deleting: its deletion has started (it still exists).
-	Deleting bool
+	// DeletingSince is when its deletion started (it still exists); zero
+	// while it is not being deleted.
+	DeletingSince time.Time
+	// DeletionStuck: its deletion cannot finish without someone acting
+	// (its provider refused it for good, or its host is known down).
+	DeletionStuck bool
 	// RotatingSince is when its rotation started; zero when it has not.
 	RotatingSince time.Time
 	// StartupFailures is how many replicas before it in its slot failed to
@@ -41,6 +45,9 @@ type Replica struct {
 	Host, EgressAddress string
 }
 
+// deleting reports whether r's deletion has started.
+func (r *Replica) deleting() bool { return !r.DeletingSince.IsZero() }
+
 // ReplicaFrom reads a Proxy of the pool whose template hashes to hash.
 func ReplicaFrom(p *crawlv1.Proxy, hash string) Replica {
 	r := Replica{
@@ -48,12 +55,15 @@ func ReplicaFrom(p *crawlv1.Proxy, hash string) Replica {
 		UID:           string(p.UID),
 		Created:       p.CreationTimestamp.Time,
 		UpToDate:      p.Labels[crawlv1.TemplateHashLabel] == hash,
-		Deleting:      !p.DeletionTimestamp.IsZero(),
 		Host:          p.Status.Host,
 		EgressAddress: p.Status.EgressAddress,
 		Replaces:      p.Annotations[crawlv1.ReplacesAnnotation],
 	}
 	_, r.Marked = p.Annotations[crawlv1.DeleteProxyAnnotation]
+	if p.DeletionTimestamp != nil {
+		r.DeletingSince = p.DeletionTimestamp.Time
+	}
+	r.DeletionStuck = conditions.IsTrue(p, crawlv1.DeletionBlockedCondition)
 	r.DrainingSince = annotationTime(p, crawlv1.DrainingAnnotation)
 	r.RotatingSince = annotationTime(p, crawlv1.RotationAnnotation)
 	if n, err := strconv.Atoi(p.Annotations[crawlv1.StartupFailuresAnnotation]); err == nil && n > 0 {

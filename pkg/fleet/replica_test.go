@@ -136,6 +136,13 @@ func TestReplicaFrom(t *testing.T) {
 	if ReplicaFrom(p, "h2").UpToDate {
 		t.Error("another template's replica is up to date")
 	}
+	deleted := metav1.NewTime(t0.Add(-time.Minute))
+	p.DeletionTimestamp = &deleted
+	p.Status.Conditions = append(p.Status.Conditions, metav1.Condition{Type: crawlv1.DeletionBlockedCondition, Status: metav1.ConditionTrue})
+	if r := ReplicaFrom(p, "h1"); !r.DeletingSince.Equal(deleted.Time) || !r.DeletionStuck {
+		t.Errorf("deleting since %s, stuck %v; want since %s, stuck (DeletionBlocked)", r.DeletingSince, r.DeletionStuck, deleted.Time)
+	}
+	p.DeletionTimestamp = nil
 	p.Status.Conditions = nil
 	if r := ReplicaFrom(p, "h1"); r.Ready || !r.ReadyChanged.Equal(created.Time) {
 		t.Errorf("no Ready condition: Ready %v since %s, want false since creation", r.Ready, r.ReadyChanged)

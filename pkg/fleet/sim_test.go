@@ -17,17 +17,19 @@ import (
 // replicas-maxUnavailable (or below where it already was), nor existence
 // above replicas+maxSurge (or above where it already was).
 type sim struct {
-	t     *testing.T
-	p     Policy
-	now   time.Time
-	step  time.Duration
-	reps  []*simReplica
-	boot  func(s *sim, r *Replica) (time.Duration, bool)
-	hook  func(s *sim)
-	rng   *rand.Rand
-	seq   int
-	gone  time.Duration // deletion of a drained replica takes this long
-	hash  string        // current template: replicas made from it are up to date
+	t    *testing.T
+	p    Policy
+	now  time.Time
+	step time.Duration
+	reps []*simReplica
+	boot func(s *sim, r *Replica) (time.Duration, bool)
+	hook func(s *sim)
+	rng  *rand.Rand
+	seq  int
+	gone time.Duration // deletion of a drained replica takes this long
+	// hung: replicas whose deletion never finishes (a dead host).
+	hung  map[string]bool
+	hash  string // current template: replicas made from it are up to date
 	memo  []Lineage
 	last  time.Time
 	rec   []time.Time
@@ -72,10 +74,14 @@ func (s *sim) newReplica() *simReplica {
 	return r
 }
 
+// available counts the available replicas and those that exist for the
+// budget: a deletion released by deletionTimeout holds nothing.
 func (s *sim) available() (avail, exist int) {
 	for _, r := range s.reps {
-		exist++
-		if !r.Deleting && r.DrainingSince.IsZero() && r.Ready && !s.now.Before(r.ReadyChanged.Add(s.p.MinReady)) {
+		if !r.deleting() || s.now.Before(r.DeletingSince.Add(s.p.DeletionTimeout)) {
+			exist++
+		}
+		if !r.deleting() && r.DrainingSince.IsZero() && r.Ready && !s.now.Before(r.ReadyChanged.Add(s.p.MinReady)) {
 			avail++
 		}
 	}
@@ -108,7 +114,7 @@ func (s *sim) tick() {
 	// The world moves: boots finish, deletions complete.
 	kept := s.reps[:0]
 	for _, r := range s.reps {
-		if r.Deleting && !s.now.Before(r.goneAt) {
+		if r.deleting() && !s.now.Before(r.goneAt) {
 			continue
 		}
 		if !r.Ready && !r.never && !r.bootAt.IsZero() && !s.now.Before(r.bootAt) {
@@ -135,7 +141,7 @@ func (s *sim) tick() {
 	}
 	for _, n := range plan.Publish {
 		r := s.replica(n)
-		if !r.Ready || r.Deleting || !r.DrainingSince.IsZero() || drained[n] {
+		if !r.Ready || r.deleting() || !r.DrainingSince.IsZero() || drained[n] {
 			s.t.Errorf("%s: published %s, which is not Ready or is draining", s.now.Sub(t0), n)
 		}
 	}
@@ -148,7 +154,10 @@ func (s *sim) tick() {
 		if FailedToStart(s.p, s.now, r.Replica) && !s.covered(n) {
 			s.memo = append(s.memo, Lineage{Failures: r.StartupFailures + 1, Replaces: n})
 		}
-		r.Deleting, r.goneAt = true, s.now.Add(s.gone)
+		r.DeletingSince, r.goneAt = s.now, s.now.Add(s.gone)
+		if s.hung[n] {
+			r.goneAt = s.now.Add(100 * 365 * 24 * time.Hour)
+		}
 		s.stats.deletes++
 	}
 	for _, n := range plan.Rotate {
@@ -354,7 +363,7 @@ func TestABrokenTemplateNeverTakesDownTheOldReplicasAndBacksOff(t *testing.T) {
 
 	old := 0
 	for _, r := range s.reps {
-		if r.hash == "v1" && r.Ready && r.DrainingSince.IsZero() && !r.Deleting {
+		if r.hash == "v1" && r.Ready && r.DrainingSince.IsZero() && !r.deleting() {
 			old++
 		}
 	}

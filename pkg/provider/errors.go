@@ -94,6 +94,25 @@ type classedError struct {
 func (e *classedError) Error() string   { return e.err.Error() }
 func (e *classedError) Unwrap() []error { return []error{e.sentinel, e.err} }
 
+// ErrNoCapacity marks a transient error that says the place the instance
+// was to go (a Compute Engine zone) has no room for it now: a pool places
+// its next replicas elsewhere first.
+var ErrNoCapacity = errors.New("no capacity")
+
+// NoCapacity wraps err as transient and ErrNoCapacity, its message
+// untouched.
+func NoCapacity(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &noCapacityError{err: err}
+}
+
+type noCapacityError struct{ err error }
+
+func (e *noCapacityError) Error() string   { return e.err.Error() }
+func (e *noCapacityError) Unwrap() []error { return []error{ErrNoCapacity, ErrTransient, e.err} }
+
 // IdentityError is returned when an object with the expected name exists but
 // is not ours or not the right one. It is permanent: nothing is destroyed and
 // an operator must resolve it (or set the skip-cleanup annotation).

@@ -23,6 +23,7 @@ func TestClass(t *testing.T) {
 		{"identity error is permanent", &IdentityError{Kind: "domain", Name: "d", Mismatch: "uid"}, ClassPermanent},
 		{"deadline", context.DeadlineExceeded, ClassTransient},
 		{"unavailable is transient", fmt.Errorf("get: %w", &UnavailableError{Place: `KVM host "hv1"`, Reason: "no answer"}), ClassTransient},
+		{"no capacity is transient", fmt.Errorf("insert: %w", NoCapacity(io.EOF)), ClassTransient},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,6 +63,17 @@ func TestUnavailableError(t *testing.T) {
 	}
 	if errors.Is(Transientf("host busy"), ErrUnavailable) {
 		t.Errorf("a plain transient error must not read as unavailable")
+	}
+}
+
+func TestNoCapacityKeepsMessageAndCause(t *testing.T) {
+	err := NoCapacity(io.ErrUnexpectedEOF)
+	if err.Error() != io.ErrUnexpectedEOF.Error() || !errors.Is(err, io.ErrUnexpectedEOF) ||
+		!errors.Is(err, ErrNoCapacity) || !errors.Is(err, ErrTransient) || !HasClass(err) {
+		t.Errorf("NoCapacity: %q, cause %v, no capacity %v, transient %v", err, errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, ErrNoCapacity), errors.Is(err, ErrTransient))
+	}
+	if errors.Is(Transientf("busy"), ErrNoCapacity) || NoCapacity(nil) != nil {
+		t.Error("only NoCapacity says no capacity; NoCapacity(nil) is nil")
 	}
 }
 

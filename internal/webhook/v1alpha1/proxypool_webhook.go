@@ -12,7 +12,6 @@ import (
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -21,13 +20,6 @@ import (
 	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
-
-// replicaSuffixLen is the "-xxxxx" the pool appends to its name for each
-// replica, whose name must stay a DNS label.
-const replicaSuffixLen = 6
-
-// MaxPoolNameLength keeps <pool>-<5 characters> a DNS label.
-const MaxPoolNameLength = validation.DNS1123LabelMaxLength - replicaSuffixLen
 
 // SetupWithManager registers the ProxyPool webhook.
 func (w *ProxyPoolWebhook) SetupWithManager(mgr ctrl.Manager) error {
@@ -83,18 +75,10 @@ func (w *ProxyPoolWebhook) validate(p *crawlv1.ProxyPool) field.ErrorList {
 	return errs
 }
 
-// ValidateProxyPoolName: replicas are named <pool>-<5 characters>, so the
-// pool's name is a DNS label short enough for that.
+// ValidateProxyPoolName: the pool publishes and names its replicas under
+// its name; the rule is the API's.
 func ValidateProxyPoolName(name string) field.ErrorList {
-	path := field.NewPath("metadata", "name")
-	var errs field.ErrorList
-	for _, msg := range validation.IsDNS1123Label(name) {
-		errs = append(errs, field.Invalid(path, name, msg))
-	}
-	if len(name) > MaxPoolNameLength {
-		errs = append(errs, field.TooLong(path, name, MaxPoolNameLength))
-	}
-	return errs
+	return crawlv1.ValidateProxyPoolName(field.NewPath("metadata", "name"), name)
 }
 
 // reservedTemplateLabels and -Annotations are the pool's own marks on its
@@ -255,6 +239,7 @@ func validatePoolSpec(s *crawlv1.ProxyPoolSpec) field.ErrorList {
 	errs = append(errs, positive(rem.Child("startupTimeout"), m.StartupTimeout)...)
 	errs = append(errs, positive(rem.Child("unhealthyTimeout"), m.UnhealthyTimeout)...)
 	errs = append(errs, positive(rem.Child("startupBackoff"), m.StartupBackoff)...)
+	errs = append(errs, positive(rem.Child("deletionTimeout"), m.DeletionTimeout)...)
 	_, e := validateIntOrPercent(rem.Child("maxUnhealthy"), m.MaxUnhealthy, true)
 	errs = append(errs, e...)
 	if m.MaxCreatesPerMinute < 0 {

@@ -45,7 +45,13 @@ func TestValidateProxyPool(t *testing.T) {
 	}{
 		{name: "valid", change: func(*crawlv1.ProxyPool) {}},
 		{name: "name too long for its replicas' names", change: func(p *crawlv1.ProxyPool) { p.Name = strings.Repeat("a", 58) },
-			want: []string{"metadata.name: Too long", "57"}},
+			want: []string{"metadata.name: Too long", "55"}},
+		// <pool>-proxies is a Service name: a DNS-1035 label of at most 63.
+		{name: "name too long for the published Service", change: func(p *crawlv1.ProxyPool) { p.Name = strings.Repeat("a", 56) },
+			want: []string{"metadata.name: Too long", "55"}},
+		{name: "name at the published Service's limit", change: func(p *crawlv1.ProxyPool) { p.Name = strings.Repeat("a", 55) }},
+		{name: "name with a leading digit: no Service can be named after it", change: func(p *crawlv1.ProxyPool) { p.Name = "7fleet" },
+			want: []string{"metadata.name: Invalid", "alphabetic character"}},
 		{name: "name not a DNS label", change: func(p *crawlv1.ProxyPool) { p.Name = "Crawl.A" }, want: []string{"metadata.name: Invalid"}},
 		{name: "selector does not match the template's labels", change: func(p *crawlv1.ProxyPool) { p.Spec.Selector.MatchLabels["pool"] = "other" },
 			want: []string{"spec.template.metadata.labels: Invalid", "do not match spec.selector (pool=other)"}},
@@ -105,9 +111,10 @@ func TestValidateProxyPool(t *testing.T) {
 			p.Spec.Remediation.StartupTimeout = dur(-time.Second)
 			p.Spec.Remediation.UnhealthyTimeout = dur(0)
 			p.Spec.Remediation.StartupBackoff = dur(0)
+			p.Spec.Remediation.DeletionTimeout = dur(-time.Second)
 			p.Spec.Rotation.MinInterval = dur(-time.Second)
 		}, want: []string{"spec.rotation.maxAge: Invalid", "spec.remediation.startupTimeout: Invalid", "spec.remediation.unhealthyTimeout: Invalid",
-			"spec.remediation.startupBackoff: Invalid", "spec.rotation.minInterval: Invalid"}},
+			"spec.remediation.startupBackoff: Invalid", "spec.remediation.deletionTimeout: Invalid", "spec.rotation.minInterval: Invalid"}},
 		{name: "jitter not below maxAge", change: func(p *crawlv1.ProxyPool) { p.Spec.Rotation.Jitter = dur(6 * time.Hour) },
 			want: []string{"spec.rotation.jitter: Invalid", "less than maxAge"}},
 		{name: "rotation settings without maxAge", change: func(p *crawlv1.ProxyPool) { p.Spec.Rotation.MaxAge = nil },

@@ -158,6 +158,12 @@ func operationError(op *compute.Operation) error {
 		}
 	}
 	for _, c := range codes {
+		if c == "ZONE_RESOURCE_POOL_EXHAUSTED" || c == "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS" {
+			// The zone, not the request: another zone may have room.
+			return provider.NoCapacity(err)
+		}
+	}
+	for _, c := range codes {
 		if transientOpCodes[c] {
 			return provider.Transient(err)
 		}

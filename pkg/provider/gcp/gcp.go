@@ -48,8 +48,10 @@
 // Networking. The instance gets one NIC on Options.Network with an
 // ephemeral external IP (ONE_TO_ONE_NAT), reported as the Address once the
 // instance runs. With Options.NoExternalIP it gets none (an organisation
-// policy may forbid them): egress then goes through Cloud NAT, clients in
-// the VPC reach the proxy on its internal IP, which is the Address. It gets the network tags in Options.NetworkTags; the
+// policy may forbid them): egress then goes through a Cloud NAT (Check
+// makes sure one serves the subnetwork), so every proxy of the region
+// shares the NAT's addresses; clients in the VPC reach the proxy on its
+// internal IP, which is the Address. It gets the network tags in Options.NetworkTags; the
 // firewall rule admitting clients to the proxy port is the platform's, not
 // this provider's (an open forward proxy on the Internet is abused within
 // hours, so who may connect is a decision for whoever owns the VPC). No
@@ -64,6 +66,7 @@ package gcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -383,9 +386,10 @@ func (p *Provider) ListByTag(ctx context.Context, tag string) ([]provider.Instan
 }
 
 // Check proves what every Create needs: credentials, the project and the
-// default zone (one zones.get; zones.list without a default zone), and a
-// firewall rule admitting the proxy port to our instances. Without that
-// rule every Proxy would boot and then only ever report PortClosed.
+// default zone (one zones.get; zones.list without a default zone), a
+// firewall rule admitting the proxy port to our instances, and, without
+// external IPs, a Cloud NAT for their egress (checkNAT). Without the rule
+// or the NAT every Proxy would boot and then only ever report PortClosed.
 func (p *Provider) Check(ctx context.Context) error {
 	if p.opts.Project == "" {
 		return provider.Permanentf("gcp: no project configured")
@@ -405,7 +409,12 @@ func (p *Provider) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return p.checkFirewall(ctx)
+	// Both named at once: each is the platform owner's to fix.
+	errs := []error{p.checkFirewall(ctx)}
+	if p.opts.NoExternalIP {
+		errs = append(errs, p.checkNAT(ctx))
+	}
+	return errors.Join(errs...)
 }
 
 // checkFirewall looks for an enabled ingress rule on our network that

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -535,6 +536,9 @@ func TestCapacityErrorNamesZonesWithCapacity(t *testing.T) {
 	)
 	_, err := p.Create(ctx(t), machine())
 	wantClass(t, err, provider.ClassTransient)
+	if !errors.Is(err, provider.ErrNoCapacity) {
+		t.Errorf("error %v does not say the zone has no capacity (provider.ErrNoCapacity): a pool would try the zone again first", err)
+	}
 	for _, want := range []string{"ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "RESOURCE_AVAILABILITY", "zonesAvailable=us-central1-b,us-central1-f", "Try us-central1-b or us-central1-f."} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not carry %q", err, want)
@@ -562,6 +566,9 @@ func TestOperationErrors(t *testing.T) {
 			srv.FailNextOperation(gcptest.CallInsert, tc.code, "boom", tc.status)
 			_, err := p.Create(ctx(t), machine())
 			wantClass(t, err, tc.want)
+			if got, want := errors.Is(err, provider.ErrNoCapacity), strings.HasPrefix(tc.code, "ZONE_RESOURCE_POOL_EXHAUSTED"); got != want {
+				t.Errorf("error %v: no capacity %v, want %v", err, got, want)
+			}
 			if !strings.Contains(err.Error(), tc.code) {
 				t.Errorf("error %q does not name %s", err, tc.code)
 			}
@@ -1009,4 +1016,92 @@ func TestListByTagReturnsOnlyThisInstall(t *testing.T) {
 			t.Errorf("instance %s: labels %v, want %s=install-a on it and its boot disk", inst.Name, inst.Labels, LabelInstall)
 		}
 	}
+}
+
+// Without external IPs the instances reach the Internet only through a
+// Cloud NAT serving their subnetwork; Check names what is missing.
+func TestCheckNamesAMissingCloudNAT(t *testing.T) {
+	all := func(name string) *compute.RouterNat {
+		return &compute.RouterNat{Name: name, SourceSubnetworkIpRangesToNat: gcptest.NATAllSubnetworksAllRanges, NatIpAllocateOption: "AUTO_ONLY"}
+	}
+	listed := func(subnet string, ranges ...string) *compute.RouterNat {
+		return &compute.RouterNat{Name: "listed", SourceSubnetworkIpRangesToNat: gcptest.NATListOfSubnetworks, NatIpAllocateOption: "AUTO_ONLY",
+			Subnetworks: []*compute.RouterNatSubnetworkToNat{{Name: "regions/us-central1/subnetworks/" + subnet, SourceIpRangesToNat: ranges}}}
+	}
+	type router struct {
+		region, network string
+		nats            []*compute.RouterNat
+	}
+	for _, tc := range []struct {
+		name    string
+		opts    func(*Options)
+		routers []router
+		// want: words the error names; none: Check passes.
+		want []string
+	}{
+		{name: "a NAT for every subnetwork of the region", routers: []router{{"us-central1", "", []*compute.RouterNat{all("nat")}}}},
+		{name: "primary ranges of every subnetwork", routers: []router{{"us-central1", "", []*compute.RouterNat{{Name: "nat",
+			SourceSubnetworkIpRangesToNat: gcptest.NATAllSubnetworksAllPrimaryRanges}}}}},
+		{name: "the subnetwork listed", opts: func(o *Options) { o.Subnetwork = "regions/us-central1/subnetworks/crawl" },
+			routers: []router{{"us-central1", "", []*compute.RouterNat{listed("crawl", gcptest.NATSubnetPrimaryRange)}}}},
+		{name: "no router at all", want: []string{"no Cloud NAT serves subnetwork default", "region us-central1", "no Cloud Router on that network there",
+			"gcloud compute routers nats create", "--region us-central1"}},
+		{name: "a router without NAT", routers: []router{{"us-central1", "", nil}}, want: []string{"router r0 (no NAT)"}},
+		{name: "a NAT in another region", routers: []router{{"europe-west4", "", []*compute.RouterNat{all("eu")}}},
+			want: []string{"region us-central1", "no Cloud Router on that network there"}},
+		{name: "a NAT on another network", routers: []router{{"us-central1", "global/networks/vpc-b", []*compute.RouterNat{all("b")}}},
+			want: []string{"network default", "no Cloud Router on that network there"}},
+		{name: "other subnetworks listed", opts: func(o *Options) { o.Subnetwork = "regions/us-central1/subnetworks/crawl" },
+			routers: []router{{"us-central1", "", []*compute.RouterNat{listed("web", gcptest.NATSubnetAllRanges)}}},
+			want:    []string{"subnetwork crawl", "NAT listed: serves subnetworks web ALL_IP_RANGES"}},
+		{name: "only secondary ranges of ours", opts: func(o *Options) { o.Subnetwork = "regions/us-central1/subnetworks/crawl" },
+			routers: []router{{"us-central1", "", []*compute.RouterNat{listed("crawl", gcptest.NATSubnetSecondaryRanges)}}},
+			want:    []string{"subnetwork crawl", "LIST_OF_SECONDARY_IP_RANGES"}},
+		{name: "a private NAT", routers: []router{{"us-central1", "", []*compute.RouterNat{{Name: "p", Type: "PRIVATE",
+			SourceSubnetworkIpRangesToNat: gcptest.NATAllSubnetworksAllRanges}}}},
+			want: []string{"private NAT, no Internet egress"}},
+		{name: "no default zone: a NAT in any region will do", opts: func(o *Options) { o.Zone = "" },
+			routers: []router{{"europe-west4", "", []*compute.RouterNat{all("eu")}}}},
+		{name: "no default zone and no NAT anywhere", opts: func(o *Options) { o.Zone = "" },
+			routers: []router{{"europe-west4", "", nil}}, want: []string{"any region", "router r0 (no NAT)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newServer(t)
+			srv.PutFirewall(project, proxyFirewall())
+			for i, r := range tc.routers {
+				if err := srv.PutRouter(project, r.region, &compute.Router{Name: fmt.Sprintf("r%d", i), Network: r.network, Nats: r.nats}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p := newProvider(t, srv, func(o *Options) {
+				o.NoExternalIP = true
+				if tc.opts != nil {
+					tc.opts(o)
+				}
+			})
+			err := p.Check(ctx(t))
+			if tc.want == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			wantClass(t, err, provider.ClassPermanent)
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %q", err, w)
+				}
+			}
+		})
+	}
+	t.Run("with external IPs no NAT is needed", func(t *testing.T) {
+		srv := newServer(t)
+		srv.PutFirewall(project, proxyFirewall())
+		if err := newProvider(t, srv).Check(ctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if n := srv.Count(gcptest.CallRouterList) + srv.Count(gcptest.CallRouterAggregatedList); n != 0 {
+			t.Errorf("%d router lists without --gcp-no-external-ip", n)
+		}
+	})
 }

@@ -1,7 +1,8 @@
 // Package gcptest is an in-process fake of the Compute Engine v1 REST API,
 // enough of it for the gcp provider: instances insert/get/delete/list/
 // aggregatedList/start/resume, zoneOperations get/wait, zones get/list,
-// firewalls list.
+// firewalls list, routers list/aggregatedList (Cloud Routers with their
+// NAT configurations, PutRouter).
 //
 // It speaks the real wire format: bodies are the compute/v1 package's own
 // types marshalled as the client expects them, errors are the
@@ -94,6 +95,7 @@ type Server struct {
 	nextIP    int
 	repairs   map[string]int                 // instance key → gets left in REPAIRING
 	firewalls map[string][]*compute.Firewall // by project
+	routers   map[string]*compute.Router     // key: project/region/name
 
 	// Resources an insert may reference (see Add*).
 	zones, images, networks, machineTypes map[string]bool
@@ -365,6 +367,8 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("GET "+p+"/zones/{zone}", s.zoneGet)
 	mux.HandleFunc("GET "+p+"/zones", s.zoneList)
 	mux.HandleFunc("GET "+p+"/global/firewalls", s.firewallList)
+	mux.HandleFunc("GET "+p+"/regions/{region}/routers", s.routerList)
+	mux.HandleFunc("GET "+p+"/aggregated/routers", s.routerAggregatedList)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("gcptest: no such method: %s %s", r.Method, r.URL.Path))
 	})
@@ -767,15 +771,14 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 			all = append(all, inst)
 		}
 	}
-	page, next, err := s.paginate(r, len(all))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+	items, next, ok := pageOf(s, w, r, all)
+	if !ok {
 		return
 	}
 	writeJSON(w, http.StatusOK, &compute.InstanceList{
 		Kind:          "compute#instanceList",
 		Id:            "projects/" + project + "/zones/" + zone + "/instances",
-		Items:         all[page[0]:page[1]],
+		Items:         items,
 		NextPageToken: next,
 		SelfLink:      selfLinkBase + "projects/" + project + "/zones/" + zone + "/instances",
 	})
@@ -808,13 +811,12 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request) {
 			all = append(all, hit{zone, inst})
 		}
 	}
-	page, next, err := s.paginate(r, len(all))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+	hits, next, ok := pageOf(s, w, r, all)
+	if !ok {
 		return
 	}
 	items := map[string]compute.InstancesScopedList{}
-	for _, h := range all[page[0]:page[1]] {
+	for _, h := range hits {
 		sl := items["zones/"+h.zone]
 		sl.Instances = append(sl.Instances, h.inst)
 		items["zones/"+h.zone] = sl
@@ -836,6 +838,17 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request) {
 		NextPageToken: next,
 		SelfLink:      selfLinkBase + "projects/" + project + "/aggregated/instances",
 	})
+}
+
+// pageOf is the page of all this request asks for and the next page
+// token; false when the paging parameters are refused (the 400 written).
+func pageOf[T any](s *Server, w http.ResponseWriter, r *http.Request, all []T) ([]T, string, bool) {
+	page, next, err := s.paginate(r, len(all))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+		return nil, "", false
+	}
+	return all[page[0]:page[1]], next, true
 }
 
 // paginate returns the [from, to) window for this request and the next
