@@ -1004,12 +1004,13 @@ func (r *ProxyPoolReconciler) setDeletionStuck(pool *crawlv1.ProxyPool, policy p
 	setPoolCondition(pool, crawlv1.PoolDeletionStuckCondition, true, crawlv1.PoolDeletionStuckReason, msg)
 }
 
-// hostUnreachable reports whether p runs on a KVMHost known not to answer:
-// deleting p cannot finish until it does, so the pool need not wait out
-// deletionTimeout for it. Only the host's own dial and probe failures
+// hostUnreachable reports whether p runs on a host (its provider is of
+// the Hosts domain: a KVMHost) known not to answer: deleting p cannot
+// finish until it does, so the pool need not wait out deletionTimeout for
+// it. Only the host's own dial and probe failures
 // count; anything else (or a host the cache cannot show) is no news.
 func (r *ProxyPoolReconciler) hostUnreachable(ctx context.Context, p *crawlv1.Proxy) bool {
-	if p.Spec.Provider != crawlv1.ProviderKVM || p.Status.Host == "" {
+	if r.Plugins.DomainOf(string(p.Spec.Provider)) != plugin.Hosts || p.Status.Host == "" {
 		return false
 	}
 	h := &crawlv1.KVMHost{}

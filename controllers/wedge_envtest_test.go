@@ -23,14 +23,7 @@ import (
 // provider's default RPC deadlines), a Proxy reconcile on that host gives
 // its worker back at the lookup's deadline, not at the call's.
 var _ = Describe("a KVM host whose libvirtd stops answering lookups", Ordered, func() {
-	BeforeAll(func() {
-		mgr.stop()
-		mgr = startManager(func(o *ProxyOptions) { *o = ProxyOptions{PortWatch: o.PortWatch} })
-		DeferCleanup(func() {
-			mgr.stop()
-			mgr = startManager()
-		})
-	})
+	BeforeAll(withProductionProxyDefaults)
 
 	It("fails the Proxy's reconcile transiently at the lookup's deadline", func() {
 		Expect(mgr.proxy.ProviderCallTimeout).To(Equal(DefaultProviderCallTimeout), "the harness must run main's call budget")
@@ -82,14 +75,7 @@ var _ = Describe("a KVM host whose libvirtd stops answering lookups", Ordered, f
 // calls in flight per host, the 10-minute call budget, the 5 s provision
 // poll and the 30 s probe interval.
 var _ = Describe("a KVM host whose libvirtd stops answering altogether", Ordered, func() {
-	BeforeAll(func() {
-		mgr.stop()
-		mgr = startManager(func(o *ProxyOptions) { *o = ProxyOptions{PortWatch: o.PortWatch} })
-		DeferCleanup(func() {
-			mgr.stop()
-			mgr = startManager()
-		})
-	})
+	BeforeAll(withProductionProxyDefaults)
 
 	It("turns its Proxies away without an RPC, keeps what is known of them, and converges once it answers", func() {
 		Expect(mgr.proxy.ProviderCallTimeout).To(Equal(DefaultProviderCallTimeout))
@@ -237,4 +223,16 @@ func reread(ns, name string) {
 		p.Annotations["test.crawl.example.com/reread"] = time.Now().Format(time.RFC3339Nano)
 		return k8sClient.Patch(ctx, p, client.MergeFrom(orig))
 	}).Should(Succeed())
+}
+
+// withProductionProxyDefaults runs the suite's manager with the Proxy
+// options main ships (workers, call budget, poll and probe intervals)
+// until the container's specs are done.
+func withProductionProxyDefaults() {
+	mgr.stop()
+	mgr = startManager(func(o *ProxyOptions) { *o = ProxyOptions{PortWatch: o.PortWatch} })
+	DeferCleanup(func() {
+		mgr.stop()
+		mgr = startManager()
+	})
 }
