@@ -6,9 +6,10 @@ import (
 	"net"
 	"net/netip"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"crawl.example.com/proxy-operator/internal/testutil"
 )
 
 // AddLoopbackAddress puts addr on lo, in the test's network namespace
@@ -26,24 +27,17 @@ func AddLoopbackAddress(t testing.TB, addr netip.Addr) {
 	if err := addAddress(lo.Index, addr); err != nil && !errors.Is(err, unix.EEXIST) {
 		t.Fatalf("adding %s to lo: %v", addr, err)
 	}
-	waitRoutable(t, addr)
-}
-
-// waitRoutable waits for the kernel's local route to addr. For IPv6 it is
-// installed by a workqueue after the address (even with NODAD), so on a
-// loaded machine a connect right after RTM_NEWADDR can find no route. A
-// UDP connect looks the route up without sending anything.
-func waitRoutable(t testing.TB, addr netip.Addr) {
-	t.Helper()
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		var c net.Conn
-		if c, err = net.Dial("udp", netip.AddrPortFrom(addr, 9).String()); err == nil {
+	// The kernel installs an IPv6 address's local route from a workqueue,
+	// even with NODAD, so on a loaded machine a connect right after
+	// RTM_NEWADDR can find no route. A UDP connect looks the route up
+	// without sending anything.
+	testutil.WaitFor(t, func() bool {
+		c, err := net.Dial("udp", netip.AddrPortFrom(addr, 9).String())
+		if err == nil {
 			c.Close()
-			return
 		}
-	}
-	t.Fatalf("%s on lo has no route: %v", addr, err)
+		return err == nil
+	})
 }
 
 // addAddress sends RTM_NEWADDR (what ip addr add sends) and reads the
