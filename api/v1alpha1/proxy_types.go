@@ -44,6 +44,21 @@ const (
 	ProxyDeleting     ProxyPhase = "Deleting"
 )
 
+// EgressSource says how a Proxy's egress address is known.
+// +kubebuilder:validation:Enum=echo;static;unknown
+type EgressSource string
+
+const (
+	// EgressSourceEcho: an address-echo endpoint saw the address as the
+	// source of a request through the proxy.
+	EgressSourceEcho EgressSource = "echo"
+	// EgressSourceStatic: the operator assigned the address (IPAM) on a
+	// network without NAT, so it is the source address by construction.
+	EgressSourceStatic EgressSource = "static"
+	// EgressSourceUnknown: not measured (no echo endpoint, or it failed).
+	EgressSourceUnknown EgressSource = "unknown"
+)
+
 // ProxyPlacement says where the instance runs and what it boots.
 type ProxyPlacement struct {
 	// Host is the KVMHost to run on (kvm). Exclusive with HostSelector.
@@ -332,10 +347,21 @@ type ProxyStatus struct {
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
 
-	// EgressAddress is the source address the probe URL saw requests
-	// through this proxy come from (when the probe URL echoes it).
+	// EgressAddress is the source address target sites see for requests
+	// through this proxy; EgressSource says how it is known. Empty while
+	// unknown: a private address behind NAT is never recorded here.
 	// +optional
 	EgressAddress string `json:"egressAddress,omitempty"`
+
+	// EgressSource says how EgressAddress is known: echo (an address-echo
+	// endpoint saw it through the proxy), static (an address the operator
+	// assigned on a network without NAT) or unknown.
+	// +optional
+	EgressSource EgressSource `json:"egressSource,omitempty"`
+
+	// EgressMeasuredAt is when an echo last measured EgressAddress.
+	// +optional
+	EgressMeasuredAt *metav1.Time `json:"egressMeasuredAt,omitempty"`
 
 	// CredentialsSecretRef names the Secret (owned by this Proxy) with keys
 	// username, password and url (http://user:pass@address:port) for

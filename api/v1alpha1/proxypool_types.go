@@ -71,6 +71,10 @@ const (
 	// DeletionBlocked, their KVMHost not answering). The pool counts them
 	// no more and has replaced them; they go when their provider lets them.
 	PoolDeletionStuckCondition = "DeletionStuck"
+	// PoolEgressDistinctCondition: with egress.distinct Required, every
+	// available replica leaves from its own address. False gives the count
+	// and the cause ("3 replicas share 203.0.113.9 on host hv1 (NAT)").
+	PoolEgressDistinctCondition = "EgressDistinct"
 )
 
 // ProxyPool condition reasons.
@@ -303,10 +307,70 @@ type ProxyPoolSpec struct {
 	ScaleDown ProxyPoolScaleDown `json:"scaleDown,omitempty"`
 	// +optional
 	Placement ProxyPoolPlacement `json:"placement,omitempty"`
+	// Egress is what the pool promises about its replicas' source
+	// addresses (docs/egress.md).
+	// +optional
+	Egress ProxyPoolEgress `json:"egress,omitempty"`
 	// Paused stops rollout, rotation and remediation (scaling and
 	// publishing go on).
 	// +optional
 	Paused bool `json:"paused,omitempty"`
+}
+
+// EgressDistinctPolicy says whether replicas must leave from distinct
+// source addresses.
+// +kubebuilder:validation:Enum=Required;Preferred;Ignore
+type EgressDistinctPolicy string
+
+const (
+	// EgressDistinctRequired: a replica whose egress equals another's is
+	// neither published nor counted available; the pool replaces it, or
+	// says by EgressDistinct=False why it cannot.
+	EgressDistinctRequired EgressDistinctPolicy = "Required"
+	// EgressDistinctPreferred: placement prefers hosts and addresses not in
+	// use; shared addresses are counted, not refused.
+	EgressDistinctPreferred EgressDistinctPolicy = "Preferred"
+	// EgressDistinctIgnore: egress addresses are measured and reported only.
+	EgressDistinctIgnore EgressDistinctPolicy = "Ignore"
+)
+
+// ProxyPoolEgress is the pool's egress policy.
+type ProxyPoolEgress struct {
+	// Distinct: Required, Preferred (default) or Ignore.
+	// +kubebuilder:default=Preferred
+	// +optional
+	Distinct EgressDistinctPolicy `json:"distinct,omitempty"`
+	// EchoURL is requested through each replica to measure its egress
+	// address (an answer that is one IP address, or JSON with an "ip"
+	// field); it overrides the manager's --egress-echo-url.
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^https?://`
+	// +optional
+	EchoURL string `json:"echoURL,omitempty"`
+	// Quarantine is how long an egress address reported banned is kept
+	// from being published again; default 24h, from 1m to 720h.
+	// +optional
+	Quarantine *metav1.Duration `json:"quarantine,omitempty"`
+}
+
+// QuarantinedAddress is an egress address reported banned.
+type QuarantinedAddress struct {
+	// Address is the egress address.
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MaxLength=45
+	// +required
+	Address string `json:"address"`
+	// Replica is the Proxy the ban was reported on.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Replica string `json:"replica,omitempty"`
+	// Reason the report gave, if any.
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// ExpiresAt is when the address may be published again.
+	// +required
+	ExpiresAt metav1.Time `json:"expiresAt"`
 }
 
 // ProxyPoolRotationStatus is when rotation last started one and next will.
@@ -368,6 +432,14 @@ type ProxyPoolStatus struct {
 	// +kubebuilder:validation:MaxItems=1000
 	// +optional
 	RecentCreates []ProxyPoolCreate `json:"recentCreates,omitempty"`
+	// Quarantine lists the egress addresses reported banned and until
+	// when no replica leaving from them is published; the newest 1000 at
+	// most.
+	// +listType=map
+	// +listMapKey=address
+	// +kubebuilder:validation:MaxItems=1000
+	// +optional
+	Quarantine []QuarantinedAddress `json:"quarantine,omitempty"`
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 }
