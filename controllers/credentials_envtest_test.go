@@ -11,7 +11,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"go.uber.org/zap/zapcore"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,10 +18,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
-	"crawl.example.com/proxy-operator/internal/logkeys"
+	"crawl.example.com/proxy-operator/test/harness"
 )
 
 // lockedBuffer is a log sink several goroutines write to.
@@ -47,12 +45,7 @@ var _ = Describe("credentials", func() {
 	It("creates a managed Proxy with a generated credential that never reaches logs (V(2)), events or status", func() {
 		// The manager of this spec logs everything up to V(2) into logs.
 		logs := &lockedBuffer{}
-		mgr.stop()
-		mgr = startManagerLogging(logkeys.Wrap(zap.New(zap.WriteTo(logs), zap.UseDevMode(true), zap.Level(zapcore.Level(-2)))))
-		DeferCleanup(func() {
-			mgr.stop()
-			mgr = startManager()
-		})
+		harness.Replace(&mgr, startManager, managerConfig{log: harness.Logger(logs, 2)})
 
 		image := servedImage()
 		h := readyHost(uniqueName("hv"))
@@ -181,12 +174,7 @@ var _ = Describe("credentials", func() {
 	})
 
 	It("reacts at once when the operator's credential Secret is deleted, not at the next probe", func() {
-		mgr.stop()
-		mgr = startManager(func(o *ProxyOptions) { o.ProbeInterval = 10 * time.Minute })
-		DeferCleanup(func() {
-			mgr.stop()
-			mgr = startManager()
-		})
+		harness.Replace(&mgr, startManager, managerConfig{proxy: func(o *ProxyOptions) { o.ProbeInterval = 10 * time.Minute }})
 		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()

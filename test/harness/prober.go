@@ -39,10 +39,10 @@ func NewProber() *Prober {
 func (p *Prober) Probe(ctx context.Context, t proxyprobe.Target) proxyprobe.Result {
 	p.mu.Lock()
 	p.probes[t.Address]++
-	to, real := p.listener[t.Address]
+	to, listening := p.listener[t.Address]
 	down := p.down[t.Address]
 	p.mu.Unlock()
-	if real {
+	if listening {
 		host, port, _ := net.SplitHostPort(to) // checked by ListenAt
 		n, _ := strconv.Atoi(port)
 		return proxyprobe.TCP{Timeout: time.Second}.Probe(ctx, proxyprobe.Target{Address: host, Port: int32(n)})
@@ -65,10 +65,10 @@ func (p *Prober) Dial(ctx context.Context, network, addr string) (net.Conn, erro
 		return nil, err
 	}
 	p.mu.Lock()
-	to, real := p.listener[host]
+	to, listening := p.listener[host]
 	down := p.down[host]
 	p.mu.Unlock()
-	if real {
+	if listening {
 		return (&net.Dialer{}).DialContext(ctx, network, to)
 	}
 	if down {
