@@ -3,7 +3,6 @@ package providers
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -183,7 +182,10 @@ var _ = Describe("a provider registered only in a test", Ordered, func() {
 		plugins := append(controllers.Plugins(), toyPlugin)
 		webhooks := func(m ctrl.Manager) error {
 			proxyWebhook := webhookv1.ProxyWebhook{Plugins: plugins}
-			return errors.Join(proxyWebhook.SetupWithManager(m), (&webhookv1.ProxyPoolWebhook{Proxy: proxyWebhook}).SetupWithManager(m))
+			if err := proxyWebhook.SetupWithManager(m); err != nil {
+				return err
+			}
+			return (&webhookv1.ProxyPoolWebhook{Proxy: proxyWebhook}).SetupWithManager(m)
 		}
 		toy = newToyProvider()
 		m := operator.Start(toyEnv, harness.ManagerConfig{Webhooks: webhooks}, func(ctrl.Manager) controllers.Deps {
