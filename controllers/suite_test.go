@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -152,11 +153,15 @@ type managerConfig struct {
 	log logr.Logger
 	// proxy changes the Proxy options (e.g. a slower provision poll).
 	proxy func(*ProxyOptions)
+	// namespaces, when set, are the only ones the manager serves
+	// (--namespaces).
+	namespaces []string
 }
 
 // startManager starts a manager wired as the suite's, changed by mc.
 func startManager(mc managerConfig) *harness.Manager[*Wiring] {
-	return operator.Start(env, harness.ManagerConfig{Logger: mc.log, Metrics: true}, func(m ctrl.Manager) Deps {
+	served := harness.ManagerConfig{Logger: mc.log, Metrics: true, Cache: ServeNamespaces(cache.Options{}, mc.namespaces)}
+	return operator.Start(env, served, func(m ctrl.Manager) Deps {
 		proxyOpts := ProxyOptions{
 			ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond,
 			AddressTimeout: time.Minute, ResyncInterval: 10 * time.Minute, // only events re-read a Ready proxy
