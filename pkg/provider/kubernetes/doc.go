@@ -1,7 +1,9 @@
 // Package kubernetes is the in-cluster provider: one Proxy becomes a squid
-// Pod and the ConfigMap holding its squid.conf, in the Proxy's namespace;
-// a managed Proxy (Machine.Squid) also gets a Secret with its password file
-// and a NetworkPolicy admitting only its clients and the manager.
+// Pod and the ConfigMap holding its squid.conf, in the Proxy's namespace,
+// behind a NetworkPolicy admitting only its clients and the manager; a
+// managed Proxy (Machine.Squid) with Basic auth also gets a Secret with
+// its password file. An unmanaged one's clients are
+// Machine.AllowedSourceCIDRs.
 //
 // Why a bare Pod and not a one-replica Deployment: the provider contract is
 // one instance with an exact lifecycle, addressed by a provider ID

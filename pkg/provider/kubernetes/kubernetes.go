@@ -127,13 +127,13 @@ func (p *Provider) ensureConfig(ctx context.Context, m *provider.Machine) (squid
 			return squidFiles{}, err
 		}
 	}
-	if files.Managed {
-		np := p.networkPolicy(m, files)
-		if err := p.converge(ctx, m, np, func(have, want client.Object) bool {
-			return equality.Semantic.DeepEqual(have.(*networkingv1.NetworkPolicy).Spec, want.(*networkingv1.NetworkPolicy).Spec)
-		}); err != nil {
-			return squidFiles{}, err
-		}
+	// Managed or not, the pod is guarded: squid.conf of an unmanaged Proxy
+	// is the built-in policy, open to every client it admits.
+	np := p.networkPolicy(m, files)
+	if err := p.converge(ctx, m, np, func(have, want client.Object) bool {
+		return equality.Semantic.DeepEqual(have.(*networkingv1.NetworkPolicy).Spec, want.(*networkingv1.NetworkPolicy).Spec)
+	}); err != nil {
+		return squidFiles{}, err
 	}
 	return files, nil
 }
