@@ -50,16 +50,7 @@ var _ = Describe("credentials", func() {
 		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		p := &crawlv1.Proxy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "secure"},
-			Spec: crawlv1.ProxySpec{
-				Provider:  crawlv1.ProviderKVM,
-				Placement: crawlv1.ProxyPlacement{Host: h.name, Image: image},
-				Port:      3128,
-				// As the webhook defaults it (this suite runs without webhooks).
-				Access: managedAccessFor(""),
-			},
-		}
+		p := managedProxy(ns, "secure", h.name, image)
 		Expect(k8sClient.Create(ctx, p)).To(Succeed())
 		giveAddress(h, ns, "secure", "192.0.2.41")
 		p = waitProxyPhase(ns, "secure", crawlv1.ProxyReady, 30*time.Second)
@@ -178,8 +169,7 @@ var _ = Describe("credentials", func() {
 		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lost"},
-			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: h.name, Image: image}, Port: 3128, Access: managedAccessFor("")}}
+		p := managedProxy(ns, "lost", h.name, image)
 		Expect(k8sClient.Create(ctx, p)).To(Succeed())
 		giveAddress(h, ns, "lost", "192.0.2.43")
 		waitProxyPhase(ns, "lost", crawlv1.ProxyReady, 30*time.Second)
@@ -204,6 +194,14 @@ var _ = Describe("credentials", func() {
 
 // managedAccessFor is spec.access as the webhook defaults it, with the
 // user's credential Secret secretRef ("" for a generated credential).
+// managedProxy is a kvm Proxy on host with a managed squid and a generated
+// credential, as the webhook defaults it (this suite runs without
+// webhooks).
+func managedProxy(ns, name, host, image string) *crawlv1.Proxy {
+	return &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: host, Image: image}, Port: 3128, Access: managedAccessFor("")}}
+}
+
 func managedAccessFor(secretRef string) *crawlv1.ProxyAccess {
 	a := &crawlv1.ProxyAccess{Managed: ptr.To(true), AllowedSourceCIDRs: []string{"10.244.0.0/16"},
 		Auth: &crawlv1.ProxyAuth{Type: crawlv1.ProxyAuthBasic}, AllowedPorts: []int32{80, 443}, MaxConnectionsPerClient: 256}

@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
@@ -27,16 +26,7 @@ var _ = Describe("a manager serving only some namespaces", func() {
 		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		for _, ns := range []string{unserved, served} {
-			Expect(k8sClient.Create(ctx, &crawlv1.Proxy{
-				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "scoped"},
-				Spec: crawlv1.ProxySpec{
-					Provider:  crawlv1.ProviderKVM,
-					Placement: crawlv1.ProxyPlacement{Host: h.name, Image: image},
-					Port:      3128,
-					// As the webhook defaults it (this suite runs without webhooks).
-					Access: managedAccessFor(""),
-				},
-			})).To(Succeed())
+			Expect(k8sClient.Create(ctx, managedProxy(ns, "scoped", h.name, image))).To(Succeed())
 		}
 
 		giveAddress(h, served, "scoped", "192.0.2.61")
