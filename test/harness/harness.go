@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
 	"go.uber.org/zap/zapcore"
 
 	kruntime "k8s.io/apimachinery/pkg/runtime"
@@ -51,7 +51,7 @@ func Logger(w io.Writer, v int) logr.Logger {
 // LogToGinkgo makes controller-runtime log at Info into the spec's output
 // (shown for a failed spec, or with -v).
 func LogToGinkgo() {
-	logf.SetLogger(Logger(GinkgoWriter, 0))
+	logf.SetLogger(Logger(ginkgo.GinkgoWriter, 0))
 }
 
 // EnvOptions say what the API server serves besides the project's API.
@@ -78,28 +78,28 @@ type Env struct {
 // saying how to get the binaries; it never skips.
 func StartEnv(o EnvOptions) *Env {
 	env, err := envtestutil.New(o.Webhooks)
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	if o.CRDDirs != nil {
 		env.CRDDirectoryPaths = o.CRDDirs
 	}
 	e := &Env{Scheme: envtestutil.Scheme(), env: env}
 	e.Config, err = env.Start()
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	e.Client, err = client.New(e.Config, client.Options{Scheme: e.Scheme})
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	return e
 }
 
 // Stop stops the API server; stop its managers first, or it waits on
 // their watches.
 func (e *Env) Stop() {
-	Expect(e.env.Stop()).To(Succeed())
+	gomega.Expect(e.env.Stop()).To(gomega.Succeed())
 }
 
 // FreeAddr returns a loopback address nobody listens on (yet).
 func FreeAddr() string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	defer l.Close()
 	return l.Addr().String()
 }
@@ -165,28 +165,28 @@ func (o Operator[D, W]) Start(env *Env, mc ManagerConfig, deps func(ctrl.Manager
 		})
 	}
 	m, err := ctrl.NewManager(env.Config, o.ManagerOptions(opts))
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	if mc.Webhooks != nil {
-		Expect(mc.Webhooks(m)).To(Succeed())
+		gomega.Expect(mc.Webhooks(m)).To(gomega.Succeed())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := o.Setup(ctx, m, deps(m))
 	if err != nil {
 		cancel()
 	}
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	h := &Manager[W]{Wiring: w, Client: m.GetClient(), cancel: cancel, done: make(chan struct{})}
 	if mc.Metrics {
 		h.MetricsAddr = opts.Metrics.BindAddress
 	}
 	go func() {
-		defer GinkgoRecover()
+		defer ginkgo.GinkgoRecover()
 		defer close(h.done)
-		Expect(m.Start(ctx)).To(Succeed())
+		gomega.Expect(m.Start(ctx)).To(gomega.Succeed())
 	}()
 	if mc.Webhooks != nil {
 		// The API server calls the webhooks over TLS; wait until they listen.
-		Eventually(func() error { return m.GetWebhookServer().StartedChecker()(nil) }).WithTimeout(30 * time.Second).Should(Succeed())
+		gomega.Eventually(func() error { return m.GetWebhookServer().StartedChecker()(nil) }).WithTimeout(30 * time.Second).Should(gomega.Succeed())
 	}
 	return h
 }
@@ -195,7 +195,7 @@ func (o Operator[D, W]) Start(env *Env, mc ManagerConfig, deps func(ctrl.Manager
 // nothing.
 func (m *Manager[W]) Stop() {
 	m.cancel()
-	Eventually(m.done).WithTimeout(30 * time.Second).Should(BeClosed())
+	gomega.Eventually(m.done).WithTimeout(30 * time.Second).Should(gomega.BeClosed())
 }
 
 // Replace stops the suite's manager (*current) and runs the rest of the
@@ -205,7 +205,7 @@ func (m *Manager[W]) Stop() {
 func Replace[C any, W any](current **Manager[W], start func(C) *Manager[W], c C) *Manager[W] {
 	(*current).Stop()
 	*current = start(c)
-	DeferCleanup(func() {
+	ginkgo.DeferCleanup(func() {
 		(*current).Stop()
 		var suites C
 		*current = start(suites)

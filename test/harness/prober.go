@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
 
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
@@ -91,13 +91,13 @@ func (p *Prober) SetDown(addr string, down bool) {
 // until the spec ends.
 func (p *Prober) ListenAt(addr, to string) {
 	_, port, err := net.SplitHostPort(to)
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	_, err = strconv.Atoi(port)
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.listener[addr] = to
-	DeferCleanup(func() {
+	ginkgo.DeferCleanup(func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		delete(p.listener, addr)
