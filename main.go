@@ -63,6 +63,10 @@ type options struct {
 	destinationGrants string
 	grants            proxyaccess.Grants
 	managerNamespace  string
+	// namespaces is --namespaces as given; validate parses it into
+	// served.
+	namespaces string
+	served     []string
 
 	providers     string
 	tag           string
@@ -104,6 +108,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	if managerNamespace == "" {
 		managerNamespace = "proxy-operator-system" // config/default's, for local runs
 	}
+	fs.StringVar(&o.namespaces, strings.TrimPrefix(controllers.NamespacesFlag, "--"), "", "Comma-separated namespaces whose Proxies, ProxyPools and their Secrets, Pods, ConfigMaps, Services and NetworkPolicies the manager serves; others it does not see. Empty: every namespace. KVMHosts, KVMImages, Nodes and ServiceCIDRs are cluster-scoped and always served. config/namespaced grants RBAC for such a manager through Roles only.")
 	fs.StringVar(&o.managerNamespace, "manager-namespace", managerNamespace, "The manager's namespace, the only one KVMHosts' SSH Secrets are read from (default: $POD_NAMESPACE, else proxy-operator-system).")
 	fs.BoolVar(&o.allowProxyImageURLs, "allow-proxy-image-urls", false, "Admit Proxies whose spec.placement.image is a URL, which the manager downloads from inside the cluster (SSRF); otherwise only KVMImage names, which cluster admins create.")
 	fs.BoolVar(&o.allowProxyUserData, "allow-proxy-user-data", true, "Admit Proxies with spec.cloudInit (userData, userDataBase64, vendorData). On kvm and gcp it runs as root on the instance, on the hypervisor's network or in the VPC, and can listen where squid should; false refuses it (admission and controller), leaving the operator's managed squid.")
@@ -164,6 +169,9 @@ func (o *options) validate() error {
 		return err
 	}
 	o.grants = grants
+	if o.served, err = controllers.ParseNamespaces(o.namespaces); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -313,13 +321,9 @@ func (o *options) newManager(enabled map[string]bool) (ctrl.Manager, error) {
 	if !o.enableHTTP2 {
 		tlsOpts = append(tlsOpts, func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} })
 	}
-	cacheOpts := cache.Options{}
-	if enabled[kubernetes.Name] {
-		cacheOpts.ByObject = kubernetes.CacheByObject()
-	}
 	return ctrl.NewManager(ctrl.GetConfigOrDie(), controllers.ManagerOptions(ctrl.Options{
 		Scheme:                  scheme,
-		Cache:                   cacheOpts,
+		Cache:                   o.cacheOptions(enabled),
 		Metrics:                 metricsauth.ServerOptions(o.metricsAddr, o.metricsSecure, tlsOpts),
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
@@ -327,6 +331,16 @@ func (o *options) newManager(enabled map[string]bool) (ctrl.Manager, error) {
 		LeaderElectionNamespace: o.leaderElectNamespace,
 		WebhookServer:           webhook.NewServer(webhook.Options{Port: o.webhookPort, CertDir: o.webhookCertDir, TLSOpts: tlsOpts}),
 	}))
+}
+
+// cacheOptions are the cache the enabled providers need, over the
+// namespaces --namespaces serves.
+func (o *options) cacheOptions(enabled map[string]bool) cache.Options {
+	cacheOpts := cache.Options{}
+	if enabled[kubernetes.Name] {
+		cacheOpts.ByObject = kubernetes.CacheByObject()
+	}
+	return controllers.ServeNamespaces(cacheOpts, o.served)
 }
 
 // setupWebhooks registers the admission webhooks of every kind.

@@ -36,6 +36,8 @@ func TestStartupRejectsUnusableDurations(t *testing.T) {
 		{[]string{"--allow-destination-exceptions=169.254.169.254"}, `--allow-destination-exceptions: "169.254.169.254" must be a CIDR`},
 		{[]string{"--allow-destination-exceptions=10.0.0.0/8"}, "needs no grant"},
 		{[]string{"--allow-destination-exceptions=64:ff9b::a9fe:a9fe/128"}, "which no exception lifts"},
+		{[]string{"--namespaces=crawl-a, crawl-b"}, ""},
+		{[]string{"--namespaces=crawl,Crawl"}, `--namespaces: "Crawl" is not a namespace name`},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -118,5 +120,35 @@ func TestPolicyFlagsReachAdmissionAndController(t *testing.T) {
 	}
 	if w, d := def.proxyWebhook(), def.deps(nil); len(w.DestinationExceptionGrants)+len(d.Proxy.DestinationExceptionGrants) != 0 || w.RefuseUserData || d.Proxy.RefuseUserData {
 		t.Errorf("defaults grant %v/%v and refuse user-data %v/%v; want no grant, user-data admitted", w.DestinationExceptionGrants, d.Proxy.DestinationExceptionGrants, w.RefuseUserData, d.Proxy.RefuseUserData)
+	}
+}
+
+// TestNamespacesFlagRestrictsTheCache: --namespaces reaches the manager's
+// cache as its namespaces, beside the kubernetes provider's own filters;
+// without it the cache spans every namespace.
+func TestNamespacesFlagRestrictsTheCache(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{nil, nil},
+		{[]string{"--namespaces=crawl-b,crawl-a"}, []string{"crawl-a", "crawl-b"}},
+	} {
+		var o options
+		fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+		o.bind(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.validate(); err != nil {
+			t.Fatal(err)
+		}
+		c := o.cacheOptions(map[string]bool{"kubernetes": true})
+		if got := slices.Sorted(maps.Keys(c.DefaultNamespaces)); !slices.Equal(got, tc.want) {
+			t.Errorf("%v: cache namespaces %v, want %v", tc.args, got, tc.want)
+		}
+		if len(c.ByObject) == 0 {
+			t.Errorf("%v: the kubernetes provider's cache filters are gone", tc.args)
+		}
 	}
 }

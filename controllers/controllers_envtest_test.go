@@ -23,6 +23,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/test/harness"
 )
 
 var _ = Describe("KVM fleet", Ordered, func() {
@@ -138,7 +139,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		readyProxy(h, ns, "broken", image, "192.0.2.15")
 
 		h.fake.Fail(virt.RPCDomainGetState, virt.NewError(libvirt.ErrAccessDenied, "access denied by policy"))
-		mgr.proxy.MarkDirty(client.ObjectKey{Namespace: ns, Name: "broken"})
+		mgr.Wiring.Proxy.MarkDirty(client.ObjectKey{Namespace: ns, Name: "broken"})
 		p := waitProxyPhase(ns, "broken", crawlv1.ProxyFailed, 20*time.Second)
 		Expect(conditions.GetReason(p, crawlv1.ReadyCondition)).To(Equal(crawlv1.ProxyPermanentErrorReason))
 
@@ -242,7 +243,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 
 		// Hosts of earlier specs that are down fail their part of the sweep,
 		// not this host's.
-		n, err := mgr.gc.Sweep(ctx)
+		n, err := mgr.Wiring.Sweep.Sweep(ctx)
 		if err != nil {
 			Expect(err.Error()).NotTo(ContainSubstring(h.name))
 		}
@@ -305,12 +306,7 @@ var _ = Describe("KVM fleet", Ordered, func() {
 	})
 
 	It("reads the address as soon as the guest agent connects, not at the next provision poll", func() {
-		mgr.stop()
-		mgr = startManager(func(o *ProxyOptions) { o.ProvisionPollInterval, o.AddressTimeout = time.Minute, 5*time.Minute })
-		DeferCleanup(func() {
-			mgr.stop()
-			mgr = startManager()
-		})
+		harness.Replace(&mgr, startManager, managerConfig{proxy: func(o *ProxyOptions) { o.ProvisionPollInterval, o.AddressTimeout = time.Minute, 5*time.Minute }})
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
 		dom := ns + ".agent"
@@ -346,17 +342,12 @@ var _ = Describe("KVM fleet", Ordered, func() {
 	DescribeTable("makes a booting proxy Ready promptly once its port opens",
 		func(ip string, restart bool) {
 			slow := func(o *ProxyOptions) { o.ProvisionPollInterval, o.AddressTimeout = time.Minute, 5*time.Minute }
-			mgr.stop()
-			mgr = startManager(slow)
-			DeferCleanup(func() {
-				mgr.stop()
-				mgr = startManager()
-			})
+			harness.Replace(&mgr, startManager, managerConfig{proxy: slow})
 			h := readyHost(uniqueName("hv"))
 			ns := newNamespace()
 			// The guest's squid: a loopback port nobody listens on yet.
-			squidAddr := freeAddr()
-			prober.listenAt(ip, squidAddr)
+			squidAddr := harness.FreeAddr()
+			prober.ListenAt(ip, squidAddr)
 			// The address comes with the agent's connected event, as on a
 			// real guest (the poll is a minute away).
 			dom := ns + ".booting"
@@ -382,11 +373,11 @@ var _ = Describe("KVM fleet", Ordered, func() {
 			want := int32(5)
 			if restart {
 				Eventually(failures).WithTimeout(time.Minute).Should(BeNumerically(">=", 2))
-				mgr.stop()
+				mgr.Stop()
 				// A manager that did not see the first probe (fault 6): it
 				// must back off too, not wait out the poll interval.
 				want = failures() + 5
-				mgr = startManager(slow)
+				mgr = startManager(managerConfig{proxy: slow})
 			}
 			// main's restarted manager probed once, then a minute later:
 			// it never got here.
@@ -413,9 +404,9 @@ var _ = Describe("KVM fleet", Ordered, func() {
 		Eventually(func() int { return h.fake.Blocked(virt.RPCDomainCreate) }).WithTimeout(20 * time.Second).Should(BeNumerically(">=", 1))
 		defines := h.fake.Calls(virt.RPCDomainDefineXMLFlags)
 
-		mgr.stop()
+		mgr.Stop()
 		release()
-		mgr = startManager()
+		mgr = startManager(managerConfig{})
 
 		giveAddress(h, ns, "restart", "192.0.2.18")
 		waitProxyPhase(ns, "restart", crawlv1.ProxyReady, 30*time.Second)
@@ -447,7 +438,7 @@ var _ = Describe("metrics endpoint", func() {
 
 		var body string
 		Eventually(func(g Gomega) {
-			resp, err := http.Get("http://" + mgr.metricsAddr + "/metrics")
+			resp, err := http.Get("http://" + mgr.MetricsAddr + "/metrics")
 			g.Expect(err).NotTo(HaveOccurred())
 			defer resp.Body.Close()
 			b, err := io.ReadAll(resp.Body)

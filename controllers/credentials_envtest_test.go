@@ -11,7 +11,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"go.uber.org/zap/zapcore"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,10 +18,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
-	"crawl.example.com/proxy-operator/internal/logkeys"
+	"crawl.example.com/proxy-operator/test/harness"
 )
 
 // lockedBuffer is a log sink several goroutines write to.
@@ -47,26 +45,12 @@ var _ = Describe("credentials", func() {
 	It("creates a managed Proxy with a generated credential that never reaches logs (V(2)), events or status", func() {
 		// The manager of this spec logs everything up to V(2) into logs.
 		logs := &lockedBuffer{}
-		mgr.stop()
-		mgr = startManagerLogging(logkeys.Wrap(zap.New(zap.WriteTo(logs), zap.UseDevMode(true), zap.Level(zapcore.Level(-2)))))
-		DeferCleanup(func() {
-			mgr.stop()
-			mgr = startManager()
-		})
+		harness.Replace(&mgr, startManager, managerConfig{log: harness.Logger(logs, 2)})
 
 		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		p := &crawlv1.Proxy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "secure"},
-			Spec: crawlv1.ProxySpec{
-				Provider:  crawlv1.ProviderKVM,
-				Placement: crawlv1.ProxyPlacement{Host: h.name, Image: image},
-				Port:      3128,
-				// As the webhook defaults it (this suite runs without webhooks).
-				Access: managedAccessFor(""),
-			},
-		}
+		p := managedProxy(ns, "secure", h.name, image)
 		Expect(k8sClient.Create(ctx, p)).To(Succeed())
 		giveAddress(h, ns, "secure", "192.0.2.41")
 		p = waitProxyPhase(ns, "secure", crawlv1.ProxyReady, 30*time.Second)
@@ -181,17 +165,11 @@ var _ = Describe("credentials", func() {
 	})
 
 	It("reacts at once when the operator's credential Secret is deleted, not at the next probe", func() {
-		mgr.stop()
-		mgr = startManager(func(o *ProxyOptions) { o.ProbeInterval = 10 * time.Minute })
-		DeferCleanup(func() {
-			mgr.stop()
-			mgr = startManager()
-		})
+		harness.Replace(&mgr, startManager, managerConfig{proxy: func(o *ProxyOptions) { o.ProbeInterval = 10 * time.Minute }})
 		image := servedImage()
 		h := readyHost(uniqueName("hv"))
 		ns := newNamespace()
-		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lost"},
-			Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: h.name, Image: image}, Port: 3128, Access: managedAccessFor("")}}
+		p := managedProxy(ns, "lost", h.name, image)
 		Expect(k8sClient.Create(ctx, p)).To(Succeed())
 		giveAddress(h, ns, "lost", "192.0.2.43")
 		waitProxyPhase(ns, "lost", crawlv1.ProxyReady, 30*time.Second)
@@ -216,6 +194,14 @@ var _ = Describe("credentials", func() {
 
 // managedAccessFor is spec.access as the webhook defaults it, with the
 // user's credential Secret secretRef ("" for a generated credential).
+// managedProxy is a kvm Proxy on host with a managed squid and a generated
+// credential, as the webhook defaults it (this suite runs without
+// webhooks).
+func managedProxy(ns, name, host, image string) *crawlv1.Proxy {
+	return &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: host, Image: image}, Port: 3128, Access: managedAccessFor("")}}
+}
+
 func managedAccessFor(secretRef string) *crawlv1.ProxyAccess {
 	a := &crawlv1.ProxyAccess{Managed: ptr.To(true), AllowedSourceCIDRs: []string{"10.244.0.0/16"},
 		Auth: &crawlv1.ProxyAuth{Type: crawlv1.ProxyAuthBasic}, AllowedPorts: []int32{80, 443}, MaxConnectionsPerClient: 256}

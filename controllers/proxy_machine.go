@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -120,11 +121,15 @@ func (r *ProxyReconciler) neverPlaced(p *crawlv1.Proxy, m *provider.Machine) boo
 // attachSquid gives m the operator-managed squid configuration of p
 // (spec.access, the credential, the port and the manager's probe
 // sources), which every provider renders with squid.Render; nil when the
-// user's cloud-init owns squid. spec.access passed the rules admission
-// applies in reconcilePolicy.
+// user's cloud-init owns squid, and then the sources spec.access admits,
+// for a provider that guards them itself. spec.access passed the rules
+// admission applies in reconcilePolicy.
 func (r *ProxyReconciler) attachSquid(p *crawlv1.Proxy, m *provider.Machine, creds *credentials) {
-	m.Squid = nil
+	m.Squid, m.AllowedSourceCIDRs = nil, nil
 	if !p.IsManaged() {
+		if p.Spec.Access != nil {
+			m.AllowedSourceCIDRs = slices.Clone(p.Spec.Access.AllowedSourceCIDRs)
+		}
 		return
 	}
 	var auth squid.Auth

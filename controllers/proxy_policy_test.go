@@ -16,6 +16,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/internal/proxyaccess"
+	"crawl.example.com/proxy-operator/test/harness"
 )
 
 // TestStoredProxyPastTheManagersRulesIsRefused: a Proxy stored past the
@@ -114,12 +115,7 @@ var _ = Describe("the manager's admission rules, for Proxies stored past them", 
 		// The grant reaches the controller through Setup.
 		grant, err := proxyaccess.ParseGrants("169.254.169.254/32")
 		Expect(err).NotTo(HaveOccurred())
-		mgr.stop()
-		mgr = startManager(func(o *ProxyOptions) { o.DestinationExceptionGrants = grant })
-		DeferCleanup(func() {
-			mgr.stop()
-			mgr = startManager()
-		})
+		harness.Replace(&mgr, startManager, managerConfig{proxy: func(o *ProxyOptions) { o.DestinationExceptionGrants = grant }})
 		giveAddress(h, ns, "metadata", "192.0.2.44")
 		waitProxyPhase(ns, "metadata", crawlv1.ProxyReady, 40*time.Second)
 		deleteProxy(ns, "metadata")

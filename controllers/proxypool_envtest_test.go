@@ -116,8 +116,8 @@ var _ = Describe("ProxyPool", Ordered, func() {
 
 		By("a replica that stops serving leaves the published list at once")
 		sick := waitPoolReady(pool, 5)[2]
-		prober.setDown(getProxy(ns, sick).Status.Address, true)
-		DeferCleanup(prober.setDown, getProxy(ns, sick).Status.Address, false)
+		prober.SetDown(getProxy(ns, sick).Status.Address, true)
+		DeferCleanup(prober.SetDown, getProxy(ns, sick).Status.Address, false)
 		waitProxyReady(ns, sick, false)
 		notReadyAt := time.Now()
 		Eventually(func() []string { return published.last(pool) }).WithTimeout(2 * time.Second).WithPolling(20 * time.Millisecond).
@@ -243,8 +243,8 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		w.arm(5, 1, 1) // one replica down by the test's hand
 
 		victim := getProxy(ns, names[0])
-		prober.setDown(victim.Status.Address, true)
-		DeferCleanup(prober.setDown, victim.Status.Address, false)
+		prober.SetDown(victim.Status.Address, true)
+		DeferCleanup(prober.SetDown, victim.Status.Address, false)
 		waitProxyGone(ns, victim.Name, 30*time.Second)
 		waitPoolReady(pool, 5)
 		Expect(w.createdNames()).To(HaveLen(6))
@@ -262,8 +262,8 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		now := readyPoolReplicas(pool)
 		Expect(now).To(HaveLen(5))
 		for _, p := range now[:3] {
-			prober.setDown(p.Status.Address, true)
-			DeferCleanup(prober.setDown, p.Status.Address, false)
+			prober.SetDown(p.Status.Address, true)
+			DeferCleanup(prober.SetDown, p.Status.Address, false)
 		}
 		Eventually(func() string { return conditions.GetReason(getPool(pool), crawlv1.PoolRemediationAllowedCondition) }).
 			WithTimeout(20 * time.Second).Should(Equal(crawlv1.PoolTooManyUnhealthyReason))
@@ -280,7 +280,7 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		// which they do a moment apart).
 		updatePool(pool, func(p *crawlv1.ProxyPool) { p.Spec.Paused = true })
 		for _, p := range now[:3] {
-			prober.setDown(p.Status.Address, false)
+			prober.SetDown(p.Status.Address, false)
 		}
 		waitPoolReady(pool, 5)
 		updatePool(pool, func(p *crawlv1.ProxyPool) { p.Spec.Paused = false })

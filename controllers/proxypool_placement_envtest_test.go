@@ -85,7 +85,7 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 	// reconcile: from the manager's cache, status included.
 	relist := func() {
 		list := &crawlv1.ProxyList{}
-		Expect(mgr.client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{crawlv1.PoolNameLabel: pool.Name})).To(Succeed())
+		Expect(mgr.Client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{crawlv1.PoolNameLabel: pool.Name})).To(Succeed())
 		replicas = list.Items
 	}
 
@@ -99,7 +99,7 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 
 	checksOf := func(name string) hostChecks {
 		kh := &crawlv1.KVMHost{}
-		Expect(mgr.client.Get(ctx, client.ObjectKey{Name: name}, kh)).To(Succeed())
+		Expect(mgr.Client.Get(ctx, client.ObjectKey{Name: name}, kh)).To(Succeed())
 		return r.checksOf(kh)
 	}
 
@@ -148,12 +148,12 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 				}},
 			},
 		}
-		r = &ProxyPoolReconciler{Client: mgr.client, Plugins: Plugins()}
+		r = &ProxyPoolReconciler{Client: mgr.Client, Plugins: Plugins()}
 		// Placement reads the manager's cache, which may lag the reads above.
 		Eventually(func(g Gomega) {
 			for _, name := range []string{small, mid, big} {
 				kh := &crawlv1.KVMHost{}
-				g.Expect(mgr.client.Get(ctx, client.ObjectKey{Name: name}, kh)).To(Succeed())
+				g.Expect(mgr.Client.Get(ctx, client.ObjectKey{Name: name}, kh)).To(Succeed())
 				g.Expect(kh.Status.Capacity).NotTo(BeNil(), name)
 			}
 		}).WithTimeout(10 * time.Second).Should(Succeed())

@@ -15,6 +15,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/test/harness"
 )
 
 // Issue 31: a libvirtd that stops answering while SSH stays up. With the
@@ -26,7 +27,7 @@ var _ = Describe("a KVM host whose libvirtd stops answering lookups", Ordered, f
 	BeforeAll(withProductionProxyDefaults)
 
 	It("fails the Proxy's reconcile transiently at the lookup's deadline", func() {
-		Expect(mgr.proxy.ProviderCallTimeout).To(Equal(DefaultProviderCallTimeout), "the harness must run main's call budget")
+		Expect(mgr.Wiring.Proxy.ProviderCallTimeout).To(Equal(DefaultProviderCallTimeout), "the harness must run main's call budget")
 		h := readyHost(uniqueName("hv"))
 		image := servedImage()
 		release := h.fake.Block(virt.RPCDomainLookupByName)
@@ -78,7 +79,7 @@ var _ = Describe("a KVM host whose libvirtd stops answering altogether", Ordered
 	BeforeAll(withProductionProxyDefaults)
 
 	It("turns its Proxies away without an RPC, keeps what is known of them, and converges once it answers", func() {
-		Expect(mgr.proxy.ProviderCallTimeout).To(Equal(DefaultProviderCallTimeout))
+		Expect(mgr.Wiring.Proxy.ProviderCallTimeout).To(Equal(DefaultProviderCallTimeout))
 		h := stoppableHost(uniqueName("hv"))
 		image := servedImage()
 		ns := newNamespace()
@@ -213,7 +214,7 @@ func stoppableHost(name string) *testHost {
 // reread makes the Proxy's next reconcile read its instance, and asks for
 // that reconcile now, as a libvirt event about it would.
 func reread(ns, name string) {
-	mgr.proxy.MarkDirty(client.ObjectKey{Namespace: ns, Name: name})
+	mgr.Wiring.Proxy.MarkDirty(client.ObjectKey{Namespace: ns, Name: name})
 	Eventually(func() error {
 		p := getProxy(ns, name)
 		orig := p.DeepCopy()
@@ -229,10 +230,5 @@ func reread(ns, name string) {
 // options main ships (workers, call budget, poll and probe intervals)
 // until the container's specs are done.
 func withProductionProxyDefaults() {
-	mgr.stop()
-	mgr = startManager(func(o *ProxyOptions) { *o = ProxyOptions{PortWatch: o.PortWatch} })
-	DeferCleanup(func() {
-		mgr.stop()
-		mgr = startManager()
-	})
+	harness.Replace(&mgr, startManager, managerConfig{proxy: func(o *ProxyOptions) { *o = ProxyOptions{PortWatch: o.PortWatch} }})
 }

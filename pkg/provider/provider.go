@@ -65,6 +65,11 @@ type Machine struct {
 	// serves). nil when the user's cloud-init owns squid (managed: false).
 	// Auth.Password is plaintext: never log or record it.
 	Squid *squid.Config
+	// AllowedSourceCIDRs are an unmanaged Proxy's
+	// spec.access.allowedSourceCIDRs (Squid nil; a managed one's are
+	// Squid's): the clients a provider that guards the instance in front
+	// of squid admits (kubernetes: its NetworkPolicy).
+	AllowedSourceCIDRs []string
 
 	// GCP placement (gcp only).
 	Project     string

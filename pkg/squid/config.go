@@ -135,11 +135,7 @@ func (c Config) Validate() error {
 func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 	errs := c.validateListener(fldPath)
 
-	srcPath := fldPath.Child("allowedSourceCIDRs")
-	if len(c.AllowedSourceCIDRs) == 0 {
-		errs = append(errs, field.Required(srcPath, "list the client ranges that may use the proxy; an empty list would make it unusable or, worse, open"))
-	}
-	sources, srcErrs := parsePrefixes(srcPath, c.AllowedSourceCIDRs)
+	sources, srcErrs := parseSources(fldPath.Child("allowedSourceCIDRs"), c.AllowedSourceCIDRs)
 	errs = append(errs, srcErrs...)
 	errs = append(errs, c.validateAuth(fldPath, sources)...)
 
@@ -154,6 +150,25 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(fldPath.Child("maxConnectionsPerClient"), c.MaxConnectionsPerClient, fmt.Sprintf("must be positive (0 selects %d)", DefaultMaxConnectionsPerClient)))
 	}
 	return append(errs, c.validatePaths(fldPath.Child("paths"))...)
+}
+
+// ValidateSources checks client ranges (at path) as AllowedSourceCIDRs
+// must be: at least one, each a CIDR squid and a NetworkPolicy read alike.
+// For a provider that admits an unmanaged Proxy's clients by them
+// itself.
+func ValidateSources(path *field.Path, cidrs []string) field.ErrorList {
+	_, errs := parseSources(path, cidrs)
+	return errs
+}
+
+// parseSources is ValidateSources, returning the parsed ranges.
+func parseSources(path *field.Path, cidrs []string) ([]netip.Prefix, field.ErrorList) {
+	var errs field.ErrorList
+	if len(cidrs) == 0 {
+		errs = append(errs, field.Required(path, "list the client ranges that may use the proxy; an empty list would make it unusable or, worse, open"))
+	}
+	sources, parseErrs := parsePrefixes(path, cidrs)
+	return sources, append(errs, parseErrs...)
 }
 
 // validateListener checks where squid listens.

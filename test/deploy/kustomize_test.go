@@ -30,7 +30,8 @@ func TestEveryKustomizationBuilds(t *testing.T) {
 	dirs := kustomizationDirs(t)
 	for _, want := range []string{
 		"config/certmanager", "config/crd", "config/default", "config/manager",
-		"config/prometheus", "config/rbac", "config/samples", "config/webhook",
+		"config/namespaced", "config/prometheus", "config/rbac", "config/samples",
+		"config/webhook",
 	} {
 		if !slices.Contains(dirs, want) {
 			t.Errorf("no kustomization in %s (found %v)", want, dirs)
@@ -48,7 +49,7 @@ func TestEveryKustomizationBuilds(t *testing.T) {
 // TestManagerDeployment checks the manager Deployment as config/manager
 // defines it and as config/default installs it.
 func TestManagerDeployment(t *testing.T) {
-	for _, dir := range []string{"config/manager", "config/default"} {
+	for _, dir := range []string{"config/manager", "config/default", "config/namespaced"} {
 		t.Run(dir, func(t *testing.T) {
 			d := managerDeployment(t, kustomizeBuild(t, dir))
 			for _, p := range managerProblems(d) {
@@ -498,19 +499,6 @@ func TestMetricsAreAuthenticatedHTTPS(t *testing.T) {
 // same. The SSH Secrets keep their Role in the manager's namespace.
 func TestSecretsGrantedOnlyAsProxyCredentialsNeed(t *testing.T) {
 	objs := kustomizeBuild(t, "config/default")
-	secretVerbs := func(o *unstructured.Unstructured) []string {
-		var verbs []string
-		rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
-		for _, r := range rules {
-			res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
-			if slices.Contains(res, "secrets") || slices.Contains(res, "*") {
-				v, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "verbs")
-				verbs = append(verbs, v...)
-			}
-		}
-		slices.Sort(verbs)
-		return verbs
-	}
 	grantsSecrets := func(o *unstructured.Unstructured) bool { return len(secretVerbs(o)) > 0 }
 	for _, cr := range find(objs, "ClusterRole", "") {
 		want := []string(nil)
@@ -533,6 +521,22 @@ func TestSecretsGrantedOnlyAsProxyCredentialsNeed(t *testing.T) {
 	if ns := podNamespaceEnv(managerOf(d)); ns != "metadata.namespace" {
 		t.Errorf("manager's POD_NAMESPACE comes from %q, want the downward API metadata.namespace", ns)
 	}
+}
+
+// secretVerbs are the verbs o (a Role or ClusterRole) grants on Secrets,
+// sorted.
+func secretVerbs(o *unstructured.Unstructured) []string {
+	var verbs []string
+	rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+	for _, r := range rules {
+		res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+		if slices.Contains(res, "secrets") || slices.Contains(res, "*") {
+			v, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "verbs")
+			verbs = append(verbs, v...)
+		}
+	}
+	slices.Sort(verbs)
+	return verbs
 }
 
 // podNamespaceEnv is the fieldRef of c's POD_NAMESPACE, or "".

@@ -55,11 +55,11 @@ var _ = Describe("gcp provider", func() {
 	It("says a missing firewall rule is why a gcp proxy's port is closed", func() {
 		ns := newNamespace()
 		p := createProxy(ns, "walled", crawlv1.ProviderGCP)
-		prober.closePort("203.0.113.20")
+		prober.SetDown("203.0.113.20", true)
 		bootInstance(p, "203.0.113.20")
 
 		// As the Checker does at start-up: the fake project has no rule.
-		checker := &provider.Checker{Registry: mgr.registry}
+		checker := &provider.Checker{Registry: mgr.Wiring.Registry}
 		checker.CheckAll(ctx)
 		Eventually(func(g Gomega) {
 			p := getProxy(ns, "walled")
@@ -71,7 +71,7 @@ var _ = Describe("gcp provider", func() {
 		computeFake.PutFirewall(gcpProject, &compute.Firewall{Name: "allow-proxy", TargetTags: []string{gcp.DefaultNetworkTag},
 			SourceRanges: []string{"10.0.0.0/8"}, Allowed: []*compute.FirewallAllowed{{IPProtocol: "tcp", Ports: []string{"3128"}}}})
 		checker.CheckAll(ctx)
-		Expect(mgr.registry.CheckError(gcp.Name)).To(BeNil())
+		Expect(mgr.Wiring.Registry.CheckError(gcp.Name)).To(BeNil())
 	})
 
 	It("releases a Proxy with skip-cleanup and leaves its instance running", func() {
@@ -104,7 +104,7 @@ var _ = Describe("gcp provider", func() {
 		otherUID := string(uuid.NewUUID())
 		putInstance(name, gcpLabels("other-install", ns, "contested", otherUID))
 		DeferCleanup(deleteInstance, ns, "contested", otherUID, name)
-		mgr.proxy.MarkDirty(client.ObjectKeyFromObject(p))
+		mgr.Wiring.Proxy.MarkDirty(client.ObjectKeyFromObject(p))
 		p = waitPhaseReason(ns, "contested", crawlv1.ProxyFailed, crawlv1.ProxyForeignInstanceReason, 15*time.Second)
 		Expect(conditions.GetMessage(p, crawlv1.ReadyCondition)).To(ContainSubstring("is not this Proxy's"))
 
@@ -151,7 +151,7 @@ var _ = Describe("gcp provider", func() {
 		noInstall := put("ghost", testTag)
 		untagged := put("ghost", "")
 
-		n, err := mgr.gc.Sweep(ctx)
+		n, err := mgr.Wiring.Sweep.Sweep(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(n).To(BeNumerically(">=", 2))
 		for _, name := range []string{orphan, stale} {

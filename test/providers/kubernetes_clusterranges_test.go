@@ -28,7 +28,7 @@ import (
 var _ = Describe("kubernetes provider and the cluster's own ranges", func() {
 	It("refuses a new ServiceCIDR and a new node's ranges in place, and forgets a node that left", func() {
 		ns := newNamespace()
-		prov, err := mgr.registry.Get(ctx, kubernetes.Name)
+		prov, err := mgr.Wiring.Registry.Get(ctx, kubernetes.Name)
 		Expect(err).NotTo(HaveOccurred())
 		m := &provider.Machine{
 			Namespace: ns, Name: "ranges", UID: string(uuid.NewUUID()), Tag: testTag, Port: 3128,

@@ -75,7 +75,7 @@ var _ = Describe("kubernetes provider", func() {
 		Expect(conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition)).To(BeTrue())
 		Expect(conditions.IsTrue(p, crawlv1.ProxyHealthyCondition)).To(BeTrue())
 		Expect(controllerutil.ContainsFinalizer(p, crawlv1.ProxyFinalizer)).To(BeTrue())
-		Expect(prober.count("10.244.1.7")).To(BeNumerically(">", 0))
+		Expect(prober.Probes("10.244.1.7")).To(BeNumerically(">", 0))
 
 		deleteProxy(ns, "squid")
 		waitProxyGone(ns, "squid", 15*time.Second)
@@ -194,7 +194,7 @@ var _ = Describe("kubernetes provider", func() {
 			}).WithTimeout(10 * time.Second).Should(Succeed())
 			foreign := &corev1.Pod{}
 			Expect(k8sClient.Get(ctx, key, foreign)).To(Succeed())
-			mgr.proxy.MarkDirty(client.ObjectKeyFromObject(p))
+			mgr.Wiring.Proxy.MarkDirty(client.ObjectKeyFromObject(p))
 
 			p = waitPhaseReason(ns, "contested", crawlv1.ProxyFailed, crawlv1.ProxyForeignInstanceReason, 15*time.Second)
 			Expect(conditions.GetMessage(p, crawlv1.ReadyCondition)).To(ContainSubstring("is not this Proxy's"))
@@ -249,7 +249,7 @@ var _ = Describe("kubernetes provider", func() {
 
 		deleted := 0
 		Eventually(func(g Gomega) {
-			n, err := mgr.gc.Sweep(ctx)
+			n, err := mgr.Wiring.Sweep.Sweep(ctx)
 			deleted += n
 			g.Expect(err).NotTo(HaveOccurred())
 			g.Expect(podExists(orphanKey)).To(BeFalse(), "orphan pod not swept")

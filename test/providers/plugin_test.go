@@ -22,17 +22,14 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/controllers"
 	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
-	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 	"crawl.example.com/proxy-operator/test/envtestutil"
+	"crawl.example.com/proxy-operator/test/harness"
 )
 
 // The toy provider exists only in this file: its provider.Provider (an
@@ -176,58 +173,30 @@ var _ = Describe("a provider registered only in a test", Ordered, func() {
 	BeforeAll(func() {
 		// An API server of its own: this one runs the webhooks and knows
 		// the toy's name ("ghost": a name it admits that no plug-in serves).
-		env, err := envtestutil.New(true)
-		Expect(err).NotTo(HaveOccurred())
-		env.CRDDirectoryPaths = []string{crdsWith(toyName, "ghost")}
-		cfg, err := env.Start()
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func() { Expect(env.Stop()).To(Succeed()) })
-		c, err = client.New(cfg, client.Options{Scheme: scheme})
-		Expect(err).NotTo(HaveOccurred())
-
-		opts := &env.WebhookInstallOptions
-		m, err := ctrl.NewManager(cfg, controllers.ManagerOptions(ctrl.Options{
-			Scheme:                 scheme,
-			Metrics:                metricsserver.Options{BindAddress: "0"},
-			HealthProbeBindAddress: "0",
-			Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-			WebhookServer: webhook.NewServer(webhook.Options{
-				Host: opts.LocalServingHost, Port: opts.LocalServingPort, CertDir: opts.LocalServingCertDir,
-			}),
-		}))
-		Expect(err).NotTo(HaveOccurred())
+		toyEnv := harness.StartEnv(harness.EnvOptions{Webhooks: true, CRDDirs: []string{crdsWith(toyName, "ghost")}})
+		DeferCleanup(toyEnv.Stop)
+		c = toyEnv.Client
 
 		// The whole registration: the manager's list and one more entry,
 		// its Provider in the registry.
 		plugins := append(controllers.Plugins(), toyPlugin)
-		proxyWebhook := webhookv1.ProxyWebhook{Plugins: plugins}
-		Expect(proxyWebhook.SetupWithManager(m)).To(Succeed())
-		Expect((&webhookv1.ProxyPoolWebhook{Proxy: proxyWebhook}).SetupWithManager(m)).To(Succeed())
+		webhooks := func(m ctrl.Manager) error {
+			proxyWebhook := webhookv1.ProxyWebhook{Plugins: plugins}
+			if err := proxyWebhook.SetupWithManager(m); err != nil {
+				return err
+			}
+			return (&webhookv1.ProxyPoolWebhook{Proxy: proxyWebhook}).SetupWithManager(m)
+		}
 		toy = newToyProvider()
-		registry := provider.NewRegistry()
-		registry.Add(toy)
-		mctx, cancel := context.WithCancel(context.Background())
-		w, err = controllers.Setup(mctx, m, controllers.Deps{
-			Registry: registry, Plugins: plugins, Prober: prober, Tag: testTag, InstallID: testInstallID,
-			Proxy: controllers.ProxyOptions{
-				ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond, AddressTimeout: time.Minute,
-				ResyncInterval: resyncInterval, Workers: 4, PortWatch: portwatch.Options{Dial: prober.dial},
-			},
-			Sweep: controllers.SweepOptions{Interval: time.Hour}, // swept by hand below
+		m := operator.Start(toyEnv, harness.ManagerConfig{Webhooks: webhooks}, func(ctrl.Manager) controllers.Deps {
+			registry := provider.NewRegistry()
+			registry.Add(toy)
+			deps := suiteDeps(registry)
+			deps.Plugins = plugins
+			return deps
 		})
-		Expect(err).NotTo(HaveOccurred())
-		done := make(chan struct{})
-		go func() {
-			defer GinkgoRecover()
-			defer close(done)
-			Expect(m.Start(mctx)).To(Succeed())
-		}()
-		DeferCleanup(func() {
-			cancel()
-			Eventually(done).WithTimeout(30 * time.Second).Should(BeClosed())
-		})
-		// The API server calls the webhooks over TLS; wait until they listen.
-		Eventually(func() error { return m.GetWebhookServer().StartedChecker()(nil) }).WithTimeout(30 * time.Second).Should(Succeed())
+		DeferCleanup(m.Stop)
+		w = m.Wiring
 
 		nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "toy-"}}
 		Expect(c.Create(ctx, nsObj)).To(Succeed())

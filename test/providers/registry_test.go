@@ -23,6 +23,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp"
 	"crawl.example.com/proxy-operator/pkg/provider/kubernetes"
+	"crawl.example.com/proxy-operator/test/harness"
 )
 
 var _ = Describe("provider registry", func() {
@@ -50,8 +51,7 @@ var _ = Describe("provider registry", func() {
 
 		// A manager whose gcp credentials file (a Secret not mounted yet)
 		// does not exist.
-		mgr.stop()
-		broken := startManager(managerConfig{
+		broken := harness.Replace(&mgr, startManager, managerConfig{
 			registryBackoff: 100 * time.Millisecond,
 			gcp: func(ctx context.Context) (provider.Provider, error) {
 				return gcp.New(ctx, gcp.Options{
@@ -59,10 +59,6 @@ var _ = Describe("provider registry", func() {
 					CredentialsFile: credFile, PollInterval: 20 * time.Millisecond,
 				})
 			},
-		})
-		DeferCleanup(func() {
-			broken.stop()
-			mgr = startManager(managerConfig{gcp: fakeGCP})
 		})
 
 		ns := newNamespace()
@@ -79,9 +75,9 @@ var _ = Describe("provider registry", func() {
 		startPod(local, "10.244.2.5")
 		waitProxyPhase(ns, "local", crawlv1.ProxyReady, 15*time.Second)
 		// The sweep skips a provider that is not built, and does not fail.
-		_, err := broken.gc.Sweep(ctx)
+		_, err := broken.Wiring.Sweep.Sweep(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(names(broken.registry.Constructed())).To(Equal([]string{kubernetes.Name}))
+		Expect(names(broken.Wiring.Registry.Constructed())).To(Equal([]string{kubernetes.Name}))
 
 		// The Secret is mounted: a later lookup builds the provider, with
 		// no restart, and the Proxy proceeds.

@@ -2,37 +2,23 @@ package providers
 
 import (
 	"context"
-	"errors"
-	"net"
-	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"go.uber.org/zap/zapcore"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"crawl.example.com/proxy-operator/controllers"
-	"crawl.example.com/proxy-operator/internal/logkeys"
 	"crawl.example.com/proxy-operator/pkg/portwatch"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp"
 	"crawl.example.com/proxy-operator/pkg/provider/gcp/gcptest"
 	"crawl.example.com/proxy-operator/pkg/provider/kubernetes"
-	"crawl.example.com/proxy-operator/pkg/proxyprobe"
-	"crawl.example.com/proxy-operator/test/envtestutil"
+	"crawl.example.com/proxy-operator/test/harness"
 )
 
 const (
@@ -52,16 +38,18 @@ const (
 )
 
 var (
-	testEnv   *envtest.Environment
-	cfg       *rest.Config
+	env       *harness.Env
 	k8sClient client.Client
-	scheme    = envtestutil.Scheme()
 	// computeFake is the Compute Engine API behind the gcp provider.
 	computeFake *gcptest.Server
-	prober      = &fakeProber{probes: map[string]int{}}
-	// mgr is the running manager; a spec that swaps it restores it.
-	mgr *harness
+	prober      = harness.NewProber()
+	// mgr is the running manager; a spec that needs another replaces it
+	// (harness.Replace).
+	mgr *harness.Manager[*controllers.Wiring]
 )
+
+// operator is the operator as main.go wires it.
+var operator = harness.Operator[controllers.Deps, *controllers.Wiring]{ManagerOptions: controllers.ManagerOptions, Setup: controllers.Setup}
 
 func TestProviders(t *testing.T) {
 	RegisterFailHandler(Fail)
@@ -69,30 +57,16 @@ func TestProviders(t *testing.T) {
 }
 
 var _ = BeforeSuite(func() {
-	logf.SetLogger(logkeys.Wrap(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true), zap.Level(zapcore.InfoLevel))))
-	var err error
-	// Fails (never skips) without KUBEBUILDER_ASSETS, saying how to get them.
-	testEnv, err = envtestutil.New(false)
-	Expect(err).NotTo(HaveOccurred())
-	cfg, err = testEnv.Start()
-	Expect(err).NotTo(HaveOccurred())
-	k8sClient, err = client.New(cfg, client.Options{Scheme: scheme})
-	Expect(err).NotTo(HaveOccurred())
+	harness.LogToGinkgo()
+	env = harness.StartEnv(harness.EnvOptions{})
+	DeferCleanup(env.Stop)
+	k8sClient = env.Client
 
 	computeFake = gcptest.NewServer()
-	mgr = startManager(managerConfig{gcp: fakeGCP})
-})
-
-var _ = AfterSuite(func() {
-	if mgr != nil {
-		mgr.stop()
-	}
-	if computeFake != nil {
-		computeFake.Close()
-	}
-	if testEnv != nil {
-		Expect(testEnv.Stop()).To(Succeed())
-	}
+	DeferCleanup(computeFake.Close)
+	mgr = startManager(managerConfig{})
+	// Cleanups run last-in first-out: the manager stops first.
+	DeferCleanup(func() { mgr.Stop() })
 })
 
 // fakeGCP builds the gcp provider against the Compute fake, as main.go's
@@ -109,106 +83,44 @@ func fakeGCP(ctx context.Context) (provider.Provider, error) {
 	})
 }
 
-// fakeProber stands in for the TCP/HTTP probe of the proxy port: envtest
-// pods and fake instances have addresses nobody listens on.
-type fakeProber struct {
-	mu     sync.Mutex
-	probes map[string]int
-	closed map[string]bool // addresses whose port refuses connections
-}
-
-func (p *fakeProber) Probe(_ context.Context, t proxyprobe.Target) proxyprobe.Result {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.probes[t.Address]++
-	if p.closed[t.Address] {
-		return proxyprobe.Result{Latency: time.Millisecond, Err: errors.New("connection refused")}
-	}
-	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
-}
-
-// dial is the port watch's dialer, agreeing with Probe: the fake
-// addresses are never dialed for real.
-func (p *fakeProber) dial(_ context.Context, _, addr string) (net.Conn, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed[host] {
-		return nil, errors.New("connection refused")
-	}
-	c, other := net.Pipe()
-	_ = other.Close()
-	return c, nil
-}
-
-// ProbeWithoutCredentials answers as squid with Basic auth does.
-func (p *fakeProber) ProbeWithoutCredentials(context.Context, proxyprobe.Target) proxyprobe.Result {
-	return proxyprobe.Result{OK: true, Through: true, StatusCode: http.StatusProxyAuthRequired, Latency: time.Millisecond}
-}
-
-// closePort makes probes of addr fail as a closed (or firewalled) port does.
-func (p *fakeProber) closePort(addr string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed == nil {
-		p.closed = map[string]bool{}
-	}
-	p.closed[addr] = true
-}
-
-func (p *fakeProber) count(addr string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.probes[addr]
-}
-
-// managerConfig varies what a harness enables.
+// managerConfig is how a spec's manager differs from the suite's (the zero
+// value).
 type managerConfig struct {
-	// gcp constructs the gcp provider on first use.
+	// gcp constructs the gcp provider on first use; nil: fakeGCP.
 	gcp provider.Constructor
 	// registryBackoff, when set, replaces the registry's retry backoff
 	// after a failed construction.
 	registryBackoff time.Duration
 }
 
-// harness is one running manager wired like main.go with providers
+// startManager starts a manager wired like main.go with providers
 // kubernetes and gcp enabled.
-type harness struct {
-	cancel   context.CancelFunc
-	done     chan struct{}
-	registry *provider.Registry
-	proxy    *controllers.ProxyReconciler
-	gc       *controllers.OrphanCollector
+func startManager(mc managerConfig) *harness.Manager[*controllers.Wiring] {
+	// As main.go does with the kubernetes provider enabled: only our pods
+	// and ConfigMaps are cached; foreign ones are read through the API
+	// reader.
+	cached := harness.ManagerConfig{Cache: cache.Options{ByObject: kubernetes.CacheByObject()}}
+	return operator.Start(env, cached, func(m ctrl.Manager) controllers.Deps {
+		registry := provider.NewRegistry()
+		if mc.registryBackoff > 0 {
+			registry.Backoff = func(int) time.Duration { return mc.registryBackoff }
+		}
+		// As main.go builds it: with the watch of the cluster's own ranges.
+		kp, err := kubernetes.NewForManager(m, kubernetes.Options{InstallID: testInstallID})
+		Expect(err).NotTo(HaveOccurred())
+		registry.Add(kp)
+		if mc.gcp == nil {
+			mc.gcp = fakeGCP
+		}
+		registry.Register(gcp.Name, mc.gcp)
+		return suiteDeps(registry)
+	})
 }
 
-func startManager(mc managerConfig) *harness {
-	mctx, cancel := context.WithCancel(context.Background())
-	m, err := ctrl.NewManager(cfg, controllers.ManagerOptions(ctrl.Options{
-		Scheme: scheme,
-		// As main.go does with the kubernetes provider enabled: only our
-		// pods and ConfigMaps are cached; foreign ones are read through
-		// the API reader.
-		Cache:                  cache.Options{ByObject: kubernetes.CacheByObject()},
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	}))
-	Expect(err).NotTo(HaveOccurred())
-
-	registry := provider.NewRegistry()
-	if mc.registryBackoff > 0 {
-		registry.Backoff = func(int) time.Duration { return mc.registryBackoff }
-	}
-	// As main.go builds it: with the watch of the cluster's own ranges.
-	kp, err := kubernetes.NewForManager(m, kubernetes.Options{InstallID: testInstallID})
-	Expect(err).NotTo(HaveOccurred())
-	registry.Add(kp)
-	registry.Register(gcp.Name, mc.gcp)
-
-	w, err := controllers.Setup(mctx, m, controllers.Deps{
+// suiteDeps is what every manager of the suite is given besides its
+// providers.
+func suiteDeps(registry *provider.Registry) controllers.Deps {
+	return controllers.Deps{
 		Registry:  registry,
 		Prober:    prober,
 		Tag:       testTag,
@@ -219,23 +131,9 @@ func startManager(mc managerConfig) *harness {
 			AddressTimeout:        time.Minute,
 			ResyncInterval:        resyncInterval,
 			Workers:               4,
-			PortWatch:             portwatch.Options{Dial: prober.dial},
+			PortWatch:             portwatch.Options{Dial: prober.Dial},
 		},
 		// The sweep never ticks during the suite; specs call Sweep directly.
 		Sweep: controllers.SweepOptions{Interval: time.Hour},
-	})
-	Expect(err).NotTo(HaveOccurred())
-	h := &harness{cancel: cancel, done: make(chan struct{}), registry: registry, proxy: w.Proxy, gc: w.Sweep}
-
-	go func() {
-		defer GinkgoRecover()
-		defer close(h.done)
-		Expect(m.Start(mctx)).To(Succeed())
-	}()
-	return h
-}
-
-func (h *harness) stop() {
-	h.cancel()
-	Eventually(h.done).WithTimeout(30 * time.Second).Should(BeClosed())
+	}
 }

@@ -196,3 +196,36 @@ func TestUnmanagedProxyIsAdmittedWithAWarning(t *testing.T) {
 		})
 	}
 }
+
+// TestUnmanagedKubernetesProxyNeedsSources: the kubernetes provider guards
+// an unmanaged Proxy's pod with a NetworkPolicy admitting its
+// allowedSourceCIDRs, so admission requires them, naming the field, and
+// checks each; providers that do not guard keep refusing the field.
+func TestUnmanagedKubernetesProxyNeedsSources(t *testing.T) {
+	unmanaged := func(provider crawlv1.ProviderName, sources ...string) *crawlv1.Proxy {
+		p := kvmProxy()
+		p.Spec.Provider = provider
+		if provider != crawlv1.ProviderKVM {
+			p.Spec.Placement = crawlv1.ProxyPlacement{}
+		}
+		p.Spec.Access = &crawlv1.ProxyAccess{Managed: ptr.To(false), AllowedSourceCIDRs: sources}
+		return p
+	}
+	for _, tc := range []struct {
+		name    string
+		p       *crawlv1.Proxy
+		wantErr string
+	}{
+		{"kubernetes without sources", unmanaged(crawlv1.ProviderKubernetes), "spec.access.allowedSourceCIDRs: Required value"},
+		{"kubernetes with sources", unmanaged(crawlv1.ProviderKubernetes, "10.244.0.0/16"), ""},
+		{"kubernetes with a bad source", unmanaged(crawlv1.ProviderKubernetes, "10.244.0.0/16", "10.1.2.3/8"),
+			`spec.access.allowedSourceCIDRs[1]: Invalid value: "10.1.2.3/8": has host bits set`},
+		{"kvm with sources", unmanaged(crawlv1.ProviderKVM, "10.244.0.0/16"),
+			"spec.access.allowedSourceCIDRs: Forbidden: only used when the operator manages squid"},
+		{"kvm without", unmanaged(crawlv1.ProviderKVM), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkErrs(t, proxyWebhook(false).ValidateProxy(tc.p).ToAggregate(), tc.wantErr)
+		})
+	}
+}

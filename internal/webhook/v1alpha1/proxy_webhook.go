@@ -16,6 +16,7 @@ import (
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/pkg/provider/plugin"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 // Smallest sizes a squid guest boots with.
@@ -221,7 +222,7 @@ func (w *ProxyWebhook) ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 	}
 	errs = append(errs, w.policy().ValidateCloudInit(s)...)
 
-	errs = append(errs, validateAccess(p, w.DestinationExceptionGrants)...)
+	errs = append(errs, validateAccess(p, w.DestinationExceptionGrants, w.Plugins.GuardsUnmanagedSources(string(s.Provider)))...)
 
 	if s.Port != 0 && (s.Port < 1 || s.Port > 65535) {
 		errs = append(errs, field.Invalid(spec.Child("port"), s.Port, "must be from 1 to 65535"))
@@ -246,10 +247,12 @@ func (w *ProxyWebhook) ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 // validateAccess checks spec.access: a managed squid by the renderer's own
 // rules (proxyaccess.Validate: allowedSourceCIDRs required, each a CIDR,
 // auth None only with narrow sources, ...), plus what only the API has (the
-// credential Secret's name). An unmanaged one may set nothing but managed.
+// credential Secret's name). An unmanaged one may set nothing but managed,
+// and allowedSourceCIDRs, which it must set, when its provider admits
+// clients by them itself (guardsSources: plugin.UnmanagedSourcesGuard).
 // The Secret itself is not read here: it may be created after the Proxy,
 // and the controller reports it missing.
-func validateAccess(p *crawlv1.Proxy, grants proxyaccess.Grants) field.ErrorList {
+func validateAccess(p *crawlv1.Proxy, grants proxyaccess.Grants, guardsSources bool) field.ErrorList {
 	a := p.Spec.Access
 	if a == nil {
 		return nil // stored before spec.access: unmanaged, as it was created
@@ -257,11 +260,14 @@ func validateAccess(p *crawlv1.Proxy, grants proxyaccess.Grants) field.ErrorList
 	path := proxyaccess.AccessPath
 	var errs field.ErrorList
 	if !p.IsManaged() {
+		if guardsSources {
+			errs = append(errs, squid.ValidateSources(path.Child("allowedSourceCIDRs"), a.AllowedSourceCIDRs)...)
+		}
 		for _, f := range []struct {
 			name string
 			set  bool
 		}{
-			{"allowedSourceCIDRs", len(a.AllowedSourceCIDRs) > 0},
+			{"allowedSourceCIDRs", !guardsSources && len(a.AllowedSourceCIDRs) > 0},
 			{"auth", a.Auth != nil},
 			{"allowedPorts", len(a.AllowedPorts) > 0},
 			{"extraDeniedDestinations", len(a.ExtraDeniedDestinations) > 0},

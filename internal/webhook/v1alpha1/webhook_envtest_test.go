@@ -240,6 +240,20 @@ var _ = Describe("admission through the API server", func() {
 			Expect(p.Spec.Access.Auth).To(BeNil(), "an unmanaged squid gets no access defaults")
 		})
 
+		It("requires allowedSourceCIDRs of an unmanaged kubernetes Proxy, naming the field: its NetworkPolicy admits only them", func() {
+			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "unmanaged-pod", Namespace: ns},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Access: &crawlv1.ProxyAccess{Managed: ptr.To(false)}}}
+			err := k8sClient.Create(ctx, p)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring("spec.access.allowedSourceCIDRs: Required value"))
+
+			p.Spec.Access.AllowedSourceCIDRs = []string{"10.244.0.0/16"}
+			warnings.take()
+			Expect(k8sClient.Create(ctx, p)).To(Succeed())
+			Expect(warnings.take()).To(ContainElement(ContainSubstring("spec.access.managed is false")))
+			Expect(p.Spec.Access.AllowedSourceCIDRs).To(Equal([]string{"10.244.0.0/16"}))
+		})
+
 		It("keeps a Proxy stored without spec.access unmanaged through updates", func() {
 			p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "legacy", Namespace: ns},
 				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes}}

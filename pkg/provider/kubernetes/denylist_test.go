@@ -100,6 +100,8 @@ func TestApplyClusterRangesUpdatesWhatProxiesRunWith(t *testing.T) {
 	want := []string{
 		"update NetworkPolicy " + podKey(managed).String(),
 		"update ConfigMap " + podKey(managed).String(),
+		// An unmanaged Proxy's pod is guarded by a NetworkPolicy too.
+		"update NetworkPolicy " + podKey(unmanaged).String(),
 		"update ConfigMap " + podKey(unmanaged).String(),
 	}
 	if strings.Join(writes, "\n") != strings.Join(want, "\n") {

@@ -83,10 +83,12 @@ func TestCreateBuildsObjects(t *testing.T) {
 	if strings.Index(conf, "http_access deny denied_destinations") > strings.Index(conf, "http_access allow allowed_sources") {
 		t.Error("destination deny must precede the client allow")
 	}
-	for _, obj := range []client.Object{&corev1.Secret{}, &networkingv1.NetworkPolicy{}} {
-		if err := c.Get(context.Background(), k, obj); !apierrors.IsNotFound(err) {
-			t.Errorf("unmanaged Proxy got a %T: %v", obj, err)
-		}
+	if err := c.Get(context.Background(), k, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		t.Errorf("unmanaged Proxy got a Secret: %v", err)
+	}
+	// Its NetworkPolicy is TestUnmanagedProxyGetsTheNetworkPolicy's.
+	if err := c.Get(context.Background(), k, &networkingv1.NetworkPolicy{}); err != nil {
+		t.Errorf("unmanaged Proxy has no NetworkPolicy: %v", err)
 	}
 
 	if len(pod.Spec.Containers) != 1 {

@@ -9,9 +9,10 @@ import (
 
 // Plugin is the kubernetes provider's part in the operator's generic code
 // (see package plugin): squid pods the provider spreads over nodes itself,
-// all running the manager's squid image.
+// all running the manager's squid image, each behind a NetworkPolicy that
+// admits only spec.access.allowedSourceCIDRs, managed or not.
 func Plugin() plugin.Plugin {
-	return plugin.Basic{Provider: Name, In: plugin.Nodes, Rules: validate}
+	return plugin.Basic{Provider: Name, In: plugin.Nodes, Rules: validate, UnmanagedSources: true}
 }
 
 func validate(p *crawlv1.Proxy, _ plugin.Policy) field.ErrorList {

@@ -5,16 +5,18 @@ import (
 
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/squid"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // DefaultAllowedClientCIDRs are the ranges pod and node addresses come
 // from in practically every cluster: RFC 1918, carrier-grade NAT (used by
-// some CNIs), IPv6 ULA. They are the built-in policy of an unmanaged Proxy
-// (no spec.access, or managed: false), which has no credential: reachable
-// only inside the cluster (no Service, no load balancer), such a proxy is
-// open to every pod of every tenant. A managed Proxy admits only its
-// spec.access.allowedSourceCIDRs, with a credential, behind a
-// NetworkPolicy. Clusters whose pod network uses other ranges set
+// some CNIs), IPv6 ULA. They are the squid.conf of an unmanaged Proxy (no
+// spec.access, or managed: false), which has no credential; its
+// NetworkPolicy admits only its spec.access.allowedSourceCIDRs (which
+// admission requires), or these ranges for a Proxy stored without them:
+// then it is open to every pod of every tenant. A managed Proxy admits
+// only its spec.access.allowedSourceCIDRs, with a credential, in squid and
+// in its NetworkPolicy. Clusters whose pod network uses other ranges set
 // Options.AllowedClientCIDRs.
 var DefaultAllowedClientCIDRs = []string{
 	"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7",
@@ -56,12 +58,11 @@ func (p *Provider) squidConfig(m *provider.Machine) (c squid.Config, managed boo
 
 // squidFiles are the rendered squid.conf and, with Basic auth, the
 // basic_ncsa_auth password file (nil otherwise) of one Proxy, as the
-// ConfigMap and the Secret carry them; for a managed Proxy also the
-// sources its NetworkPolicy admits.
+// ConfigMap and the Secret carry them, and the sources its NetworkPolicy
+// admits.
 type squidFiles struct {
 	Conf     []byte
 	Password []byte
-	Managed  bool
 	Sources  []string
 	// Own is what squid.conf refuses by itself, Cluster what the cluster's
 	// ranges add (the ClusterRangesKey file); see denylist.go.
@@ -85,9 +86,15 @@ func (p *Provider) renderSquid(m *provider.Machine, cluster []netip.Prefix) (squ
 	if err != nil {
 		return squidFiles{}, provider.Permanentf("kubernetes: squid configuration: %w", err)
 	}
-	f := squidFiles{Conf: conf, Managed: managed, auth: c.Auth, Own: own, Cluster: clusterDenied(own, cluster)}
-	if managed {
-		f.Sources = c.AllowedSourceCIDRs
+	f := squidFiles{Conf: conf, auth: c.Auth, Own: own, Cluster: clusterDenied(own, cluster), Sources: c.AllowedSourceCIDRs}
+	if !managed && len(m.AllowedSourceCIDRs) > 0 {
+		// Squid admits the built-in policy's ranges; the NetworkPolicy only
+		// the Proxy's own (admission requires them). A Proxy stored without
+		// them keeps the built-in ranges there too.
+		if errs := squid.ValidateSources(field.NewPath("spec", "access", "allowedSourceCIDRs"), m.AllowedSourceCIDRs); len(errs) > 0 {
+			return squidFiles{}, provider.Permanentf("kubernetes: %w", errs.ToAggregate())
+		}
+		f.Sources = m.AllowedSourceCIDRs
 	}
 	if c.Auth.Type == squid.AuthBasic {
 		if f.Password, err = squid.PasswordFile(c.Auth); err != nil {

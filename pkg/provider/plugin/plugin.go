@@ -168,6 +168,8 @@ type Basic struct {
 	In       Domain
 	Defaults func(s *crawlv1.ProxySpec)
 	Rules    func(p *crawlv1.Proxy, policy Policy) field.ErrorList
+	// UnmanagedSources: see UnmanagedSourcesGuard.
+	UnmanagedSources bool
 }
 
 var _ Plugin = Basic{}
@@ -188,6 +190,18 @@ func (b Basic) Validate(p *crawlv1.Proxy, policy Policy) field.ErrorList {
 		return nil
 	}
 	return b.Rules(p, policy)
+}
+
+// GuardsUnmanagedSources implements UnmanagedSourcesGuard.
+func (b Basic) GuardsUnmanagedSources() bool { return b.UnmanagedSources }
+
+// UnmanagedSourcesGuard is a plug-in whose provider admits the clients of
+// an unmanaged Proxy (spec.access.managed: false) by its
+// spec.access.allowedSourceCIDRs itself, in front of the squid it does not
+// configure (the kubernetes provider's NetworkPolicy). When it says so,
+// admission requires that field of such a Proxy instead of refusing it.
+type UnmanagedSourcesGuard interface {
+	GuardsUnmanagedSources() bool
 }
 
 // VolumeSweeper is a sweep extra a provider may implement (kvm does): it
@@ -234,6 +248,14 @@ func (l List) NamesIn(d Domain) []string {
 		}
 	}
 	return out
+}
+
+// GuardsUnmanagedSources reports whether the provider name admits an
+// unmanaged Proxy's clients by spec.access.allowedSourceCIDRs
+// (UnmanagedSourcesGuard).
+func (l List) GuardsUnmanagedSources(name string) bool {
+	g, ok := l.Get(name).(UnmanagedSourcesGuard)
+	return ok && g.GuardsUnmanagedSources()
 }
 
 // DomainOf is the domain of the provider name, "" when none is listed.
