@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"sort"
 	"sync"
 	"testing"
@@ -111,13 +112,20 @@ type Hosts struct {
 	mu        sync.Mutex
 	names     map[string]string        // name → domain type
 	intervals map[string]time.Duration // name → its own check interval
+	bridges   map[string]bridge        // name → its bridge, when not on NetworkName
+}
+
+// bridge is a host's network when its VMs sit on a bridge.
+type bridge struct {
+	name        string
+	nameservers []netip.Addr
 }
 
 var _ kvm.HostSource = (*Hosts)(nil)
 
 // NewHosts returns a source knowing names.
 func NewHosts(names ...string) *Hosts {
-	h := &Hosts{names: map[string]string{}, intervals: map[string]time.Duration{}}
+	h := &Hosts{names: map[string]string{}, intervals: map[string]time.Duration{}, bridges: map[string]bridge{}}
 	for _, n := range names {
 		h.Add(n)
 	}
@@ -139,6 +147,15 @@ func (h *Hosts) SetCheckInterval(name string, d time.Duration) {
 	h.intervals[name] = d
 }
 
+// SetBridge puts name's VMs on the host bridge br, with nameservers for
+// those given a static address, as a KVMHost with networkMode bridge and
+// spec.nameservers does.
+func (h *Hosts) SetBridge(name, br string, nameservers ...netip.Addr) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.bridges[name] = bridge{name: br, nameservers: nameservers}
+}
+
 // Remove forgets name.
 func (h *Hosts) Remove(name string) {
 	h.mu.Lock()
@@ -151,18 +168,24 @@ func (h *Hosts) Host(_ context.Context, name string) (kvm.HostSpec, error) {
 	h.mu.Lock()
 	typ, ok := h.names[name]
 	interval := h.intervals[name]
+	br, bridged := h.bridges[name]
 	h.mu.Unlock()
 	if !ok {
 		return kvm.HostSpec{}, provider.Permanent(fmt.Errorf("host %q: %w", name, conn.ErrHostNotConfigured))
 	}
-	return kvm.HostSpec{
+	hs := kvm.HostSpec{
 		Conn:          conn.HostConfig{Name: name, Address: name + ":22", User: "root"},
 		Material:      func(context.Context) (*conn.Material, error) { return &conn.Material{}, nil },
 		Pool:          PoolName,
 		Network:       domxml.Network{Type: domxml.NetworkTypeNetwork, Name: NetworkName},
 		DomainType:    typ,
 		CheckInterval: interval,
-	}, nil
+	}
+	if bridged {
+		hs.Network = domxml.Network{Type: domxml.NetworkTypeBridge, Name: br.name}
+		hs.Nameservers = br.nameservers
+	}
+	return hs, nil
 }
 
 // List implements kvm.HostSource.
