@@ -41,6 +41,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 	"crawl.example.com/proxy-operator/test/envtestutil"
+	"crawl.example.com/proxy-operator/test/ipamtest"
 )
 
 const (
@@ -309,6 +310,9 @@ func startManagerLogging(log logr.Logger, tune ...func(*ProxyOptions)) *harness 
 		},
 	})
 	Expect(err).NotTo(HaveOccurred())
+	// An IPAM provider serving the suite's pools, as a cluster with one
+	// installed would.
+	Expect((&ipamtest.Provider{Pools: ipamPools()}).SetupWithManager(m)).To(Succeed())
 	h := &harness{cancel: cancel, done: make(chan struct{}), provider: w.KVM, proxy: w.Proxy, gc: w.Sweep, registry: w.Registry, client: m.GetClient(), metricsAddr: metricsAddr}
 	go func() {
 		defer GinkgoRecover()

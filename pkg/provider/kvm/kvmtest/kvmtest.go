@@ -4,10 +4,12 @@
 package kvmtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/kdomanski/iso9660"
 	testclock "k8s.io/utils/clock/testing"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -294,4 +297,34 @@ func StepSettled(clk *testclock.FakeClock, d time.Duration) {
 	for end := time.Now().Add(5 * time.Second); clk.Waiters() < before && time.Now().Before(end); {
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// SeedFiles reads the files of the seed ISO Create uploaded for the Proxy
+// with UID uid on f, by name.
+func SeedFiles(f *fake.Fake, uid string) (map[string][]byte, error) {
+	iso, err := f.VolumeBytes(PoolName, domxml.SeedVolumeName(uid))
+	if err != nil {
+		return nil, err
+	}
+	img, err := iso9660.OpenImage(bytes.NewReader(iso))
+	if err != nil {
+		return nil, err
+	}
+	root, err := img.RootDir()
+	if err != nil {
+		return nil, err
+	}
+	children, err := root.GetChildren()
+	if err != nil {
+		return nil, err
+	}
+	files := map[string][]byte{}
+	for _, c := range children {
+		b, err := io.ReadAll(c.Reader())
+		if err != nil {
+			return nil, err
+		}
+		files[c.Name()] = b
+	}
+	return files, nil
 }
