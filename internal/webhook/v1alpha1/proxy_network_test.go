@@ -70,3 +70,18 @@ func TestValidateKVMHostNameservers(t *testing.T) {
 	h.Spec.Nameservers = append(h.Spec.Nameservers, "dns.example")
 	checkErrs(t, ValidateKVMHost(h).ToAggregate(), `spec.nameservers[2]: Invalid value: "dns.example": must be an IP address`)
 }
+
+// A pool template is judged as its replicas: a pool reference is admitted
+// on kvm and refused, under the template's path, elsewhere.
+func TestProxyPoolTemplateAddressPools(t *testing.T) {
+	p := goodPool()
+	p.Spec.Template.Spec.Network = &crawlv1.ProxyNetwork{AddressesFromPools: []ipamv1.IPPoolReference{inClusterPool("routed")}}
+	checkErrs(t, poolWebhook().validate(p).ToAggregate(), "")
+
+	p.Spec.Template.Spec.Network.AddressesFromPools[0].Kind = "IPPool"
+	checkErrs(t, poolWebhook().validate(p).ToAggregate(), `spec.template.spec.network.addressesFromPools[0].kind: Unsupported value: "IPPool"`)
+
+	p.Spec.Template.Spec.Network.AddressesFromPools[0].Kind = "InClusterIPPool"
+	p.Spec.Template.Spec.Provider, p.Spec.Template.Spec.Placement = crawlv1.ProviderKubernetes, crawlv1.ProxyPlacement{}
+	checkErrs(t, poolWebhook().validate(p).ToAggregate(), "spec.template.spec.network.addressesFromPools: Forbidden: provider kubernetes")
+}
