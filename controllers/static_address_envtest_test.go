@@ -89,9 +89,21 @@ func getClaim(ns, name string) (*ipamv1.IPAddressClaim, error) {
 	return c, k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, c)
 }
 
-// expectReleased waits until the Proxy, its claim and the claim's
-// IPAddress are all gone.
-func expectReleased(ns, proxy, claim string) {
+// staticProxyOnNewHost starts a bridged host and creates, in a new
+// namespace, the Proxy name on it claiming from pool; it returns the
+// host, the namespace and the image.
+func staticProxyOnNewHost(name, pool string) (*testHost, string, string) {
+	h := bridgedHost(uniqueName("hv"))
+	ns, image := newNamespace(), servedImage()
+	createStaticProxy(ns, name, h.name, image, pool)
+	return h, ns, image
+}
+
+// deleteAndExpectReleased deletes the Proxy and waits until it, its
+// claim and the claim's IPAddress are all gone.
+func deleteAndExpectReleased(ns, proxy string) {
+	deleteProxy(ns, proxy)
+	claim := proxy + "-0"
 	waitProxyGone(ns, proxy, 30*time.Second)
 	Eventually(func() bool {
 		_, err := getClaim(ns, claim)
@@ -109,9 +121,7 @@ func noDomain(h *testHost, ns, name string) {
 
 var _ = Describe("Static addresses from an IPAM pool", func() {
 	It("claims the address, owned by the Proxy, and waits naming the pool while it is not bound, creating nothing", func() {
-		h := bridgedHost(uniqueName("hv"))
-		ns, image := newNamespace(), servedImage()
-		createStaticProxy(ns, "p1", h.name, image, emptyPool)
+		h, ns, _ := staticProxyOnNewHost("p1", emptyPool)
 
 		p := waitProvisionedReason(ns, "p1", crawlv1.ProxyWaitingForIPAddressReason, 20*time.Second)
 		Expect(conditions.GetMessage(p, crawlv1.InstanceProvisionedCondition)).To(
@@ -128,14 +138,11 @@ var _ = Describe("Static addresses from an IPAM pool", func() {
 		Expect(owner.BlockOwnerDeletion).To(Equal(ptr.To(true)))
 		noDomain(h, ns, "p1")
 
-		deleteProxy(ns, "p1")
-		expectReleased(ns, "p1", "p1-0")
+		deleteAndExpectReleased(ns, "p1")
 	})
 
 	It("boots the instance with the bound address, its MAC and the host's DNS, reports it as the egress, and releases the claim on delete", func() {
-		h := bridgedHost(uniqueName("hv"))
-		ns, image := newNamespace(), servedImage()
-		createStaticProxy(ns, "p1", h.name, image, routedPool)
+		h, ns, _ := staticProxyOnNewHost("p1", routedPool)
 
 		addr := &ipamv1.IPAddress{}
 		Eventually(func() error { return k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "p1-0"}, addr) }).
@@ -161,16 +168,13 @@ var _ = Describe("Static addresses from an IPAM pool", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(files[seed.NetworkConfigFile])).To(Equal(string(want)))
 
-		deleteProxy(ns, "p1")
-		expectReleased(ns, "p1", "p1-0")
+		deleteAndExpectReleased(ns, "p1")
 		_, ok = h.fake.Domain(ns + ".p1")
 		Expect(ok).To(BeFalse(), "domain left behind")
 	})
 
 	It("refuses an IPAddress whose gateway lies outside its prefix, naming the field, and boots nothing", func() {
-		h := bridgedHost(uniqueName("hv"))
-		ns, image := newNamespace(), servedImage()
-		createStaticProxy(ns, "p1", h.name, image, badGatewayPool)
+		h, ns, _ := staticProxyOnNewHost("p1", badGatewayPool)
 
 		p := waitProvisionedReason(ns, "p1", crawlv1.ProxyPermanentErrorReason, 20*time.Second)
 		Expect(conditions.GetMessage(p, crawlv1.InstanceProvisionedCondition)).To(
@@ -178,14 +182,11 @@ var _ = Describe("Static addresses from an IPAM pool", func() {
 		Expect(p.Status.Phase).To(Equal(crawlv1.ProxyFailed))
 		noDomain(h, ns, "p1")
 
-		deleteProxy(ns, "p1")
-		expectReleased(ns, "p1", "p1-0")
+		deleteAndExpectReleased(ns, "p1")
 	})
 
 	It("never boots two Proxies with one address: the second waits naming the first, and boots when it is gone", func() {
-		h := bridgedHost(uniqueName("hv"))
-		ns, image := newNamespace(), servedImage()
-		createStaticProxy(ns, "first", h.name, image, overlapPoolA)
+		h, ns, image := staticProxyOnNewHost("first", overlapPoolA)
 		giveAddress(h, ns, "first", "198.51.100.9")
 		waitProxyPhase(ns, "first", crawlv1.ProxyReady, 30*time.Second)
 
@@ -195,13 +196,11 @@ var _ = Describe("Static addresses from an IPAM pool", func() {
 		Expect(p.Status.AssignedAddress).To(BeEmpty())
 		noDomain(h, ns, "second")
 
-		deleteProxy(ns, "first")
-		expectReleased(ns, "first", "first-0")
+		deleteAndExpectReleased(ns, "first")
 		giveAddress(h, ns, "second", "198.51.100.9")
 		Expect(waitProxyPhase(ns, "second", crawlv1.ProxyReady, 30*time.Second).Status.EgressAddress).To(Equal("198.51.100.9"))
 
-		deleteProxy(ns, "second")
-		expectReleased(ns, "second", "second-0")
+		deleteAndExpectReleased(ns, "second")
 	})
 
 	It("refuses a static address on a host whose VMs sit behind libvirt's NAT network", func() {
@@ -213,7 +212,6 @@ var _ = Describe("Static addresses from an IPAM pool", func() {
 		Expect(conditions.GetMessage(p, crawlv1.InstanceProvisionedCondition)).To(ContainSubstring("needs a KVMHost with networkMode bridge"))
 		noDomain(h, ns, "p1")
 
-		deleteProxy(ns, "p1")
-		expectReleased(ns, "p1", "p1-0")
+		deleteAndExpectReleased(ns, "p1")
 	})
 })
