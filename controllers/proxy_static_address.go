@@ -243,6 +243,12 @@ func (r *ProxyReconciler) holdAddress(ctx context.Context, p *crawlv1.Proxy, add
 	if p.Status.AssignedAddress == want {
 		return nil, nil
 	}
+	if p.Status.AssignedAddress != "" && p.Status.ProviderID != "" {
+		// The claim was replaced (deleted by hand) and the new one got
+		// another address; the instance still has the old one.
+		return nil, provider.Permanentf("the IPAddressClaim now gives %s, and instance %s was booted with %s; delete the Proxy to boot one with the new address",
+			want, p.Status.ProviderID, p.Status.AssignedAddress)
+	}
 	r.addressMu.Lock()
 	defer r.addressMu.Unlock()
 	all := &crawlv1.ProxyList{}

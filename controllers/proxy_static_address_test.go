@@ -1,15 +1,21 @@
 package controllers
 
 import (
+	"context"
+	"net/netip"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	clientfake "sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/test/envtestutil"
 )
 
 func TestStaticNetworkOfAnIPAddress(t *testing.T) {
@@ -55,6 +61,61 @@ func TestStaticNetworkOfAnIPAddress(t *testing.T) {
 			}
 			if sn.Address.String() != tc.wantAddr || sn.Gateway.String() != tc.wantGW || sn.MAC != tc.wantMAC {
 				t.Errorf("got %s gw %s mac %q, want %s gw %s mac %q", sn.Address, sn.Gateway, sn.MAC, tc.wantAddr, tc.wantGW, tc.wantMAC)
+			}
+		})
+	}
+}
+
+func TestHoldAddress(t *testing.T) {
+	proxy := func(ns, name, uid, assigned, providerID string) *crawlv1.Proxy {
+		return &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid)},
+			Status: crawlv1.ProxyStatus{AssignedAddress: assigned, ProviderID: providerID}}
+	}
+	addr := netip.MustParsePrefix("203.0.113.5/28")
+	cases := []struct {
+		name       string
+		self       *crawlv1.Proxy
+		others     []*crawlv1.Proxy
+		wantReason string // a wait's reason; "" for none
+		wantErr    string
+		wantRecord string
+	}{
+		{"a free address is recorded", proxy("a", "p1", "u1", "", ""), []*crawlv1.Proxy{proxy("b", "p2", "u2", "203.0.113.6/28", "")}, "", "", "203.0.113.5/28"},
+		{"already recorded: nothing to do", proxy("a", "p1", "u1", "203.0.113.5/28", "kvm://hv1/x"), nil, "", "", "203.0.113.5/28"},
+		{"held by another Proxy, whatever its prefix", proxy("a", "p1", "u1", "", ""), []*crawlv1.Proxy{proxy("b", "p2", "u2", "203.0.113.5/24", "")}, crawlv1.ProxyAddressInUseReason, "", ""},
+		{"a running instance never changes address", proxy("a", "p1", "u1", "203.0.113.9/28", "kvm://hv1/x"), nil, "", "instance kvm://hv1/x was booted with 203.0.113.9/28", "203.0.113.9/28"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := []client.Object{tc.self}
+			for _, o := range tc.others {
+				objs = append(objs, o)
+			}
+			c := clientfake.NewClientBuilder().WithScheme(envtestutil.Scheme()).WithObjects(objs...).WithStatusSubresource(&crawlv1.Proxy{}).Build()
+			r := &ProxyReconciler{Client: c, APIReader: c}
+			p := &crawlv1.Proxy{}
+			if err := c.Get(context.Background(), client.ObjectKeyFromObject(tc.self), p); err != nil {
+				t.Fatal(err)
+			}
+			wait, err := r.holdAddress(context.Background(), p, addr)
+			switch {
+			case tc.wantErr != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || provider.Class(err) != provider.ClassPermanent {
+					t.Fatalf("err = %v, want a permanent one containing %q", err, tc.wantErr)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case tc.wantReason == "" && wait != nil:
+				t.Fatalf("waits: %+v", wait)
+			case tc.wantReason != "" && (wait == nil || wait.reason != tc.wantReason || !strings.Contains(wait.message, "Proxy b/p2")):
+				t.Fatalf("wait = %+v, want %s naming Proxy b/p2", wait, tc.wantReason)
+			}
+			stored := &crawlv1.Proxy{}
+			if err := c.Get(context.Background(), client.ObjectKeyFromObject(tc.self), stored); err != nil {
+				t.Fatal(err)
+			}
+			if stored.Status.AssignedAddress != tc.wantRecord {
+				t.Errorf("stored assignedAddress %q, want %q", stored.Status.AssignedAddress, tc.wantRecord)
 			}
 		})
 	}
