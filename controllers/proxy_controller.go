@@ -337,9 +337,10 @@ func proxyPhase(p *crawlv1.Proxy) crawlv1.ProxyPhase {
 
 // reconcileNormal brings the Proxy to a serving instance, one phase after
 // the other (see reconcilePhase). Each phase lives in the file named after
-// it: proxy_policy.go, proxy_static_address.go, proxy_resync.go,
-// proxy_credentials.go, proxy_instance.go, proxy_address.go, proxy_health.go; reconcileMachine is below, the
-// machine it builds in proxy_machine.go.
+// it: proxy_policy.go, proxy_static_address.go (and reconcileStaticEgress),
+// proxy_resync.go, proxy_credentials.go, proxy_instance.go,
+// proxy_address.go, proxy_health.go; reconcileMachine is below, the machine
+// it builds in proxy_machine.go.
 func (r *ProxyReconciler) reconcileNormal(ctx context.Context, s *proxyScope) (ctrl.Result, error) {
 	return runPhases(ctx, s,
 		r.reconcilePolicy,        // the manager's admission rules, for Proxies stored past them
