@@ -26,7 +26,6 @@ import (
 	"k8s.io/utils/ptr"
 	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -98,7 +97,7 @@ func (p *Provider) SetupWithManager(mgr ctrl.Manager) error {
 		p.Reader = mgr.GetAPIReader()
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&ipamv1.IPAddressClaim{}, builder.WithPredicates()).
+		For(&ipamv1.IPAddressClaim{}).
 		Owns(&ipamv1.IPAddress{}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Named("ipamtest").
