@@ -123,9 +123,15 @@ var _ = Describe("Static addresses from an IPAM pool", func() {
 	It("claims the address, owned by the Proxy, and waits naming the pool while it is not bound, creating nothing", func() {
 		h, ns, _ := staticProxyOnNewHost("p1", emptyPool)
 
-		p := waitProvisionedReason(ns, "p1", crawlv1.ProxyWaitingForIPAddressReason, 20*time.Second)
-		Expect(conditions.GetMessage(p, crawlv1.InstanceProvisionedCondition)).To(
-			And(ContainSubstring("InClusterIPPool/"+emptyPool), ContainSubstring(ipamv1.IPAddressClaimReadyPoolExhaustedReason)))
+		// First "created ...", then, once the provider has looked at the
+		// claim (its update wakes the Proxy), what its Ready says.
+		p := &crawlv1.Proxy{}
+		Eventually(func(g Gomega) {
+			g.Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: "p1"}, p)).To(Succeed())
+			g.Expect(conditions.GetReason(p, crawlv1.InstanceProvisionedCondition)).To(Equal(crawlv1.ProxyWaitingForIPAddressReason))
+			g.Expect(conditions.GetMessage(p, crawlv1.InstanceProvisionedCondition)).To(
+				And(ContainSubstring("InClusterIPPool/"+emptyPool), ContainSubstring(ipamv1.IPAddressClaimReadyPoolExhaustedReason)))
+		}).WithTimeout(20 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
 		Expect(p.Status.Phase).To(Equal(crawlv1.ProxyPending))
 
 		claim, err := getClaim(ns, "p1-0")
