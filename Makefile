@@ -99,6 +99,7 @@ FUZZ_TARGETS = \
 	./pkg/provider/kvm/domxml:FuzzMetadataFromDomainXML \
 	./pkg/provider/kvm/seed:FuzzBuildUserData \
 	./pkg/provider/kvm/seed:FuzzComposeVendorData \
+	./pkg/provider/kvm/seed:FuzzNetworkConfig \
 	./internal/webhook/v1alpha1:FuzzProxyAdmission \
 	./internal/webhook/v1alpha1:FuzzProxyPoolAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \

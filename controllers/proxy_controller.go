@@ -5,6 +5,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -92,8 +94,15 @@ type ProxyReconciler struct {
 	PortWatch *portwatch.Watcher[types.NamespacedName]
 	PortOpen  <-chan event.GenericEvent
 
+	// IPAM: the cluster serves Cluster API IPAddressClaims (ServesIPAM);
+	// Proxies naming an IPAM pool get their address through one.
+	IPAM bool
+
 	// mem: what the reconciler remembers of each Proxy between reconciles.
 	mem proxyMemory
+	// addressMu makes checking and recording a static address one step
+	// (holdAddress).
+	addressMu sync.Mutex
 }
 
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;update;patch
@@ -120,6 +129,11 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Opt
 		})).
 		WithOptions(opts).
 		Named("proxy")
+	if r.IPAM {
+		// A claim bound (status.addressRef), or gone on deletion, wakes
+		// its Proxy.
+		b = b.Owns(&ipamv1.IPAddressClaim{})
+	}
 	if r.Events != nil {
 		b = b.WatchesRawSource(source.Channel(r.Events, &handler.EnqueueRequestForObject{}))
 	}
@@ -323,18 +337,21 @@ func proxyPhase(p *crawlv1.Proxy) crawlv1.ProxyPhase {
 
 // reconcileNormal brings the Proxy to a serving instance, one phase after
 // the other (see reconcilePhase). Each phase lives in the file named after
-// it: proxy_policy.go, proxy_resync.go, proxy_credentials.go, proxy_instance.go,
-// proxy_address.go, proxy_health.go; reconcileMachine is below, the
-// machine it builds in proxy_machine.go.
+// it: proxy_policy.go, proxy_static_address.go (and reconcileStaticEgress),
+// proxy_resync.go, proxy_credentials.go, proxy_instance.go,
+// proxy_address.go, proxy_health.go; reconcileMachine is below, the machine
+// it builds in proxy_machine.go.
 func (r *ProxyReconciler) reconcileNormal(ctx context.Context, s *proxyScope) (ctrl.Result, error) {
 	return runPhases(ctx, s,
-		r.reconcilePolicy,      // the manager's admission rules, for Proxies stored past them
-		r.reconcileMachine,     // the provider and its view of the Proxy; a kvm Proxy is placed first
-		r.reconcileResync,      // whether the instance is read, or only the proxy probed
-		r.reconcileCredentials, // the Basic credential and its Secret, before any instance has it
-		r.reconcileInstance,    // Get first, else Create; a missing instance is rebuilt
-		r.reconcileAddress,     // InstanceProvisioned once it runs with an address
-		r.reconcileHealth,      // the probe: ProxyHealthy, egress address, Secure
+		r.reconcilePolicy,        // the manager's admission rules, for Proxies stored past them
+		r.reconcileMachine,       // the provider and its view of the Proxy; a kvm Proxy is placed first
+		r.reconcileStaticAddress, // an IPAM pool's address: claimed, bound, checked and held before any instance
+		r.reconcileResync,        // whether the instance is read, or only the proxy probed
+		r.reconcileCredentials,   // the Basic credential and its Secret, before any instance has it
+		r.reconcileInstance,      // Get first, else Create; a missing instance is rebuilt
+		r.reconcileStaticEgress,  // a static address on a bridge is the egress
+		r.reconcileAddress,       // InstanceProvisioned once it runs with an address
+		r.reconcileHealth,        // the probe: ProxyHealthy, egress address, Secure
 	)
 }
 
@@ -371,6 +388,12 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, s *proxyScope) (c
 	if p.Annotations[crawlv1.SkipCleanupAnnotation] == "true" {
 		log.Info("skip-cleanup set: releasing without touching the provider", "providerID", p.Status.ProviderID)
 		r.Recorder.Eventf(p, "Warning", "CleanupSkipped", "instance %s left in place (annotation %s)", p.Status.ProviderID, crawlv1.SkipCleanupAnnotation)
+		// Its claims are deleted, not waited for: the annotation asks
+		// for the Proxy to go now, and the garbage collector deletes
+		// them anyway through their owner reference.
+		if _, err := r.releaseAddressClaims(ctx, p); err != nil {
+			log.Info("address claims not deleted; the garbage collector will", "err", err)
+		}
 		r.release(p)
 		return ctrl.Result{}, nil
 	}
@@ -388,8 +411,7 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, s *proxyScope) (c
 	if r.neverPlaced(p, m) {
 		// Never placed, so nothing was ever created.
 		r.Recorder.Eventf(p, "Normal", "Deleted", "never placed on a host; nothing to delete")
-		r.release(p)
-		return ctrl.Result{}, nil
+		return r.releaseAfterClaims(ctx, p)
 	}
 	// Delete even when Get would fail: Delete is idempotent and can converge
 	// where Get cannot.
@@ -423,7 +445,27 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, s *proxyScope) (c
 			Reason: crawlv1.ProxyTransientErrorReason, Message: "retrying: " + err.Error()})
 		return ctrl.Result{}, err
 	}
-	r.Recorder.Eventf(p, "Normal", "Deleted", "instance %s deleted", p.Status.ProviderID)
+	if conditions.GetReason(p, crawlv1.DeletionBlockedCondition) != crawlv1.ProxyWaitingForIPAddressReason {
+		r.Recorder.Eventf(p, "Normal", "Deleted", "instance %s deleted", p.Status.ProviderID)
+	}
+	return r.releaseAfterClaims(ctx, p)
+}
+
+// releaseAfterClaims releases the finalizer of a Proxy whose instance is
+// gone once its address claims are gone too (releaseAddressClaims), so
+// the address goes back to its pool only after the VM using it, and a
+// claim is never left behind.
+func (r *ProxyReconciler) releaseAfterClaims(ctx context.Context, p *crawlv1.Proxy) (ctrl.Result, error) {
+	gone, err := r.releaseAddressClaims(ctx, p)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !gone {
+		conditions.Set(p, metav1.Condition{Type: crawlv1.DeletionBlockedCondition, Status: metav1.ConditionTrue,
+			Reason:  crawlv1.ProxyWaitingForIPAddressReason,
+			Message: "instance deleted; waiting for the IPAM provider to release the address claim (" + addressClaimName(p, 0) + "), or set annotation " + crawlv1.SkipCleanupAnnotation + "=true to release without it"})
+		return ctrl.Result{RequeueAfter: claimReleasePoll}, nil
+	}
 	r.release(p)
 	return ctrl.Result{}, nil
 }

@@ -189,7 +189,9 @@ func probeStatusHint(p *crawlv1.Proxy, status int) string {
 // echoed (empty when it echoes nothing), with an Event on each change.
 func (r *ProxyReconciler) recordEgress(p *crawlv1.Proxy, addr string) {
 	old := p.Status.EgressAddress
-	if addr == old {
+	if addr == old || (addr == "" && p.Status.EgressSource == crawlv1.EgressSourceStatic) {
+		// An echo that says nothing leaves a static address, known
+		// without it, in place.
 		return
 	}
 	p.Status.EgressAddress = addr

@@ -308,6 +308,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		ProviderCallTimeout:        d.Proxy.ProviderCallTimeout,
 	}
 	w.Proxy.PortWatch, w.Proxy.PortOpen = newPortWatch(ctx, d.Proxy.PortWatch, w.Proxy.notePortOpened)
+	ipam, err := ServesIPAM(mgr)
+	if err != nil {
+		return nil, err
+	}
+	w.Proxy.IPAM = ipam
 
 	proxyWorkers := orDefaultInt(d.Proxy.Workers, 16)
 	if k := d.KVM; k != nil {

@@ -32,6 +32,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt/fake"
 	"crawl.example.com/proxy-operator/test/envtestutil"
 	"crawl.example.com/proxy-operator/test/harness"
+	"crawl.example.com/proxy-operator/test/ipamtest"
 )
 
 const (
@@ -160,7 +161,10 @@ type managerConfig struct {
 
 // startManager starts a manager wired as the suite's, changed by mc.
 func startManager(mc managerConfig) *harness.Manager[*Wiring] {
-	served := harness.ManagerConfig{Logger: mc.log, Metrics: true, Cache: ServeNamespaces(cache.Options{}, mc.namespaces)}
+	served := harness.ManagerConfig{Logger: mc.log, Metrics: true, Cache: ServeNamespaces(cache.Options{}, mc.namespaces),
+		// An IPAM provider serving the suite's pools, as a cluster with one
+		// installed would.
+		Neighbours: (&ipamtest.Provider{Pools: ipamPools()}).SetupWithManager}
 	return operator.Start(env, served, func(m ctrl.Manager) Deps {
 		proxyOpts := ProxyOptions{
 			ProbeInterval: time.Second, ProvisionPollInterval: 200 * time.Millisecond,

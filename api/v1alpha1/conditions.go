@@ -105,6 +105,18 @@ const (
 	// breaks a rule admission applies under the manager's flags (stored
 	// before the rule, or past the webhook): nothing is created for it.
 	ProxySpecRefusedReason = "SpecRefused"
+	// ProxyWaitingForIPAddressReason (InstanceProvisioned): the Proxy's
+	// IPAddressClaim is not bound yet; the message names the pool and the
+	// claim's own Ready reason (e.g. PoolExhausted). Nothing is created.
+	ProxyWaitingForIPAddressReason = "WaitingForIPAddress"
+	// ProxyAddressInUseReason (InstanceProvisioned): another Proxy, named in
+	// the message, holds the address the claim was given; nothing is
+	// created until it lets the address go.
+	ProxyAddressInUseReason = "AddressInUse"
+	// ProxyIPAMNotInstalledReason (InstanceProvisioned): the Proxy names an
+	// IPAM pool and the cluster serves no ipam.cluster.x-k8s.io/v1beta2
+	// IPAddressClaim (install an IPAM provider, then restart the manager).
+	ProxyIPAMNotInstalledReason = "IPAMNotInstalled"
 	// Secure reasons. OpenProxy on a managed squid with Basic auth also
 	// makes Ready False: an open proxy is never reported serving.
 	ProxyAuthRequiredReason  = "AuthenticationRequired"

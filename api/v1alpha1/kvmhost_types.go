@@ -93,6 +93,17 @@ type KVMHostSpec struct {
 	// +optional
 	NetworkMode NetworkMode `json:"networkMode,omitempty"`
 
+	// Nameservers are the DNS servers of the VMs on this host that get a
+	// static address (a Proxy's spec.network, networkMode bridge): a static
+	// configuration has no DHCP to learn them from, and the resolvers a
+	// hosting provider offers are per data centre, so per host. Required
+	// for such Proxies. At most 3, the guest resolver's limit.
+	// +optional
+	// +kubebuilder:validation:MaxItems=3
+	// +kubebuilder:validation:items:MaxLength=39
+	// +listType=atomic
+	Nameservers []string `json:"nameservers,omitempty"`
+
 	// DomainType is kvm (hardware virtualisation) or qemu (TCG emulation).
 	// +kubebuilder:default=kvm
 	// +optional

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 )
 
 const (
@@ -117,6 +118,47 @@ type ProxyResources struct {
 	// +kubebuilder:default="10Gi"
 	// +optional
 	Disk *resource.Quantity `json:"disk,omitempty"`
+}
+
+// MACAddressAnnotation, on a Cluster API IPAddress, is the MAC the
+// instance's NIC must have to use that address: hosting providers route an
+// additional address only to the "virtual MAC" they issued for it (OVH,
+// Hetzner). The MAC belongs to the address, not to the Proxy, and the
+// IPAddress type has no field for it, so it travels with the address as an
+// annotation written by whoever creates the IPAddress (an IPAM provider, an
+// admission policy, or the admin). Without it the kvm provider gives the NIC
+// a locally administered MAC of its own (docs/static-addresses.md).
+const MACAddressAnnotation = "crawl.example.com/mac-address"
+
+// KnownIPPoolKinds are the IPAM pool kinds spec.network.addressesFromPools
+// may name, by API group: the Cluster API IPAM providers whose claims the
+// operator was built against (the in-cluster provider, Infoblox). Another
+// kind is refused at admission, naming the field, rather than leaving a
+// claim no provider will ever serve.
+var KnownIPPoolKinds = map[string][]string{
+	"ipam.cluster.x-k8s.io": {"InClusterIPPool", "GlobalInClusterIPPool", "InfobloxIPPool"},
+}
+
+// ProxyNetwork is how the instance's network address is given.
+type ProxyNetwork struct {
+	// AddressesFromPools names the Cluster API IPAM pool the instance's
+	// address comes from: the operator creates an IPAddressClaim for it,
+	// owned by the Proxy, and boots the instance with the bound IPAddress
+	// configured statically (kvm, on a KVMHost with networkMode bridge).
+	// The contract is single-stack and the instance has one NIC, so at most
+	// one pool. Immutable.
+	// +optional
+	// +kubebuilder:validation:MaxItems=1
+	// +listType=atomic
+	AddressesFromPools []ipamv1.IPPoolReference `json:"addressesFromPools,omitempty"`
+}
+
+// AddressPools is spec.network.addressesFromPools, nil without a network.
+func (s *ProxySpec) AddressPools() []ipamv1.IPPoolReference {
+	if s.Network == nil {
+		return nil
+	}
+	return s.Network.AddressesFromPools
 }
 
 // ProxyCloudInit is passed to the guest untouched.
@@ -297,6 +339,12 @@ type ProxySpec struct {
 	// is configured with it when the instance is created.
 	// +optional
 	Access *ProxyAccess `json:"access,omitempty"`
+
+	// Network gives the instance a static address from an IPAM pool
+	// (docs/static-addresses.md). Immutable: the instance is configured with
+	// it when it is created.
+	// +optional
+	Network *ProxyNetwork `json:"network,omitempty"`
 }
 
 // ProxyProbeStatus is the last health probe of the proxy.
@@ -359,6 +407,13 @@ type ProxyStatus struct {
 	// +optional
 	EgressSource EgressSource `json:"egressSource,omitempty"`
 
+	// AssignedAddress is the address (address/prefix) the Proxy's
+	// IPAddressClaim was given, recorded before the instance boots with it,
+	// so that no two Proxies boot with one address.
+	// +optional
+	// +kubebuilder:validation:MaxLength=43
+	AssignedAddress string `json:"assignedAddress,omitempty"`
+
 	// EgressMeasuredAt is when an echo last measured EgressAddress.
 	// +optional
 	EgressMeasuredAt *metav1.Time `json:"egressMeasuredAt,omitempty"`
@@ -402,6 +457,7 @@ type Proxy struct {
 	// +kubebuilder:validation:XValidation:rule="!has(self.placement) || !has(oldSelf.placement) || self.placement == oldSelf.placement",message="placement is immutable",fieldPath=".placement"
 	// +kubebuilder:validation:XValidation:rule="!has(self.port) || !has(oldSelf.port) || self.port == oldSelf.port",message="port is immutable: the instance keeps the port it was created with; delete the Proxy and create another",fieldPath=".port"
 	// +kubebuilder:validation:XValidation:rule="has(self.access) == has(oldSelf.access) && (!has(self.access) || self.access == oldSelf.access)",message="access is immutable: the instance keeps the access it was created with; delete the Proxy and create another (a ProxyPool rolls its replicas)",fieldPath=".access"
+	// +kubebuilder:validation:XValidation:rule="has(self.network) == has(oldSelf.network) && (!has(self.network) || self.network == oldSelf.network)",message="network is immutable: the instance keeps the address it was created with; delete the Proxy and create another (a ProxyPool rolls its replicas)",fieldPath=".network"
 	// +optional
 	Spec ProxySpec `json:"spec,omitempty"`
 	// +optional

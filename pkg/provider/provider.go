@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"net/netip"
 
 	"crawl.example.com/proxy-operator/pkg/squid"
 )
@@ -71,6 +72,12 @@ type Machine struct {
 	// of squid admits (kubernetes: its NetworkPolicy).
 	AllowedSourceCIDRs []string
 
+	// StaticNetwork is the address the instance is configured with (the
+	// Proxy's IPAM claim), nil when the provider's network gives it one
+	// (DHCP). Only providers whose plug-in takes static addresses
+	// (plugin.StaticAddresses) get it.
+	StaticNetwork *StaticNetwork
+
 	// GCP placement (gcp only).
 	Project     string
 	Zone        string
@@ -79,6 +86,19 @@ type Machine struct {
 	// SpreadGroup names the set this instance is spread with over nodes
 	// (kubernetes): the ProxyPool's name, empty for a Proxy of no pool.
 	SpreadGroup string
+}
+
+// StaticNetwork is a static address for an instance's one NIC, checked by
+// whoever built it: Address is valid, Gateway (when valid) lies inside
+// Address's prefix and is of its family, MAC (when set) is a 48-bit MAC.
+type StaticNetwork struct {
+	// Address is the instance's address with its prefix length.
+	Address netip.Prefix
+	// Gateway is the default route's next hop; the zero Addr for none.
+	Gateway netip.Addr
+	// MAC the NIC must have (a hosting provider's virtual MAC for the
+	// address); empty: the provider chooses one.
+	MAC string
 }
 
 // Image is a resolved boot image: a KVMImage, or a direct URL on the Proxy.

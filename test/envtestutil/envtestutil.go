@@ -5,12 +5,15 @@ package envtestutil
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
@@ -45,8 +48,12 @@ func New(withWebhooks bool) (*envtest.Environment, error) {
 	if err := AssetsError(); err != nil {
 		return nil, err
 	}
+	ipamCRDs, err := IPAMCRDs()
+	if err != nil {
+		return nil, err
+	}
 	env := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(Root(), "config", "crd", "bases")},
+		CRDDirectoryPaths:     append([]string{filepath.Join(Root(), "config", "crd", "bases")}, ipamCRDs...),
 		ErrorIfCRDPathMissing: true,
 	}
 	// kube-apiserver derives its advertise address from the default route,
@@ -61,10 +68,37 @@ func New(withWebhooks bool) (*envtest.Environment, error) {
 	return env, nil
 }
 
-// Scheme returns a scheme with client-go's types and this project's API.
+// IPAMCRDs are Cluster API's IPAddressClaim and IPAddress CRDs, as the
+// cluster-api module the operator builds against ships them (read in
+// place from the module cache, never copied or edited), so the suites
+// serve the IPAM contract a cluster with an IPAM provider serves.
+func IPAMCRDs() ([]string, error) {
+	const module = "sigs.k8s.io/cluster-api"
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", module)
+	cmd.Dir = Root()
+	out, err := cmd.Output()
+	dir := strings.TrimSpace(string(out))
+	if err != nil || dir == "" {
+		return nil, fmt.Errorf("locating %s in the module cache for its IPAM CRDs (go mod download %s): %w", module, module, err)
+	}
+	var paths []string
+	for _, kind := range []string{"ipaddressclaims", "ipaddresses"} {
+		p := filepath.Join(dir, "core", "config", "crd", "bases", "ipam.cluster.x-k8s.io_"+kind+".yaml")
+		if _, err := os.Stat(p); err != nil {
+			return nil, fmt.Errorf("the IPAM CRD of %s: %w", module, err)
+		}
+		paths = append(paths, p)
+	}
+	return paths, nil
+}
+
+// Scheme returns a scheme with client-go's types, this project's API and
+// Cluster API's IPAM types (the IPAddressClaims of Proxies with a static
+// address).
 func Scheme() *kruntime.Scheme {
 	s := kruntime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(crawlv1.AddToScheme(s))
+	utilruntime.Must(ipamv1.AddToScheme(s))
 	return s
 }

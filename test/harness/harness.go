@@ -127,6 +127,9 @@ type ManagerConfig struct {
 	// the Env (started with Webhooks) sends them; Start waits until they
 	// listen.
 	Webhooks func(ctrl.Manager) error
+	// Neighbours registers controllers that are not the operator's but
+	// that a cluster would run beside it (an IPAM provider, say).
+	Neighbours func(ctrl.Manager) error
 }
 
 // Manager is one running manager, so a spec can stop it and start another
@@ -168,6 +171,9 @@ func (o Operator[D, W]) Start(env *Env, mc ManagerConfig, deps func(ctrl.Manager
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	if mc.Webhooks != nil {
 		gomega.Expect(mc.Webhooks(m)).To(gomega.Succeed())
+	}
+	if mc.Neighbours != nil {
+		gomega.Expect(mc.Neighbours(m)).To(gomega.Succeed())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := o.Setup(ctx, m, deps(m))

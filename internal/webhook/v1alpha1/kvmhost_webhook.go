@@ -182,6 +182,11 @@ func ValidateKVMHost(h *crawlv1.KVMHost) field.ErrorList {
 	if s.NetworkMode != "" && s.NetworkMode != crawlv1.NetworkModeNetwork && s.NetworkMode != crawlv1.NetworkModeBridge {
 		errs = append(errs, field.NotSupported(spec.Child("networkMode"), s.NetworkMode, []string{"network", "bridge"}))
 	}
+	for i, ns := range s.Nameservers {
+		if ip := net.ParseIP(ns); ip == nil {
+			errs = append(errs, field.Invalid(spec.Child("nameservers").Index(i), ns, "must be an IP address"))
+		}
+	}
 	if s.DomainType != "" && s.DomainType != crawlv1.DomainTypeKVM && s.DomainType != crawlv1.DomainTypeQEMU {
 		errs = append(errs, field.NotSupported(spec.Child("domainType"), s.DomainType, []string{"kvm", "qemu"}))
 	}

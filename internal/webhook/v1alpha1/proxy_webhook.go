@@ -3,13 +3,16 @@ package v1alpha1
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -155,6 +158,9 @@ func ValidateProxyUpdate(old, p *crawlv1.Proxy) field.ErrorList {
 	if old.Spec.Port != p.Spec.Port {
 		errs = append(errs, field.Forbidden(spec.Child("port"), "port is immutable: the instance keeps the port it was created with; delete the Proxy and create another"))
 	}
+	if !equality.Semantic.DeepEqual(old.Spec.Network, p.Spec.Network) {
+		errs = append(errs, field.Forbidden(spec.Child("network"), "network is immutable: the instance keeps the address it was created with; delete the Proxy and create another (a ProxyPool rolls its replicas)"))
+	}
 	if !equality.Semantic.DeepEqual(old.Spec.Access, p.Spec.Access) {
 		errs = append(errs, field.Forbidden(spec.Child("access"), "access is immutable: the instance keeps the access it was created with; delete the Proxy and create another (a ProxyPool rolls its replicas)"))
 	}
@@ -221,6 +227,7 @@ func (w *ProxyWebhook) ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 		errs = append(errs, prov.Validate(p, w.policy())...)
 	}
 	errs = append(errs, w.policy().ValidateCloudInit(s)...)
+	errs = append(errs, w.validateNetwork(s)...)
 
 	errs = append(errs, validateAccess(p, w.DestinationExceptionGrants, w.Plugins.GuardsUnmanagedSources(string(s.Provider)))...)
 
@@ -240,6 +247,53 @@ func (w *ProxyWebhook) ValidateProxy(p *crawlv1.Proxy) field.ErrorList {
 	ci := spec.Child("cloudInit")
 	if s.CloudInit.UserData != "" && len(s.CloudInit.UserDataBase64) > 0 {
 		errs = append(errs, field.Forbidden(ci.Child("userDataBase64"), "set userData or userDataBase64, not both"))
+	}
+	return errs
+}
+
+// validateNetwork checks spec.network: pools only on a provider whose
+// plug-in takes static addresses, each of a kind an IPAM provider the
+// operator knows serves (crawlv1.KnownIPPoolKinds), at most one.
+func (w *ProxyWebhook) validateNetwork(s *crawlv1.ProxySpec) field.ErrorList {
+	pools := s.AddressPools()
+	if len(pools) == 0 {
+		return nil
+	}
+	fp := field.NewPath("spec", "network", "addressesFromPools")
+	var errs field.ErrorList
+	if prov := w.Plugins.Get(string(s.Provider)); prov != nil && !plugin.TakesStaticAddresses(prov) {
+		var takers []string
+		for _, p := range w.Plugins {
+			if plugin.TakesStaticAddresses(p) {
+				takers = append(takers, p.Name())
+			}
+		}
+		errs = append(errs, field.Forbidden(fp, fmt.Sprintf("provider %s cannot boot an instance with a static address from an IPAM pool (only %s can)", s.Provider, strings.Join(takers, ", "))))
+	}
+	if len(pools) > 1 {
+		errs = append(errs, field.TooMany(fp, len(pools), 1))
+	}
+	for i, ref := range pools {
+		errs = append(errs, validatePoolRef(fp.Index(i), ref)...)
+	}
+	return errs
+}
+
+// validatePoolRef refuses a reference no known IPAM provider serves: its
+// claim would wait forever.
+func validatePoolRef(fp *field.Path, ref ipamv1.IPPoolReference) field.ErrorList {
+	var errs field.ErrorList
+	if ref.Name == "" {
+		errs = append(errs, field.Required(fp.Child("name"), "the pool's name"))
+	}
+	kinds, ok := crawlv1.KnownIPPoolKinds[ref.APIGroup]
+	switch {
+	case ref.APIGroup == "":
+		errs = append(errs, field.Required(fp.Child("apiGroup"), "the pool's API group, e.g. ipam.cluster.x-k8s.io"))
+	case !ok:
+		errs = append(errs, field.NotSupported(fp.Child("apiGroup"), ref.APIGroup, slices.Sorted(maps.Keys(crawlv1.KnownIPPoolKinds))))
+	case !slices.Contains(kinds, ref.Kind):
+		errs = append(errs, field.NotSupported(fp.Child("kind"), ref.Kind, kinds))
 	}
 	return errs
 }

@@ -3,6 +3,7 @@ package kvm
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -78,6 +79,13 @@ func (k *KubeHosts) spec(h *crawlv1.KVMHost) HostSpec {
 	if ref := s.SSHKeySecretRef; ref != nil {
 		hs.Conn.MaterialRevision = "secret:" + ref.Namespace + "/" + ref.Name
 		hs.Material = k.secretMaterial(*ref)
+	}
+	for _, ns := range s.Nameservers {
+		// Admission checked them; one that does not parse is left out
+		// rather than failing every call to the host.
+		if a, err := netip.ParseAddr(ns); err == nil {
+			hs.Nameservers = append(hs.Nameservers, a)
+		}
 	}
 	if s.CheckInterval != nil {
 		hs.CheckInterval = s.CheckInterval.Duration

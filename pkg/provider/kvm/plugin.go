@@ -192,3 +192,9 @@ func (p *Provider) VolumeOwnerUID(volume string) (string, bool) {
 }
 
 var _ plugin.VolumeSweeper = (*Provider)(nil)
+
+// StaticAddresses: a kvm instance on a bridged KVMHost takes the address of
+// its IPAM claim in its seed's network-config (Machine.StaticNetwork).
+func (hostsPlugin) StaticAddresses() bool { return true }
+
+var _ plugin.StaticAddresses = hostsPlugin{}

@@ -10,9 +10,11 @@ package kvm
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"path"
 	"slices"
 	"sort"
@@ -46,6 +48,9 @@ type HostSpec struct {
 	Network  domxml.Network
 	// DomainType is domxml.DomainTypeKVM or domxml.DomainTypeQEMU.
 	DomainType string
+	// Nameservers are the DNS servers of VMs with a static address
+	// (KVMHost spec.nameservers).
+	Nameservers []netip.Addr
 	// CheckInterval is how often the host's health is checked (its
 	// KVMHost's spec.checkInterval); 0: Options.CheckInterval. It says how
 	// long a check's verdict stands (see refuseNotAnswering).
@@ -304,6 +309,12 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 			return nil
 		}
 
+		// Before anything is downloaded or made: a host that cannot take
+		// the static address refuses it.
+		nic, err := staticNIC(m, hs)
+		if err != nil {
+			return err
+		}
 		pool, err := lookupPool(c, hs.Pool)
 		if err != nil {
 			return err
@@ -316,7 +327,7 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 		if err != nil {
 			return err
 		}
-		seedPath, err := rebuildSeed(c, pool, m)
+		seedPath, err := rebuildSeed(c, pool, m, nic)
 		if err != nil {
 			return err
 		}
@@ -329,6 +340,7 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 			DiskPath:    diskPath,
 			SeedPath:    seedPath,
 			Network:     hs.Network,
+			MAC:         nic.MAC,
 			Metadata:    domxml.Metadata{Namespace: m.Namespace, Name: m.Name, UID: m.UID, Tag: m.Tag, InstallID: p.opts.InstallID},
 		})
 		if err != nil {
@@ -736,11 +748,12 @@ func ensureOverlay(c virt.Client, pool libvirt.StoragePool, m *provider.Machine,
 
 // rebuildSeed writes a fresh seed volume: a cancelled upload may have left a
 // truncated one, so it is never reused.
-func rebuildSeed(c virt.Client, pool libvirt.StoragePool, m *provider.Machine) (string, error) {
+func rebuildSeed(c virt.Client, pool libvirt.StoragePool, m *provider.Machine, nic staticConfig) (string, error) {
 	in, err := seed.ForMachine(m)
 	if err != nil {
 		return "", err
 	}
+	in.NetworkConfig = nic.NetworkConfig
 	iso, err := seed.Build(in)
 	if err != nil {
 		return "", err
@@ -783,6 +796,39 @@ func volPath(c virt.Client, vol libvirt.StorageVol) (string, error) {
 		return "", classify(err)
 	}
 	return path, nil
+}
+
+// staticConfig is what a static address puts into a domain: its NIC's MAC
+// and the seed's network-config. Zero for a Machine without one (DHCP,
+// libvirt picks the MAC).
+type staticConfig struct {
+	MAC           string
+	NetworkConfig []byte
+}
+
+// staticNIC renders m's static address for host hs: only on a bridge (a
+// libvirt NAT network would translate it, so it would not be the egress,
+// and its DHCP range is the network's own), with the host's nameservers,
+// and the address's virtual MAC or, without one, the Proxy's own
+// (domxml.ProxyMAC), which the network-config matches.
+func staticNIC(m *provider.Machine, hs HostSpec) (staticConfig, error) {
+	sn := m.StaticNetwork
+	if sn == nil {
+		return staticConfig{}, nil
+	}
+	if hs.Network.Type != domxml.NetworkTypeBridge {
+		return staticConfig{}, provider.Permanentf("static address %s needs a KVMHost with networkMode bridge: KVMHost %q attaches VMs to libvirt network %q (NAT), behind which the address would not be the egress",
+			sn.Address, m.Host, hs.Network.Name)
+	}
+	if len(hs.Nameservers) == 0 {
+		return staticConfig{}, provider.Permanentf("static address %s: KVMHost %q has no spec.nameservers; a static configuration has no DHCP to learn DNS servers from", sn.Address, m.Host)
+	}
+	mac := cmp.Or(sn.MAC, domxml.ProxyMAC(m.UID))
+	cfg, err := seed.NetworkConfig(seed.Network{Address: sn.Address, Gateway: sn.Gateway, MAC: mac, Nameservers: hs.Nameservers})
+	if err != nil {
+		return staticConfig{}, err
+	}
+	return staticConfig{MAC: mac, NetworkConfig: cfg}, nil
 }
 
 func checkMachine(m *provider.Machine) error {

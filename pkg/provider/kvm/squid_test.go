@@ -3,13 +3,9 @@ package kvm_test
 import (
 	"bytes"
 	"context"
-	"io"
 	"testing"
 
-	"github.com/kdomanski/iso9660"
-
 	"crawl.example.com/proxy-operator/pkg/provider"
-	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/seed"
 	"crawl.example.com/proxy-operator/pkg/squid"
@@ -27,29 +23,9 @@ func managedSquid() *squid.Config {
 // seedFiles reads the seed volume Create uploaded.
 func seedFiles(t *testing.T, e *env, host, uid string) map[string][]byte {
 	t.Helper()
-	iso, err := e.fakes[host].VolumeBytes(kvmtest.PoolName, domxml.SeedVolumeName(uid))
+	files, err := kvmtest.SeedFiles(e.fakes[host], uid)
 	if err != nil {
 		t.Fatal(err)
-	}
-	img, err := iso9660.OpenImage(bytes.NewReader(iso))
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := img.RootDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	children, err := root.GetChildren()
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{}
-	for _, c := range children {
-		b, err := io.ReadAll(c.Reader())
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[c.Name()] = b
 	}
 	return files
 }

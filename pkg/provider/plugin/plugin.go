@@ -293,3 +293,20 @@ func (l List) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// StaticAddresses is what a plug-in implements when its provider boots an
+// instance with a static address from a Cluster API IPAM pool
+// (spec.network.addressesFromPools): the Machine's StaticNetwork. Admission
+// refuses the field for the other providers.
+type StaticAddresses interface {
+	// StaticAddresses is true when the provider configures
+	// Machine.StaticNetwork on the instance.
+	StaticAddresses() bool
+}
+
+// TakesStaticAddresses reports whether p's provider can boot an instance
+// with a static address from an IPAM pool.
+func TakesStaticAddresses(p Plugin) bool {
+	s, ok := p.(StaticAddresses)
+	return ok && s.StaticAddresses()
+}

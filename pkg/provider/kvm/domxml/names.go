@@ -3,6 +3,7 @@ package domxml
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -69,4 +70,14 @@ func validVolumeName(name string) error {
 		return provider.Permanentf("volume name %q is not a plain file name", name)
 	}
 	return nil
+}
+
+// ProxyMAC is the MAC a Proxy's NIC gets when its configuration must name
+// one and none was given (a static address without a virtual MAC): QEMU's
+// 52:54:00 prefix, whose locally administered bit keeps it off every
+// vendor's range, as libvirt would generate, and the first three bytes of
+// the sha256 of the Proxy UID, so a rebuilt domain keeps it.
+func ProxyMAC(uid string) string {
+	sum := sha256.Sum256([]byte(uid))
+	return fmt.Sprintf("52:54:00:%02x:%02x:%02x", sum[0], sum[1], sum[2])
 }

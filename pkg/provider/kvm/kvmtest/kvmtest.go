@@ -4,18 +4,22 @@
 package kvmtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/digitalocean/go-libvirt"
+	"github.com/kdomanski/iso9660"
 	testclock "k8s.io/utils/clock/testing"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -111,13 +115,20 @@ type Hosts struct {
 	mu        sync.Mutex
 	names     map[string]string        // name → domain type
 	intervals map[string]time.Duration // name → its own check interval
+	bridges   map[string]bridge        // name → its bridge, when not on NetworkName
+}
+
+// bridge is a host's network when its VMs sit on a bridge.
+type bridge struct {
+	name        string
+	nameservers []netip.Addr
 }
 
 var _ kvm.HostSource = (*Hosts)(nil)
 
 // NewHosts returns a source knowing names.
 func NewHosts(names ...string) *Hosts {
-	h := &Hosts{names: map[string]string{}, intervals: map[string]time.Duration{}}
+	h := &Hosts{names: map[string]string{}, intervals: map[string]time.Duration{}, bridges: map[string]bridge{}}
 	for _, n := range names {
 		h.Add(n)
 	}
@@ -139,6 +150,15 @@ func (h *Hosts) SetCheckInterval(name string, d time.Duration) {
 	h.intervals[name] = d
 }
 
+// SetBridge puts name's VMs on the host bridge br, with nameservers for
+// those given a static address, as a KVMHost with networkMode bridge and
+// spec.nameservers does.
+func (h *Hosts) SetBridge(name, br string, nameservers ...netip.Addr) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.bridges[name] = bridge{name: br, nameservers: nameservers}
+}
+
 // Remove forgets name.
 func (h *Hosts) Remove(name string) {
 	h.mu.Lock()
@@ -151,18 +171,24 @@ func (h *Hosts) Host(_ context.Context, name string) (kvm.HostSpec, error) {
 	h.mu.Lock()
 	typ, ok := h.names[name]
 	interval := h.intervals[name]
+	br, bridged := h.bridges[name]
 	h.mu.Unlock()
 	if !ok {
 		return kvm.HostSpec{}, provider.Permanent(fmt.Errorf("host %q: %w", name, conn.ErrHostNotConfigured))
 	}
-	return kvm.HostSpec{
+	hs := kvm.HostSpec{
 		Conn:          conn.HostConfig{Name: name, Address: name + ":22", User: "root"},
 		Material:      func(context.Context) (*conn.Material, error) { return &conn.Material{}, nil },
 		Pool:          PoolName,
 		Network:       domxml.Network{Type: domxml.NetworkTypeNetwork, Name: NetworkName},
 		DomainType:    typ,
 		CheckInterval: interval,
-	}, nil
+	}
+	if bridged {
+		hs.Network = domxml.Network{Type: domxml.NetworkTypeBridge, Name: br.name}
+		hs.Nameservers = br.nameservers
+	}
+	return hs, nil
 }
 
 // List implements kvm.HostSource.
@@ -271,4 +297,34 @@ func StepSettled(clk *testclock.FakeClock, d time.Duration) {
 	for end := time.Now().Add(5 * time.Second); clk.Waiters() < before && time.Now().Before(end); {
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// SeedFiles reads the files of the seed ISO Create uploaded for the Proxy
+// with UID uid on f, by name.
+func SeedFiles(f *fake.Fake, uid string) (map[string][]byte, error) {
+	iso, err := f.VolumeBytes(PoolName, domxml.SeedVolumeName(uid))
+	if err != nil {
+		return nil, err
+	}
+	img, err := iso9660.OpenImage(bytes.NewReader(iso))
+	if err != nil {
+		return nil, err
+	}
+	root, err := img.RootDir()
+	if err != nil {
+		return nil, err
+	}
+	children, err := root.GetChildren()
+	if err != nil {
+		return nil, err
+	}
+	files := map[string][]byte{}
+	for _, c := range children {
+		b, err := io.ReadAll(c.Reader())
+		if err != nil {
+			return nil, err
+		}
+		files[c.Name()] = b
+	}
+	return files, nil
 }

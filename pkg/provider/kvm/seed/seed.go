@@ -1,8 +1,9 @@
 // Package seed builds the cloud-init NoCloud seed ISO a proxy VM boots with.
 //
 // The ISO is a plain ISO 9660 volume labelled "cidata" holding meta-data,
-// user-data and vendor-data at its root, the files NoCloud reads
-// (user-data and meta-data are required, vendor-data optional).
+// user-data, vendor-data and, for a static address, network-config at its
+// root, the files NoCloud reads (user-data and meta-data are required, the
+// others optional).
 //
 // github.com/kdomanski/iso9660 v0.4 writes neither Joliet nor Rock Ridge, so
 // the guest sees the ISO 9660 identifiers themselves. Its writer lower-cases
@@ -52,6 +53,10 @@ type Input struct {
 	UserData []byte
 	// VendorData is written byte for byte; see VendorData to compose it.
 	VendorData []byte
+	// NetworkConfig, when not empty, is written as network-config (see
+	// NetworkConfig); without it the guest's cloud-init falls back to DHCP
+	// on its first NIC.
+	NetworkConfig []byte
 }
 
 // ForMachine returns the seed input for a Machine: instance-id is its UID,
@@ -104,6 +109,12 @@ func Build(in Input) (iso []byte, err error) {
 		{MetaDataFile, MetaData(in.InstanceID, in.Hostname)},
 		{UserDataFile, in.UserData},
 		{VendorDataFile, in.VendorData},
+	}
+	if len(in.NetworkConfig) > 0 {
+		files = append(files, struct {
+			name string
+			data []byte
+		}{NetworkConfigFile, in.NetworkConfig})
 	}
 	for _, f := range files {
 		if err := w.AddFile(bytes.NewReader(f.data), f.name); err != nil {
