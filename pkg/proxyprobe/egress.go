@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -88,4 +89,26 @@ func (e HTTPEcho) Echo(ctx context.Context, url string, t Target) (netip.Addr, e
 		return netip.Addr{}, fmt.Errorf("GET %s through the proxy: %w", url, err)
 	}
 	return a, nil
+}
+
+// ValidateEchoURL refuses an echo URL the measurement cannot use: not
+// http(s), without a host, or carrying credentials (they would reach
+// logs and messages; the proxy's own credential goes in its header).
+// Empty is valid: no echo.
+func ValidateEchoURL(raw string) error {
+	if raw == "" {
+		return nil
+	}
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return fmt.Errorf("not a URL: %w", err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("scheme %q: want http or https", u.Scheme)
+	case u.Host == "":
+		return errors.New("no host")
+	case u.User != nil:
+		return errors.New("must not carry credentials")
+	}
+	return nil
 }

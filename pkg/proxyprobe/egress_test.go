@@ -99,3 +99,20 @@ func TestHTTPEchoThroughTheProxy(t *testing.T) {
 		t.Fatalf("the forward proxy saw %d requests, the first with Proxy-Authorization %q: want 4, through it with the credential", n, auth[0])
 	}
 }
+
+func TestValidateEchoURL(t *testing.T) {
+	for raw, ok := range map[string]bool{
+		"":                           true,
+		"http://echo.example/ip":     true,
+		"https://api.ipify.org":      true,
+		"ftp://echo.example/":        false,
+		"http:///ip":                 false,
+		"http://u:p@echo.example/ip": false,
+		"http://echo.example/%zz":    false,
+		"echo.example/ip":            false,
+	} {
+		if err := ValidateEchoURL(raw); (err == nil) != ok {
+			t.Errorf("ValidateEchoURL(%q) = %v, want ok %v", raw, err, ok)
+		}
+	}
+}

@@ -11,7 +11,13 @@ import (
 // (see package plugin): squid pods the provider spreads over nodes itself,
 // all running the manager's squid image.
 func Plugin() plugin.Plugin {
-	return plugin.Basic{Provider: Name, In: plugin.Nodes, Rules: validate}
+	return plugin.Basic{Provider: Name, In: plugin.Nodes, Rules: validate, Shared: sharedEgress}
+}
+
+// sharedEgress: a squid pod leaves from its node's address, or the
+// cluster's NAT: pods on one node (and often every pod) share it.
+func sharedEgress(*crawlv1.ProxySpec) string {
+	return "kubernetes squid pods leave from their node's address or the cluster's NAT, which pods share"
 }
 
 func validate(p *crawlv1.Proxy, _ plugin.Policy) field.ErrorList {
