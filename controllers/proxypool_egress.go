@@ -130,7 +130,8 @@ func (r *ProxyPoolReconciler) setEgressDistinct(ctx context.Context, pool *crawl
 		return
 	}
 	shares := egressShares(replicas)
-	if len(shares) == 0 {
+	blocked := policy == crawlv1.EgressDistinctRequired && r.egressPlacementBlocked(pool)
+	if len(shares) == 0 && !blocked {
 		measured, live := 0, 0
 		for i := range replicas {
 			if spreads(&replicas[i]) {
@@ -148,11 +149,14 @@ func (r *ProxyPoolReconciler) setEgressDistinct(ctx context.Context, pool *crawl
 	for _, s := range shares {
 		parts = append(parts, fmt.Sprintf("%d replicas share %s%s", len(s.replicas), s.address, r.shareHosts(ctx, s)))
 	}
+	if blocked {
+		// Required refuses to create what it would refuse to publish.
+		parts = append(parts, "no replica created: "+placementMessage(pool))
+		setPoolCondition(pool, crawlv1.PoolEgressDistinctCondition, false, crawlv1.PoolNoDistinctEgressReason, strings.Join(parts, "; "))
+		return
+	}
 	msg := strings.Join(parts, "; ")
-	switch {
-	case policy == crawlv1.EgressDistinctRequired && r.egressPlacementBlocked(pool):
-		msg += "; no eligible host gives a new address: " + placementMessage(pool)
-	case policy == crawlv1.EgressDistinctRequired:
+	if policy == crawlv1.EgressDistinctRequired {
 		msg += "; the newer are not published and are being replaced"
 	}
 	setPoolCondition(pool, crawlv1.PoolEgressDistinctCondition, false, crawlv1.PoolEgressSharedReason, msg)
