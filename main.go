@@ -34,8 +34,8 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kubernetes"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
-	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
 
