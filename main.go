@@ -36,6 +36,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/virt"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
 
@@ -81,6 +82,7 @@ type options struct {
 	maxCalls      int
 
 	proxyProbeURL         string
+	egress                controllers.EgressOptions
 	probeSourceCIDRs      string
 	proxyProbeInterval    time.Duration
 	proxyProbeThreshold   int
@@ -126,7 +128,10 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxUploads, "max-uploads-per-host", 2, "Concurrent image uploads allowed per KVM host.")
 	fs.IntVar(&o.maxCalls, "max-calls-per-host", 0, "Provider calls (create, get, delete, list) in flight per KVM host; more fail at once as host busy. 0: a quarter of --proxy-concurrency, at least 1.")
 
-	fs.StringVar(&o.proxyProbeURL, "proxy-probe-url", "", "URL requested through each proxy, with its credential (expects a 2xx answer); Ready then means a request went through. A body that is one IP address (a what-is-my-IP service) is recorded as status.egressAddress. Empty: a TCP connect to the port.")
+	fs.StringVar(&o.proxyProbeURL, "proxy-probe-url", "", "URL requested through each proxy, with its credential (expects a 2xx answer); Ready then means a request went through. An answer that echoes an address (one IP, or JSON with an \"ip\" field) is recorded as status.egressAddress (egressSource echo). Empty: a TCP connect to the port.")
+	fs.StringVar(&o.egress.EchoURL, "egress-echo-url", "", "Address-echo URL requested through each proxy, with its credential, to measure its egress address (status.egressAddress, egressSource echo); the answer is one IP address or JSON with an \"ip\" field. A pool's spec.egress.echoURL overrides it for its replicas. May equal --proxy-probe-url. Empty: only a probe URL that echoes measures (docs/egress.md).")
+	fs.DurationVar(&o.egress.Interval, "egress-echo-interval", controllers.DefaultEgressEchoInterval, "Interval between egress measurements of one instance; a new instance, or one whose address changed, is measured at its first healthy probe.")
+	fs.DurationVar(&o.egress.StaleAfter, "egress-stale-after", controllers.DefaultEgressStaleAfter, "How long a measured egress address stands while echoes fail; then it is unknown (cleared).")
 	fs.StringVar(&o.probeSourceCIDRs, "probe-source-cidrs", "", "Comma-separated source ranges of the manager's probes as the proxies see them (e.g. the pod CIDR of the manager's node, or its egress NAT address); every managed squid with Basic auth admits them, still requiring the credential. Empty: Proxies must list the manager's source in spec.access.allowedSourceCIDRs themselves.")
 	fs.DurationVar(&o.proxyProbeInterval, "proxy-probe-interval", 30*time.Second, "Interval between probes of a Ready proxy.")
 	fs.IntVar(&o.proxyProbeThreshold, "proxy-probe-failure-threshold", 3, "Consecutive probe failures before a healthy proxy is marked unhealthy.")
@@ -195,6 +200,7 @@ func main() {
 func (o *options) deps(registry *provider.Registry) controllers.Deps {
 	d := controllers.Deps{
 		Registry: registry,
+		Plugins:  o.plugins(),
 		Prober:   proxyprobe.TCP{},
 		Tag:      o.tag,
 		Proxy: controllers.ProxyOptions{
@@ -208,6 +214,7 @@ func (o *options) deps(registry *provider.Registry) controllers.Deps {
 			ProbeSourceCIDRs:           splitList(o.probeSourceCIDRs),
 			DestinationExceptionGrants: o.grants,
 			RefuseUserData:             !o.allowProxyUserData,
+			Egress:                     o.egress,
 		},
 		Sweep: controllers.SweepOptions{Interval: o.gcInterval, VolumeGrace: o.gcVolumeGrace},
 	}
@@ -221,7 +228,13 @@ func (o *options) deps(registry *provider.Registry) controllers.Deps {
 // controllers apply the same rules to stored Proxies (deps).
 func (o *options) proxyWebhook() webhookv1.ProxyWebhook {
 	return webhookv1.ProxyWebhook{AllowImageURLs: o.allowProxyImageURLs, DestinationExceptionGrants: o.grants,
-		RefuseUserData: !o.allowProxyUserData, Plugins: controllers.Plugins()}
+		RefuseUserData: !o.allowProxyUserData, Plugins: o.plugins()}
+}
+
+// plugins are the providers' plug-ins under the manager's flags; the
+// controllers and the webhooks get the same.
+func (o *options) plugins() plugin.List {
+	return controllers.PluginsFor(controllers.PluginOptions{GCPNoExternalIP: o.gcp.NoExternalIP})
 }
 
 // splitList splits a comma-separated flag value, dropping empty entries.

@@ -6,6 +6,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
 
 func TestStartupRejectsUnusableDurations(t *testing.T) {
@@ -38,6 +42,11 @@ func TestStartupRejectsUnusableDurations(t *testing.T) {
 		{[]string{"--allow-destination-exceptions=64:ff9b::a9fe:a9fe/128"}, "which no exception lifts"},
 		{[]string{"--namespaces=crawl-a, crawl-b"}, ""},
 		{[]string{"--namespaces=crawl,Crawl"}, `--namespaces: "Crawl" is not a namespace name`},
+		{[]string{"--egress-echo-url=https://api.ipify.org?format=json"}, ""},
+		{[]string{"--egress-echo-url=http://u:p@echo.example/ip"}, "--egress-echo-url: must not carry credentials"},
+		{[]string{"--egress-echo-url=echo.example/ip"}, "--egress-echo-url: scheme"},
+		{[]string{"--egress-echo-interval=-1m"}, "--egress-echo-interval must not be negative"},
+		{[]string{"--egress-stale-after=-1m"}, "--egress-stale-after must not be negative"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -111,6 +120,24 @@ func TestPolicyFlagsReachAdmissionAndController(t *testing.T) {
 	}
 	if !w.RefuseUserData || !d.Proxy.RefuseUserData {
 		t.Errorf("RefuseUserData: webhook %v, controller %v; want true for both", w.RefuseUserData, d.Proxy.RefuseUserData)
+	}
+
+	// The egress flags reach the Proxy controller; the gcp NAT flag the
+	// plug-ins both sides get.
+	var eg options
+	egfs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	eg.bind(egfs)
+	if err := egfs.Parse([]string{"--egress-echo-url=http://echo.example/ip", "--egress-echo-interval=3m", "--gcp-no-external-ip"}); err != nil {
+		t.Fatal(err)
+	}
+	if d := eg.deps(nil); d.Proxy.Egress.EchoURL != "http://echo.example/ip" || d.Proxy.Egress.Interval != 3*time.Minute {
+		t.Errorf("egress options %+v, want the flags'", d.Proxy.Egress)
+	}
+	gcpSpec := &crawlv1.ProxySpec{Provider: crawlv1.ProviderGCP}
+	for side, pl := range map[string]plugin.List{"webhook": eg.proxyWebhook().Plugins, "controller": eg.deps(nil).Plugins} {
+		if plugin.SharedEgressOf(pl.Get(string(crawlv1.ProviderGCP)), gcpSpec) == "" {
+			t.Errorf("%s: the gcp plug-in does not know --gcp-no-external-ip", side)
+		}
 	}
 
 	var def options

@@ -68,6 +68,10 @@ type ProxyReconciler struct {
 
 	// ProbeInterval re-probes a Ready proxy.
 	ProbeInterval time.Duration
+	// Echoer measures egress addresses (proxyprobe.HTTPEcho when nil).
+	Echoer proxyprobe.Echoer
+	// Egress configures the measurement of egress addresses.
+	Egress EgressOptions
 	// ProbeFailureThreshold consecutive failures turn a healthy proxy
 	// unhealthy, so one lost probe does not flap it.
 	ProbeFailureThreshold int32
@@ -109,6 +113,7 @@ type ProxyReconciler struct {
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies/finalizers,verbs=update
 // +kubebuilder:rbac:groups=crawl.example.com,resources=kvmhosts;kvmimages,verbs=get;list;watch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxypools,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -161,6 +166,10 @@ func (r *ProxyReconciler) complete() error {
 	if r.ProbeFailureThreshold == 0 {
 		r.ProbeFailureThreshold = 3
 	}
+	if r.Echoer == nil {
+		r.Echoer = proxyprobe.HTTPEcho{}
+	}
+	r.Egress = r.Egress.withDefaults()
 	if r.ProvisionPollInterval == 0 {
 		r.ProvisionPollInterval = 5 * time.Second
 	}

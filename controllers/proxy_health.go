@@ -30,8 +30,8 @@ import (
 const firstProbeBackoff = 500 * time.Millisecond
 
 // reconcileHealth probes the proxy (with its credential, if it has one)
-// and sets ProxyHealthy; after a successful probe it records the egress
-// address and checks that the proxy refuses a request without credentials
+// and sets ProxyHealthy; after a successful probe it measures the egress
+// address (measureEgress) and checks that the proxy refuses a request without credentials
 // (Secure). Both ride on the probe's own schedule: at most one probe and
 // one check per probe interval.
 func (r *ProxyReconciler) reconcileHealth(ctx context.Context, s *proxyScope) (ctrl.Result, error) {
@@ -71,6 +71,9 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 	}
 	p.Status.Probe.LastProbeTime = &now
 	p.Status.Probe.LatencyMilliseconds = res.Latency.Milliseconds()
+	if p.Status.EgressSource == "" {
+		p.Status.EgressSource = crawlv1.EgressSourceUnknown
+	}
 	if res.OK {
 		r.probeSucceeded(probeCtx, s, target, res)
 		return r.ProbeInterval
@@ -89,7 +92,7 @@ func (r *ProxyReconciler) probeSucceeded(ctx context.Context, s *proxyScope, tar
 		reason, msg = crawlv1.ProxyNotProbedReason, fmt.Sprintf("port %d accepts connections (%s); the proxy itself was not probed: set --proxy-probe-url", p.Spec.Port, res.Latency.Round(time.Millisecond))
 	}
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
-	r.recordEgress(p, res.EgressAddress)
+	r.measureEgress(ctx, s, target, res.EgressAddress)
 	r.checkSecure(ctx, p, target)
 }
 
@@ -183,25 +186,6 @@ func probeStatusHint(p *crawlv1.Proxy, status int) string {
 			"and the probe URL's destination must be allowed (spec.access.allowedDestinationExceptions for an internal one)"
 	}
 	return ""
-}
-
-// recordEgress keeps status.egressAddress at what the probe URL last
-// echoed (empty when it echoes nothing), with an Event on each change.
-func (r *ProxyReconciler) recordEgress(p *crawlv1.Proxy, addr string) {
-	old := p.Status.EgressAddress
-	if addr == old || (addr == "" && p.Status.EgressSource == crawlv1.EgressSourceStatic) {
-		// An echo that says nothing leaves a static address, known
-		// without it, in place.
-		return
-	}
-	p.Status.EgressAddress = addr
-	if addr == "" {
-		return
-	}
-	if old == "" {
-		old = "none"
-	}
-	r.Recorder.Eventf(p, corev1.EventTypeNormal, "EgressAddressChanged", "egress address %s -> %s", old, addr)
 }
 
 // checkSecure sends one request without credentials and sets Secure from

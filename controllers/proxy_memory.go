@@ -31,6 +31,16 @@ type proxyMemory struct {
 	portOpened map[types.NamespacedName]string
 	// probing: how to interrupt each Proxy's probe under way.
 	probing map[types.NamespacedName]context.CancelFunc
+	// echoes: each Proxy's last egress echo attempt.
+	echoes map[types.NamespacedName]echoAttempt
+}
+
+// echoAttempt is when an echo last measured a Proxy's egress, of which
+// instance (address and provider id), and whether it worked.
+type echoAttempt struct {
+	at       time.Time
+	instance string
+	ok       bool
 }
 
 // lock takes the lock, making the maps on first use.
@@ -42,6 +52,7 @@ func (m *proxyMemory) lock() {
 		m.probeBackoff = map[types.NamespacedName]time.Duration{}
 		m.portOpened = map[types.NamespacedName]string{}
 		m.probing = map[types.NamespacedName]context.CancelFunc{}
+		m.echoes = map[types.NamespacedName]echoAttempt{}
 	}
 }
 
@@ -178,4 +189,28 @@ func (m *proxyMemory) forget(key types.NamespacedName) {
 	delete(m.waiting, key)
 	delete(m.probeBackoff, key)
 	delete(m.portOpened, key)
+	delete(m.echoes, key)
+}
+
+// echoDue: key's egress is to be measured now. The first time (this
+// process has not measured it), when the instance changed since, an
+// interval after the last success, or retry after the last failure.
+func (m *proxyMemory) echoDue(key types.NamespacedName, instance string, now time.Time, interval, retry time.Duration) bool {
+	m.lock()
+	defer m.mu.Unlock()
+	a, ok := m.echoes[key]
+	if !ok || a.instance != instance {
+		return true
+	}
+	if a.ok {
+		return !now.Before(a.at.Add(interval))
+	}
+	return !now.Before(a.at.Add(retry))
+}
+
+// echoed records an echo attempt on key's instance.
+func (m *proxyMemory) echoed(key types.NamespacedName, instance string, now time.Time, ok bool) {
+	m.lock()
+	defer m.mu.Unlock()
+	m.echoes[key] = echoAttempt{at: now, instance: instance, ok: ok}
 }

@@ -473,28 +473,40 @@ func TestOpenProxyEventOnceAndRecovery(t *testing.T) {
 	}
 }
 
-// TestEgressAddressFollowsTheProbe: recorded from the probe URL's answer,
-// an Event on each change (old -> new), cleared when no longer echoed.
+// TestEgressAddressFollowsTheProbe: recorded from the probe URL's answer
+// (source echo, measured at the probe), an Event on each change
+// (old -> new); a probe that no longer echoes leaves the last measurement
+// until it is stale, then the egress is unknown.
 func TestEgressAddressFollowsTheProbe(t *testing.T) {
 	egress := "203.0.113.5"
 	prober := &answerProber{probe: func(proxyprobe.Target) proxyprobe.Result {
 		return proxyprobe.Result{OK: true, Through: true, StatusCode: http.StatusOK, EgressAddress: egress, Latency: time.Millisecond}
 	}}
 	e := newSecureEnv(t, secureProxy(managedAccess()), prober)
+	clk := e.r.Clock.(*clocktesting.FakePassiveClock)
 	steps := []struct {
 		egress    string
+		advance   time.Duration
+		want      string
+		source    crawlv1.EgressSource
 		wantEvent string // "" = no EgressAddressChanged event
 	}{
-		{"203.0.113.5", "egress address none -> 203.0.113.5"},
-		{"203.0.113.5", ""},
-		{"198.51.100.9", "egress address 203.0.113.5 -> 198.51.100.9"},
-		{"", ""},
+		{"203.0.113.5", 0, "203.0.113.5", crawlv1.EgressSourceEcho, "egress address none -> 203.0.113.5"},
+		{"203.0.113.5", time.Second, "203.0.113.5", crawlv1.EgressSourceEcho, ""},
+		{"198.51.100.9", time.Second, "198.51.100.9", crawlv1.EgressSourceEcho, "egress address 203.0.113.5 -> 198.51.100.9"},
+		{"", time.Second, "198.51.100.9", crawlv1.EgressSourceEcho, ""},
+		{"", e.r.Egress.StaleAfter - 2*time.Second, "198.51.100.9", crawlv1.EgressSourceEcho, ""},
+		{"", 2 * time.Second, "", crawlv1.EgressSourceUnknown, ""},
 	}
 	for i, st := range steps {
 		egress = st.egress
+		clk.SetTime(clk.Now().Add(st.advance))
 		p := e.reconcileFast() // the first is a full reconcile: not Ready yet
-		if p.Status.EgressAddress != st.egress {
-			t.Fatalf("step %d: egressAddress %q, want %q", i, p.Status.EgressAddress, st.egress)
+		if p.Status.EgressAddress != st.want || p.Status.EgressSource != st.source {
+			t.Fatalf("step %d: egress %q (%s), want %q (%s)", i, p.Status.EgressAddress, p.Status.EgressSource, st.want, st.source)
+		}
+		if st.source == crawlv1.EgressSourceEcho && st.egress != "" && (p.Status.EgressMeasuredAt == nil || !p.Status.EgressMeasuredAt.Time.Equal(clk.Now().Truncate(time.Second))) {
+			t.Fatalf("step %d: egressMeasuredAt %v, want %v", i, p.Status.EgressMeasuredAt, clk.Now())
 		}
 		var got []string
 		for _, ev := range e.drainEvents() {

@@ -196,7 +196,7 @@ func publishedFields(p *crawlv1.Proxy) string {
 	if p.Status.CredentialsSecretRef != nil {
 		cred = p.Status.CredentialsSecretRef.Name
 	}
-	return strings.Join([]string{p.Status.Address, p.Status.Endpoint, p.Status.Host, p.Status.EgressAddress, cred,
+	return strings.Join([]string{p.Status.Address, p.Status.Endpoint, p.Status.Host, p.Status.EgressAddress, string(p.Status.EgressSource), cred,
 		strconv.Itoa(int(p.Spec.Port))}, "\x00")
 }
 
@@ -319,6 +319,10 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	templateHash := poolfleet.TemplateHash(&pool.Spec.Template)
 	hash := replicaHash(templateHash, creds)
 	state, byName := r.fleetState(ctx, pool, mem, replicas, hash, now)
+	shared := r.sharingEgress(pool, replicas)
+	for i := range state.Replicas {
+		state.Replicas[i].EgressShared = shared[state.Replicas[i].Name]
+	}
 
 	// Plan.
 	plan := poolfleet.Decide(policy, state)
@@ -355,6 +359,9 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	} else if blocked {
 		res.RequeueAfter = r.PlacementRetry
 	}
+	// After placement: a Required pool's condition says when no host can
+	// give a new address.
+	r.setEgressDistinct(ctx, pool, replicas)
 
 	// Housekeeping: unused credential copies, when to look again.
 	if keep := revisionsInUse(pool, append(slices.Clone(replicas), made...), creds); keep != nil {
@@ -862,23 +869,22 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 	}
 }
 
-// setReplicaCounts writes the replica counts, how many hosts and egress
-// addresses the published replicas use, and the rotation times.
+// setReplicaCounts writes the replica counts, how many hosts and measured
+// egress addresses the published replicas use, and the rotation times.
 func setReplicaCounts(st *crawlv1.ProxyPoolStatus, policy poolfleet.Policy, plan poolfleet.Plan, byName map[string]*crawlv1.Proxy) {
 	s := plan.Status
 	st.Replicas, st.ReadyReplicas, st.AvailableReplicas = int32(s.Replicas), int32(s.Ready), int32(s.Available)
 	st.UpToDateReplicas, st.DrainingReplicas, st.UnhealthyReplicas = int32(s.UpToDate), int32(s.Draining), int32(s.Unhealthy)
-	hosts, egress := map[string]bool{}, map[string]bool{}
+	hosts := map[string]bool{}
+	published := make([]*crawlv1.Proxy, 0, len(plan.Publish))
 	for _, n := range plan.Publish {
 		p := byName[n]
 		if p.Status.Host != "" {
 			hosts[p.Status.Host] = true
 		}
-		if p.Status.EgressAddress != "" {
-			egress[p.Status.EgressAddress] = true
-		}
+		published = append(published, p)
 	}
-	st.DistinctHosts, st.DistinctEgressAddresses = int32(len(hosts)), int32(len(egress))
+	st.DistinctHosts, st.DistinctEgressAddresses = int32(len(hosts)), int32(distinctEgress(published))
 	st.Rotation = nil
 	if policy.MaxAge > 0 {
 		st.Rotation = &crawlv1.ProxyPoolRotationStatus{LastTime: metaTime(s.LastRotation), NextTime: metaTime(s.NextRotation)}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -72,6 +73,7 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 	}
 	var hosts []placement.Host
 	checks := map[string]hostChecks{}
+	eligible := map[string]*crawlv1.KVMHost{}
 	var notReady []string
 	for i := range hostList.Items {
 		h := &hostList.Items[i]
@@ -86,6 +88,7 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 		default:
 			hosts = append(hosts, placement.Host{Name: h.Name, Capacity: capacityOf(h)})
 			checks[h.Name] = r.checksOf(h)
+			eligible[h.Name] = h
 		}
 	}
 	if len(hosts) == 0 {
@@ -106,7 +109,10 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 		Need:          sizeOf(replica),
 		CPUOvercommit: int64(pool.Spec.Placement.CPUOvercommit),
 	}
-	host, blocked := placement.ChooseHost(req)
+	host, blocked, egressBlocked := r.chooseHostForEgress(pool, replica, req, eligible, replicas)
+	if egressBlocked != nil {
+		return egressBlocked, nil
+	}
 	if blocked != nil {
 		return &PlacementBlocked{blocked.Reason, blocked.Message}, nil
 	}
@@ -114,6 +120,43 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 	replica.Spec.Placement.HostSelector = nil
 	logf.FromContext(ctx).V(1).Info("placed replica", "proxy", replica.Name, "host", host)
 	return nil, nil
+}
+
+// chooseHostForEgress chooses a host under the pool's egress.distinct:
+// Required leaves out the hosts that would give an address in use
+// (hostsGivingEgressInUse) and is blocked, naming them, when none is left;
+// Preferred tries the others first, then every host; Ignore looks at
+// capacity and spread only.
+func (r *ProxyPoolReconciler) chooseHostForEgress(pool *crawlv1.ProxyPool, replica *crawlv1.Proxy, req placement.Request,
+	eligible map[string]*crawlv1.KVMHost, replicas []crawlv1.Proxy) (string, *placement.Blocked, *PlacementBlocked) {
+	policy := distinctPolicy(pool)
+	pl := r.Plugins.Get(string(replica.Spec.Provider))
+	if policy == crawlv1.EgressDistinctIgnore || pl == nil {
+		host, blocked := placement.ChooseHost(req)
+		return host, blocked, nil
+	}
+	inUse := hostsGivingEgressInUse(pl, eligible, replicas)
+	fresh := req
+	fresh.Hosts = slices.DeleteFunc(slices.Clone(req.Hosts), func(h placement.Host) bool { _, used := inUse[h.Name]; return used })
+	if policy == crawlv1.EgressDistinctRequired {
+		if len(fresh.Hosts) == 0 {
+			why := make([]string, 0, len(inUse))
+			for _, h := range req.Hosts {
+				why = append(why, inUse[h.Name])
+			}
+			return "", nil, &PlacementBlocked{crawlv1.PoolNoDistinctEgressReason, fmt.Sprintf(
+				"spec.egress.distinct Required: every eligible KVMHost already gives this pool an egress address in use: %s", strings.Join(why, ", "))}
+		}
+		host, blocked := placement.ChooseHost(fresh)
+		return host, blocked, nil
+	}
+	if len(fresh.Hosts) > 0 && len(fresh.Hosts) < len(req.Hosts) {
+		if host, blocked := placement.ChooseHost(fresh); blocked == nil {
+			return host, nil, nil
+		}
+	}
+	host, blocked := placement.ChooseHost(req)
+	return host, blocked, nil
 }
 
 // hostScope is the hosts a replica may go to: those matching selector

@@ -116,8 +116,12 @@ type PublishedProxy struct {
 	URL string `json:"url"`
 	// Host the replica runs on (KVMHost, node or zone).
 	Host string `json:"host,omitempty"`
-	// EgressAddress the replica's requests come from, when the probe saw it.
-	EgressAddress string `json:"egressAddress,omitempty"`
+	// EgressAddress target sites see the replica's requests come from,
+	// and EgressSource how it is known (echo: measured through it; static:
+	// assigned on a network without NAT); both absent while it is not
+	// known (docs/egress.md).
+	EgressAddress string               `json:"egressAddress,omitempty"`
+	EgressSource  crawlv1.EgressSource `json:"egressSource,omitempty"`
 	// CreatedAt and ExpiresAt (when rotation will replace it) in RFC 3339.
 	CreatedAt string `json:"createdAt"`
 	ExpiresAt string `json:"expiresAt,omitempty"`
@@ -440,8 +444,10 @@ func hasPassword(u *url.Userinfo) bool {
 }
 
 func publishedProxy(pool *crawlv1.ProxyPool, r *crawlv1.Proxy, u string) PublishedProxy {
-	e := PublishedProxy{Name: r.Name, URL: u, Host: r.Status.Host, EgressAddress: r.Status.EgressAddress,
-		CreatedAt: r.CreationTimestamp.UTC().Format(time.RFC3339)}
+	e := PublishedProxy{Name: r.Name, URL: u, Host: r.Status.Host, CreatedAt: r.CreationTimestamp.UTC().Format(time.RFC3339)}
+	if a := measuredEgress(r); a != "" {
+		e.EgressAddress, e.EgressSource = a, r.Status.EgressSource
+	}
 	// The pool's own rule (pkg/fleet), so the list says what rotation does.
 	if policy, err := poolfleet.PolicyFor(&pool.Spec); err == nil {
 		if t, ok := poolfleet.ExpiresAt(r.CreationTimestamp.Time, string(r.UID), policy.MaxAge, policy.Jitter); ok {

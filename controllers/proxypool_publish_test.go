@@ -156,6 +156,9 @@ func createReplica(pool *crawlv1.ProxyPool, r replicaSpec) crawlv1.Proxy {
 	before := p.DeepCopy()
 	endpoint := "http://" + net.JoinHostPort(r.address, fmt.Sprint(r.port))
 	p.Status = crawlv1.ProxyStatus{Phase: crawlv1.ProxyReady, Host: r.host, Address: r.address, Endpoint: endpoint, EgressAddress: r.egress}
+	if r.egress != "" {
+		p.Status.EgressSource = crawlv1.EgressSourceEcho
+	}
 	if r.password != "" || r.noSecret {
 		p.Status.CredentialsSecretRef = &crawlv1.LocalObjectReference{Name: r.name + "-credentials"}
 	}
@@ -313,7 +316,7 @@ var _ = Describe("ProxyPool publishing", func() {
 		entries := publishedJSON(pool)
 		Expect(namesOf(entries)).To(Equal([]string{"alpha", "bravo", "charlie"}))
 		alphaExpiry, _ := poolfleet.ExpiresAt(alpha.CreationTimestamp.Time, string(alpha.UID), 6*time.Hour, time.Hour)
-		Expect(entries[0]).To(Equal(PublishedProxy{Name: "alpha", URL: alphaURL, Host: "hv1", EgressAddress: "198.51.100.11",
+		Expect(entries[0]).To(Equal(PublishedProxy{Name: "alpha", URL: alphaURL, Host: "hv1", EgressAddress: "198.51.100.11", EgressSource: crawlv1.EgressSourceEcho,
 			CreatedAt: alpha.CreationTimestamp.UTC().Format(time.RFC3339), ExpiresAt: alphaExpiry.UTC().Format(time.RFC3339)}))
 		Expect(entries[1].URL).To(Equal("http://192.0.2.12:3128"))
 		for i, r := range []crawlv1.Proxy{alpha, bravo, charlie} {

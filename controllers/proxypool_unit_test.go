@@ -347,7 +347,7 @@ func TestPoolStatusAndConditions(t *testing.T) {
 	u.readyAll(time.Minute)
 	for i, p := range u.replicas() {
 		p.Status.Host = "hv1"
-		p.Status.EgressAddress = []string{"203.0.113.1", "203.0.113.2"}[i]
+		p.Status.EgressAddress, p.Status.EgressSource = []string{"203.0.113.1", "203.0.113.2"}[i], crawlv1.EgressSourceEcho
 		if err := u.c.Client.Status().Update(context.Background(), &p); err != nil {
 			t.Fatal(err)
 		}

@@ -51,9 +51,20 @@ var specOrAnnotationChanged = predicate.Or(predicate.GenerationChangedPredicate{
 // Generic code (the Proxy and ProxyPool controllers, the sweep, the
 // webhooks) reaches a provider's own rules only through it; main.go gives
 // the same list to the webhooks, and Setup uses it unless Deps.Plugins says
-// otherwise. A new provider is one line here.
-func Plugins() plugin.List {
-	return plugin.List{kvm.Plugin(), kubernetes.Plugin(), gcp.Plugin()}
+// otherwise. A new provider is one line here. Plugins is the list with
+// every provider option at its default; main.go builds it from its flags.
+func PluginsFor(o PluginOptions) plugin.List {
+	return plugin.List{kvm.Plugin(), kubernetes.Plugin(), gcp.Plugin(o.GCPNoExternalIP)}
+}
+
+// Plugins is PluginsFor with every provider option at its default.
+func Plugins() plugin.List { return PluginsFor(PluginOptions{}) }
+
+// PluginOptions are the provider flags that change what a plug-in says.
+type PluginOptions struct {
+	// GCPNoExternalIP (--gcp-no-external-ip): gcp instances share the
+	// region's Cloud NAT as their egress.
+	GCPNoExternalIP bool
 }
 
 // ManagerOptions sets what every manager of this operator needs on opts (the
@@ -141,6 +152,11 @@ type ProxyOptions struct {
 	// RefuseUserData (--allow-proxy-user-data=false) refuses Proxies with
 	// spec.cloudInit; the webhooks get the same.
 	RefuseUserData bool
+	// Egress: how egress addresses are measured (--egress-echo-url,
+	// --egress-echo-interval, --egress-stale-after).
+	Egress EgressOptions
+	// Echoer measures them; proxyprobe.HTTPEcho when nil.
+	Echoer proxyprobe.Echoer
 	// PortWatch watches the port of each booting Proxy between probes
 	// (zero: portwatch's defaults, dialing for real). A harness whose
 	// proxy addresses are not real sets Dial.
@@ -245,6 +261,8 @@ func (d *Deps) Validate() error {
 		{"--resync-interval", d.Proxy.ResyncInterval},
 		{"--provider-call-timeout", d.Proxy.ProviderCallTimeout},
 		{"--gc-volume-grace", d.Sweep.VolumeGrace},
+		{"--egress-echo-interval", d.Proxy.Egress.Interval},
+		{"--egress-stale-after", d.Proxy.Egress.StaleAfter},
 		{"--provider-check-interval", kvmCheckInterval(d.KVM)},
 	} {
 		if f.d < 0 {
@@ -253,6 +271,9 @@ func (d *Deps) Validate() error {
 	}
 	if err := ValidateProbeSourceCIDRs(d.Proxy.ProbeSourceCIDRs); err != nil {
 		errs = append(errs, err)
+	}
+	if err := proxyprobe.ValidateEchoURL(d.Proxy.Egress.EchoURL); err != nil {
+		errs = append(errs, fmt.Errorf("--egress-echo-url: %w", err))
 	}
 	if d.Proxy.ProbeFailureThreshold < 0 {
 		errs = append(errs, fmt.Errorf("--proxy-probe-failure-threshold must not be negative, got %d", d.Proxy.ProbeFailureThreshold))
@@ -306,6 +327,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		AddressTimeout:             d.Proxy.AddressTimeout,
 		ResyncInterval:             d.Proxy.ResyncInterval,
 		ProviderCallTimeout:        d.Proxy.ProviderCallTimeout,
+		Egress:                     d.Proxy.Egress,
+		Echoer:                     d.Proxy.Echoer,
 	}
 	w.Proxy.PortWatch, w.Proxy.PortOpen = newPortWatch(ctx, d.Proxy.PortWatch, w.Proxy.notePortOpened)
 	ipam, err := ServesIPAM(mgr)

@@ -14,6 +14,7 @@ const (
 	causeOutdated
 	causeRotation
 	causeUnhealthy
+	causeEgressShared
 )
 
 // view is one replica with what the planner's steps derived about it.
@@ -105,6 +106,9 @@ func count(sum *Summary, v *view) {
 	if v.unhealthy {
 		sum.Unhealthy++
 	}
+	if v.EgressShared {
+		sum.EgressShared++
+	}
 }
 
 // classifyReplica derives what the steps need of one replica.
@@ -128,7 +132,9 @@ func classifyReplica(p Policy, now time.Time, r Replica) *view {
 		return v
 	}
 	if r.Ready {
-		v.available = !now.Before(r.ReadyChanged.Add(p.MinReady))
+		// A replica leaving from another's address (egress.distinct
+		// Required) serves, but not as a replica of its own.
+		v.available = !r.EgressShared && !now.Before(r.ReadyChanged.Add(p.MinReady))
 		return v
 	}
 	// Not Ready. Its Ready condition last changed within the startup window:
@@ -180,12 +186,15 @@ func replace(p Policy, now time.Time, vs []*view, sum *Summary, next *nextTimer)
 }
 
 // causeOf is why a live replica of a pool that is not paused is replaced:
-// a ban before a rollout before a rotation in flight before remediation
-// (which waits for the slot's backoff and stops past maxUnhealthy).
+// a ban before a shared egress address before a rollout before a rotation
+// in flight before remediation (which waits for the slot's backoff and
+// stops past maxUnhealthy).
 func causeOf(p Policy, now time.Time, v *view, remediationAllowed bool) cause {
 	switch {
 	case v.Marked:
 		return causeMarked
+	case v.EgressShared:
+		return causeEgressShared
 	case !v.UpToDate && !p.OnDelete:
 		return causeOutdated
 	case !v.RotatingSince.IsZero():

@@ -43,8 +43,8 @@ type Create struct{ Lineage }
 // Plan is what to do now, in this order: publish, drain, delete, start
 // rotations, create.
 type Plan struct {
-	// Publish: the Ready replicas that are not draining (nor about to),
-	// sorted by name.
+	// Publish: the Ready replicas that are not draining (nor about to)
+	// nor sharing an older replica's egress address, sorted by name.
 	Publish []string
 	// Drain: unpublish now; deleted after Policy.Drain.
 	Drain []string
@@ -80,6 +80,10 @@ type Summary struct {
 	// NextRotation is the earliest a rotation may start; zero without
 	// rotation.
 	NextRotation time.Time
+
+	// EgressShared are live replicas whose egress address an older one
+	// has (egress.distinct Required): not published, being replaced.
+	EgressShared int
 
 	MaxUnhealthy       int
 	RemediationAllowed bool

@@ -41,7 +41,9 @@ func drainSurplus(p Policy, rng *rand.Rand, vs []*view, b budget) budget {
 // that nothing in flight will make room for (existence at its cap, or
 // placement refused), it drains replaced replicas first, those that serve
 // nothing before the available ones, which go only within maxUnavailable.
-// Never a rotating one: a rotation waits rather than costs availability.
+// Never a rotating one: a rotation waits rather than costs availability;
+// nor one whose egress is shared: it serves no one, and only a replacement
+// placed elsewhere gives the pool an address.
 func drainFirst(p Policy, s State, vs []*view, b budget) {
 	want := p.Replicas - keptCount(vs)
 	needRoom := max(0, want-max(0, b.room))
@@ -55,7 +57,7 @@ func drainFirst(p Policy, s State, vs []*view, b budget) {
 	_, condemned := split(vs)
 	var candidates []*view
 	for _, v := range inScaleDownOrder(condemned, p.Order, s.Rand) {
-		if !v.drainNow && v.cause != causeRotation {
+		if !v.drainNow && v.cause != causeRotation && v.cause != causeEgressShared {
 			candidates = append(candidates, v)
 		}
 	}
@@ -137,12 +139,12 @@ func deletions(p Policy, now time.Time, vs []*view) []string {
 	return out
 }
 
-// published is the last step: the live Ready replicas not drained now,
-// sorted by name.
+// published is the last step: the live Ready replicas not drained now nor
+// sharing another's egress address, sorted by name.
 func published(vs []*view) []string {
 	var out []string
 	for _, v := range vs {
-		if v.live && v.Ready && !v.drainNow {
+		if v.live && v.Ready && !v.drainNow && !v.EgressShared {
 			out = append(out, v.Name)
 		}
 	}

@@ -43,6 +43,11 @@ type Replica struct {
 	Replaces string
 	// Host and EgressAddress feed the status' diversity counts.
 	Host, EgressAddress string
+	// EgressShared: with egress.distinct Required, its measured egress
+	// address is an older replica's. It is neither published nor
+	// available, and is replaced surge-first (never drained first: its
+	// going would give the pool no address).
+	EgressShared bool
 }
 
 // deleting reports whether r's deletion has started.

@@ -13,7 +13,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -45,9 +44,9 @@ type Result struct {
 	// StatusCode is the proxy's (or the origin's) answer; 0 when there was
 	// no HTTP answer (TCP probe, connection failed).
 	StatusCode int
-	// EgressAddress is the body of a 2xx answer when that body is one IP
-	// address, as what-is-my-IP services answer: the address the origin saw
-	// the request come from.
+	// EgressAddress is what a 2xx answer says the origin saw the request
+	// come from, when it is an address-echo answer (ParseEgress): one IP
+	// address, or JSON with an "ip" field.
 	EgressAddress string
 	Err           error
 }
@@ -107,10 +106,6 @@ type HTTP struct {
 	Timeout time.Duration
 }
 
-// maxEgressBody is the longest body read as an address (an IPv6 address
-// with surrounding whitespace fits).
-const maxEgressBody = 64
-
 func (p HTTP) Probe(ctx context.Context, t Target) Result {
 	return p.do(ctx, t, true)
 }
@@ -123,6 +118,19 @@ func (p HTTP) ProbeWithoutCredentials(ctx context.Context, t Target) Result {
 }
 
 func (p HTTP) do(ctx context.Context, t Target, judge bool) Result {
+	var body []byte
+	r := p.request(ctx, t, judge, func(rd io.Reader) { body, _ = io.ReadAll(io.LimitReader(rd, maxEchoBody+1)) })
+	if r.OK && judge && r.StatusCode/100 == 2 {
+		if a, err := ParseEgress(body); err == nil {
+			r.EgressAddress = a.String()
+		}
+	}
+	return r
+}
+
+// request sends GET URL through the proxy; read sees the start of the body
+// of an answer (the rest is drained).
+func (p HTTP) request(ctx context.Context, t Target, judge bool, read func(io.Reader)) Result {
 	ctx, cancel := context.WithTimeout(ctx, orDefault(p.Timeout))
 	defer cancel()
 	// No userinfo in the proxy URL: credentials go only into the header,
@@ -168,7 +176,7 @@ func (p HTTP) do(ctx context.Context, t Target, judge bool) Result {
 	}
 	defer resp.Body.Close()
 	r.StatusCode = resp.StatusCode
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxEgressBody+1))
+	read(resp.Body)
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if !judge {
 		r.OK = true
@@ -183,11 +191,6 @@ func (p HTTP) do(ctx context.Context, t Target, judge bool) Result {
 		return r
 	}
 	r.OK = true
-	if resp.StatusCode/100 == 2 && len(body) <= maxEgressBody {
-		if a, err := netip.ParseAddr(strings.TrimSpace(string(body))); err == nil && a.Zone() == "" {
-			r.EgressAddress = a.Unmap().String()
-		}
-	}
 	return r
 }
 

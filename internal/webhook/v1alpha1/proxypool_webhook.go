@@ -19,6 +19,7 @@ import (
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	"crawl.example.com/proxy-operator/pkg/provider/plugin"
+	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
 
 // SetupWithManager registers the ProxyPool webhook.
@@ -44,7 +45,7 @@ type ProxyPoolWebhook struct {
 }
 
 func (w *ProxyPoolWebhook) ValidateCreate(_ context.Context, p *crawlv1.ProxyPool) (admission.Warnings, error) {
-	return templateWarnings(p), toInvalid(p, w.validate(p))
+	return append(templateWarnings(p), w.egressWarnings(p)...), toInvalid(p, w.validate(p))
 }
 
 func (w *ProxyPoolWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.ProxyPool) (admission.Warnings, error) {
@@ -55,7 +56,7 @@ func (w *ProxyPoolWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Pro
 	if !equality.Semantic.DeepEqual(old.Spec.Selector, p.Spec.Selector) {
 		errs = append(errs, field.Forbidden(field.NewPath("spec", "selector"), "selector is immutable: the pool would lose its replicas"))
 	}
-	return templateWarnings(p), toInvalid(p, errs)
+	return append(templateWarnings(p), w.egressWarnings(p)...), toInvalid(p, errs)
 }
 
 // templateWarnings are the Proxy webhook's warnings about access that
@@ -72,7 +73,44 @@ func (w *ProxyPoolWebhook) validate(p *crawlv1.ProxyPool) field.ErrorList {
 	errs := ValidateProxyPoolName(p.Name)
 	errs = append(errs, w.validateTemplate(p)...)
 	errs = append(errs, validatePoolSpec(&p.Spec)...)
+	errs = append(errs, w.validateEgress(p)...)
 	return errs
+}
+
+// validateEgress refuses an echo URL the measurement cannot use, and
+// egress.distinct Required on a provider whose plug-in says its instances
+// share one egress address (docs/egress.md): the pool could never keep it.
+func (w *ProxyPoolWebhook) validateEgress(p *crawlv1.ProxyPool) field.ErrorList {
+	eg := field.NewPath("spec", "egress")
+	var errs field.ErrorList
+	if err := proxyprobe.ValidateEchoURL(p.Spec.Egress.EchoURL); err != nil {
+		errs = append(errs, field.Invalid(eg.Child("echoURL"), p.Spec.Egress.EchoURL, err.Error()))
+	}
+	if p.Spec.Egress.Distinct == crawlv1.EgressDistinctRequired {
+		if pl := w.Proxy.Plugins.Get(string(p.Spec.Template.Spec.Provider)); pl != nil {
+			if why := plugin.SharedEgressOf(pl, &p.Spec.Template.Spec); why != "" {
+				errs = append(errs, field.Invalid(eg.Child("distinct"), p.Spec.Egress.Distinct,
+					"cannot be kept: "+why+"; use Preferred (counted and reported) or Ignore"))
+			}
+		}
+	}
+	return errs
+}
+
+// egressWarnings: with Preferred (the default) on a provider whose
+// instances share one egress, the pool will report one address.
+func (w *ProxyPoolWebhook) egressWarnings(p *crawlv1.ProxyPool) admission.Warnings {
+	if p.Spec.Egress.Distinct == crawlv1.EgressDistinctIgnore {
+		return nil
+	}
+	pl := w.Proxy.Plugins.Get(string(p.Spec.Template.Spec.Provider))
+	if pl == nil {
+		return nil
+	}
+	if why := plugin.SharedEgressOf(pl, &p.Spec.Template.Spec); why != "" && p.Spec.Egress.Distinct != crawlv1.EgressDistinctRequired {
+		return admission.Warnings{"spec.egress.distinct: " + why + ": the replicas will not have distinct egress addresses"}
+	}
+	return nil
 }
 
 // ValidateProxyPoolName: the pool publishes and names its replicas under

@@ -56,6 +56,13 @@ var _ = Describe("ProxyPool admission through the API server", func() {
 			"spec.remediation.maxUnhealthy: Invalid value"),
 		Entry("a zero timeout", func(p *crawlv1.ProxyPool) { p.Spec.Remediation.StartupTimeout = dur(0) },
 			"spec.remediation.startupTimeout: Invalid value"),
+		Entry("distinct egress Required on kubernetes, whose pods share their node's address", func(p *crawlv1.ProxyPool) {
+			p.Spec.Template.Spec.Provider = crawlv1.ProviderKubernetes
+			p.Spec.Template.Spec.Placement = crawlv1.ProxyPlacement{}
+			p.Spec.Egress.Distinct = crawlv1.EgressDistinctRequired
+		}, "spec.egress.distinct: Invalid value"),
+		Entry("an echo URL with credentials", func(p *crawlv1.ProxyPool) { p.Spec.Egress.EchoURL = "http://u:p@echo.example/ip" },
+			"spec.egress.echoURL: Invalid value"),
 	)
 
 	It("keeps the selector immutable, with and without the webhook", func() {

@@ -11,9 +11,16 @@ import (
 
 // Plugin is the gcp provider's part in the operator's generic code (see
 // package plugin): instances in zones, booting spec.placement.image as
-// given.
-func Plugin() plugin.Plugin {
-	return plugin.Basic{Provider: Name, In: plugin.Zones, Rules: validate}
+// given. With noExternalIP (--gcp-no-external-ip) instances leave through
+// the region's Cloud NAT, which they share.
+func Plugin(noExternalIP bool) plugin.Plugin {
+	b := plugin.Basic{Provider: Name, In: plugin.Zones, Rules: validate}
+	if noExternalIP {
+		b.Shared = func(*crawlv1.ProxySpec) string {
+			return "gcp instances without external IPs (--gcp-no-external-ip) leave through the region's Cloud NAT, which they share"
+		}
+	}
+	return b
 }
 
 // validate refuses user-data an instance could not use: on an image whose

@@ -12,7 +12,13 @@ import (
 // all running the manager's squid image, each behind a NetworkPolicy that
 // admits only spec.access.allowedSourceCIDRs, managed or not.
 func Plugin() plugin.Plugin {
-	return plugin.Basic{Provider: Name, In: plugin.Nodes, Rules: validate, UnmanagedSources: true}
+	return plugin.Basic{Provider: Name, In: plugin.Nodes, Rules: validate, Shared: sharedEgress, UnmanagedSources: true}
+}
+
+// sharedEgress: a squid pod leaves from its node's address, or the
+// cluster's NAT: pods on one node (and often every pod) share it.
+func sharedEgress(*crawlv1.ProxySpec) string {
+	return "kubernetes squid pods leave from their node's address or the cluster's NAT, which pods share"
 }
 
 func validate(p *crawlv1.Proxy, _ plugin.Policy) field.ErrorList {

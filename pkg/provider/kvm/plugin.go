@@ -29,6 +29,17 @@ func (hostsPlugin) Name() string { return Name }
 
 func (hostsPlugin) Domain() plugin.Domain { return plugin.Hosts }
 
+// SharedBy: on a libvirt network (networkMode network, libvirt's NAT by
+// default) every VM leaves through the host's address; on a bridge each
+// VM has an address of its own (assigned or by DHCP, perhaps NATed
+// again by a router: measurement tells).
+func (hostsPlugin) SharedBy(h *crawlv1.KVMHost) string {
+	if h.Spec.NetworkMode == crawlv1.NetworkModeBridge {
+		return ""
+	}
+	return "NAT"
+}
+
 // HostOf is where p's domain is: the provider ID's host, else the host
 // recorded at placement, else the one its spec names.
 func (hostsPlugin) HostOf(p *crawlv1.Proxy) string {

@@ -162,7 +162,8 @@ func (GivenImage) ForDelete(context.Context, *crawlv1.Proxy, *provider.Machine) 
 
 // Basic is the Plugin of a provider outside the Hosts domain whose
 // Machines need nothing from the cluster (GivenImage); its own admission
-// rules are Defaults and Rules, either nil for none.
+// rules are Defaults and Rules, either nil for none; Shared is its
+// SharedEgress, nil when its instances may each have their own.
 type Basic struct {
 	Provider string
 	In       Domain
@@ -170,6 +171,16 @@ type Basic struct {
 	Rules    func(p *crawlv1.Proxy, policy Policy) field.ErrorList
 	// UnmanagedSources: see UnmanagedSourcesGuard.
 	UnmanagedSources bool
+	Shared           func(s *crawlv1.ProxySpec) string
+}
+
+var _ SharedEgress = Basic{}
+
+func (b Basic) SharedEgress(s *crawlv1.ProxySpec) string {
+	if b.Shared == nil {
+		return ""
+	}
+	return b.Shared(s)
 }
 
 var _ Plugin = Basic{}
@@ -202,6 +213,42 @@ func (b Basic) GuardsUnmanagedSources() bool { return b.UnmanagedSources }
 // admission requires that field of such a Proxy instead of refusing it.
 type UnmanagedSourcesGuard interface {
 	GuardsUnmanagedSources() bool
+}
+
+// SharedEgress is what a plug-in may say of its instances' egress
+// addresses (docs/egress.md): why every instance of s leaves from one
+// address the provider shares (a Cloud NAT, a node's address), "" when
+// each may have its own, which only measurement proves. A ProxyPool with
+// egress.distinct Required is refused with this reason, by admission
+// and by the pool controller. A plug-in without it shares nothing.
+type SharedEgress interface {
+	SharedEgress(s *crawlv1.ProxySpec) string
+}
+
+// SharedEgressOf is pl's SharedEgress for s; "" when pl says nothing.
+func SharedEgressOf(pl Plugin, s *crawlv1.ProxySpec) string {
+	if se, ok := pl.(SharedEgress); ok {
+		return se.SharedEgress(s)
+	}
+	return ""
+}
+
+// HostEgress is what a plug-in of the Hosts domain may say of a host's
+// egress: SharedBy is the name of what every instance on h leaves
+// through (e.g. "NAT" for libvirt's NAT network), "" when instances may
+// have addresses of their own (a bridge: measured, or assigned).
+// Placement puts at most one replica of a pool with egress.distinct
+// Required on a host with a SharedBy, and prefers others with Preferred.
+type HostEgress interface {
+	SharedBy(h *crawlv1.KVMHost) string
+}
+
+// HostSharedBy is pl's HostEgress for h; "" when pl says nothing.
+func HostSharedBy(pl Plugin, h *crawlv1.KVMHost) string {
+	if he, ok := pl.(HostEgress); ok {
+		return he.SharedBy(h)
+	}
+	return ""
 }
 
 // VolumeSweeper is a sweep extra a provider may implement (kvm does): it
