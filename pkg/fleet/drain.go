@@ -137,12 +137,12 @@ func deletions(p Policy, now time.Time, vs []*view) []string {
 	return out
 }
 
-// published is the last step: the live Ready replicas not drained now,
-// sorted by name.
+// published is the last step: the live Ready replicas not drained now nor
+// withheld (bans), sorted by name.
 func published(vs []*view) []string {
 	var out []string
 	for _, v := range vs {
-		if v.live && v.Ready && !v.drainNow {
+		if v.live && v.Ready && !v.drainNow && !v.withheld() {
 			out = append(out, v.Name)
 		}
 	}
