@@ -57,7 +57,9 @@ func bans(p Policy, s State, vs []*view, sum *Summary, next *nextTimer) []string
 	var recent []time.Time
 	for _, r := range s.BanRecords {
 		recorded[r.Replica] = true
-		if s.Now.Sub(r.Time) < BanWindow && !r.Time.After(s.Now) {
+		// A record a little ahead of now (the status keeps whole
+		// seconds) counts: the budget errs on the safe side.
+		if s.Now.Sub(r.Time) < BanWindow {
 			recent = append(recent, r.Time)
 		}
 	}
@@ -114,7 +116,9 @@ func bans(p Policy, s State, vs []*view, sum *Summary, next *nextTimer) []string
 			continue
 		}
 		sum.BanWaiting++
+		sum.BanWaitingReplicas = append(sum.BanWaitingReplicas, v.Name)
 	}
+	slices.Sort(sum.BanWaitingReplicas)
 	sum.BanRecent = len(recent)
 	for _, v := range vs {
 		if v.live && v.withheld() {

@@ -206,7 +206,7 @@ func checkBans(p Policy, s State, plan Plan, byName map[string]Replica) error {
 	recorded := map[string]bool{}
 	for _, b := range s.BanRecords {
 		recorded[b.Replica] = true
-		if s.Now.Sub(b.Time) < BanWindow && !b.Time.After(s.Now) {
+		if s.Now.Sub(b.Time) < BanWindow {
 			recent++
 		}
 	}

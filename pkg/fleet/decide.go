@@ -117,6 +117,7 @@ type Summary struct {
 	// replacements started within BanWindow, of at most BanMaxPerHour;
 	// BanMaxReported: the short-circuit, resolved.
 	BanReplacing, BanWaiting, BanRecent int
+	BanWaitingReplicas                  []string
 	BanMaxPerHour, BanMaxReported       int
 	// BanPaused says why reports wait (BanPaused* constants); empty: none
 	// waits. BanBudgetFreeAt: when the hourly budget lets the next one go.
