@@ -168,6 +168,9 @@ type fakeProber struct {
 	// listener: an address whose port is a real loopback address (a spec's
 	// "squid"): probe and port watch both dial it and see what it does.
 	listener map[string]string
+	// egress: what an address-echo URL answers through the proxy at an
+	// address, or at any other ("*"); none: no egress address.
+	egress map[string]string
 }
 
 func (p *fakeProber) Probe(ctx context.Context, t proxyprobe.Target) proxyprobe.Result {
@@ -181,7 +184,23 @@ func (p *fakeProber) Probe(ctx context.Context, t proxyprobe.Target) proxyprobe.
 	if down {
 		return proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
 	}
-	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
+	p.mu.Lock()
+	egress, ok := p.egress[t.Address]
+	if !ok {
+		egress = p.egress["*"]
+	}
+	p.mu.Unlock()
+	return proxyprobe.Result{OK: true, Latency: time.Millisecond, EgressAddress: egress}
+}
+
+// setEgress makes the probe through addr see egress (empty: nothing).
+func (p *fakeProber) setEgress(addr, egress string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.egress == nil {
+		p.egress = map[string]string{}
+	}
+	p.egress[addr] = egress
 }
 
 func (p *fakeProber) dial(ctx context.Context, network, addr string) (net.Conn, error) {
