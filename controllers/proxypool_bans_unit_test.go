@@ -123,6 +123,19 @@ func TestPoolDomainBanIsPublishedWithItsExpiryAndEnds(t *testing.T) {
 	if !slices.Equal(got[banned].BannedDomains, want) {
 		t.Errorf("bannedDomains %+v, want %+v", got[banned].BannedDomains, want)
 	}
+	// The shape the recipes read (test/recipes, docs/examples/python).
+	sec := &corev1.Secret{}
+	if err := u.c.Client.Get(context.Background(), client.ObjectKey{Namespace: "ns", Name: crawlv1.PublishedName(u.pool.Name)}, sec); err != nil {
+		t.Fatal(err)
+	}
+	var raw []map[string]any
+	if err := json.Unmarshal(sec.Data[crawlv1.ProxiesJSONKey], &raw); err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(raw, func(e map[string]any) bool { return e["name"] == banned })
+	if first := fmt.Sprint(raw[max(i, 0)]["bannedDomains"]); i < 0 || !strings.HasPrefix(first, "[map[domain:example.com expiresAt:"+want[0].ExpiresAt+"]") {
+		t.Errorf("proxies.json entry %v: want bannedDomains as [{domain, expiresAt}]", raw[max(i, 0)])
+	}
 	if len(got) != 2 || got[names[1]].BannedDomains != nil {
 		t.Errorf("published %+v: want both replicas, the other without bans", got)
 	}
