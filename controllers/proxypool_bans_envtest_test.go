@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"encoding/json"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -19,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
-	"crawl.example.com/proxy-operator/pkg/provider/kvm/kvmtest"
 )
 
 // Ban reports (ProxyBan) through the real controllers, over the suite's
@@ -30,16 +28,7 @@ var _ = Describe("ProxyPool ban reports", Ordered, func() {
 		hostLabel map[string]string
 		hosts     []*testHost
 	)
-	BeforeAll(func() {
-		img := kvmtest.NewImageServer("debian", 256<<10)
-		DeferCleanup(img.Close)
-		image = uniqueName("ban-image")
-		createImage(image, img)
-		hostLabel = map[string]string{"ban-hosts": uniqueName("hv")}
-		for i := range 2 {
-			hosts = append(hosts, readyLabelledHost(uniqueName(fmt.Sprintf("banhv%d", i)), hostLabel))
-		}
-	})
+	BeforeAll(func() { image, hostLabel, hosts = poolHosts("ban", 2) })
 
 	// banPool is a ready pool of n whose replicas boot in about a second.
 	banPool := func(ns, name string, n int32, tune ...func(*crawlv1.ProxyPool)) (*crawlv1.ProxyPool, []string) {
