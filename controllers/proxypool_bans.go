@@ -106,48 +106,8 @@ func (r *ProxyPoolReconciler) readBans(ctx context.Context, pool *crawlv1.ProxyP
 	pb := &poolBans{replace: map[string]string{}, quarantined: map[string]bool{}}
 	domains := map[string]map[string]time.Time{}
 	for i := range list.Items {
-		b := &list.Items[i]
-		if !b.DeletionTimestamp.IsZero() {
-			continue
-		}
-		p := byName[b.Spec.Proxy]
-		expires := b.CreationTimestamp.Add(policy.DomainBanDuration)
-		switch {
-		case p == nil && ownedBy(b, b.Spec.Proxy, ""):
-			// Its replica is gone (replaced): the report is done.
-			r.deleteBan(ctx, b)
-			continue
-		case p == nil && !now.Before(expires):
-			r.deleteBan(ctx, b)
-			continue
-		case p == nil:
-			if !bm.warned[b.UID] {
-				bm.warned[b.UID] = true
-				r.Recorder.Eventf(b, "Warning", "BanIgnored", "ProxyBan %s names %q, which is not a replica of ProxyPool %s: ignored",
-					b.Name, b.Spec.Proxy, pool.Name)
-			}
-			pb.soonest(expires)
-			continue
-		case b.Spec.Domain != "" && !b.Spec.Replace && !now.Before(expires):
-			r.deleteBan(ctx, b)
-			continue
-		}
-		if !ownedBy(b, p.Name, p.UID) {
-			// Goes with its Proxy (the garbage collector), and the pool
-			// tells a report on a replica gone from one never valid.
-			r.ownBan(ctx, b, p)
-		}
-		if b.Spec.Domain != "" && now.Before(expires) {
-			if domains[p.Name] == nil {
-				domains[p.Name] = map[string]time.Time{}
-			}
-			if expires.After(domains[p.Name][b.Spec.Domain]) {
-				domains[p.Name][b.Spec.Domain] = expires
-			}
-			pb.soonest(expires)
-		}
-		if b.Spec.Replace {
-			pb.ask(p.Name, reportReason(b))
+		if b := &list.Items[i]; b.DeletionTimestamp.IsZero() {
+			r.readReport(ctx, pool, bm, pb, domains, b, byName[b.Spec.Proxy], b.CreationTimestamp.Add(policy.DomainBanDuration), now)
 		}
 	}
 	bm.domains = map[string][]BannedDomain{}
@@ -177,6 +137,47 @@ func (r *ProxyPoolReconciler) readBans(ctx context.Context, pool *crawlv1.ProxyP
 		}
 	}
 	return pb, nil
+}
+
+// readReport adds one ProxyBan to pb and domains, p being its replica (nil:
+// none of the pool's by that name) and expires when its domain ban ends.
+func (r *ProxyPoolReconciler) readReport(ctx context.Context, pool *crawlv1.ProxyPool, bm *banMemory, pb *poolBans,
+	domains map[string]map[string]time.Time, b *crawlv1.ProxyBan, p *crawlv1.Proxy, expires, now time.Time) {
+	switch {
+	case p == nil && (ownedBy(b, b.Spec.Proxy, "") || !now.Before(expires)):
+		// Its replica is gone (replaced), or it never named one and is
+		// as old as a domain ban lasts: the report is done.
+		r.deleteBan(ctx, b)
+		return
+	case p == nil:
+		if !bm.warned[b.UID] {
+			bm.warned[b.UID] = true
+			r.Recorder.Eventf(b, "Warning", "BanIgnored", "ProxyBan %s names %q, which is not a replica of ProxyPool %s: ignored",
+				b.Name, b.Spec.Proxy, pool.Name)
+		}
+		pb.soonest(expires)
+		return
+	case b.Spec.Domain != "" && !b.Spec.Replace && !now.Before(expires):
+		r.deleteBan(ctx, b)
+		return
+	}
+	if !ownedBy(b, p.Name, p.UID) {
+		// Goes with its Proxy (the garbage collector), and the pool tells
+		// a report on a replica gone from one never valid.
+		r.ownBan(ctx, b, p)
+	}
+	if b.Spec.Domain != "" && now.Before(expires) {
+		if domains[p.Name] == nil {
+			domains[p.Name] = map[string]time.Time{}
+		}
+		if expires.After(domains[p.Name][b.Spec.Domain]) {
+			domains[p.Name][b.Spec.Domain] = expires
+		}
+		pb.soonest(expires)
+	}
+	if b.Spec.Replace {
+		pb.ask(p.Name, reportReason(b))
+	}
 }
 
 func (pb *poolBans) ask(replica, reason string) {

@@ -41,14 +41,13 @@ func (u *poolUnit) publishedEntries() map[string]PublishedProxy {
 
 // report creates a ProxyBan made at the fake clock's now (the fake client
 // does not stamp creation times).
-func (u *poolUnit) report(name, proxy, domain string, replace bool) *crawlv1.ProxyBan {
+func (u *poolUnit) report(name, proxy, domain string, replace bool) {
 	u.t.Helper()
 	b := &crawlv1.ProxyBan{ObjectMeta: metav1.ObjectMeta{Namespace: u.pool.Namespace, Name: name, CreationTimestamp: metav1.NewTime(u.clock.Now())},
 		Spec: crawlv1.ProxyBanSpec{Pool: u.pool.Name, Proxy: proxy, Domain: domain, Replace: replace, Reason: "HTTP 403 x12"}}
 	if err := u.c.Client.Create(context.Background(), b); err != nil {
 		u.t.Fatal(err)
 	}
-	return b
 }
 
 // setEgress gives a replica a measured egress address.

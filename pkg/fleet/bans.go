@@ -120,6 +120,13 @@ func bans(p Policy, s State, vs []*view, sum *Summary, next *nextTimer) []string
 	}
 	slices.Sort(sum.BanWaitingReplicas)
 	sum.BanRecent = len(recent)
+	withhold(vs, sum)
+	slices.Sort(accepted)
+	return accepted
+}
+
+// withhold takes the withheld replicas off the available ones.
+func withhold(vs []*view, sum *Summary) {
 	for _, v := range vs {
 		if v.live && v.withheld() {
 			sum.Withheld++
@@ -132,8 +139,6 @@ func bans(p Policy, s State, vs []*view, sum *Summary, next *nextTimer) []string
 			sum.BanReplacing++
 		}
 	}
-	slices.Sort(accepted)
-	return accepted
 }
 
 // banPolicy resolves spec.bans into p.
