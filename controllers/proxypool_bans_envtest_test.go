@@ -190,6 +190,12 @@ var _ = Describe("ProxyPool ban reports", Ordered, func() {
 		DeferCleanup(prober.setEgress, banAddr, "")
 		setEgressSource(ns, names[0], banned)
 
+		// The NAT case: the next replica leaves from the same address,
+		// from its first probe (the one that makes it Ready).
+		prober.setEgress(getProxy(ns, names[1]).Status.Address, "")
+		prober.setEgress("*", banned)
+		DeferCleanup(prober.setEgress, "*", "")
+
 		report(pool, "quar-ban", names[0], "", true)
 		Eventually(func(g Gomega) {
 			q := getPool(pool).Status.Quarantine
@@ -199,11 +205,6 @@ var _ = Describe("ProxyPool ban reports", Ordered, func() {
 			g.Expect(q[0].ExpiresAt.Time).To(BeTemporally("~", time.Now().Add(24*time.Hour), time.Minute))
 		}).WithTimeout(10 * time.Second).Should(Succeed())
 
-		// The NAT case: the next replica leaves from the same address,
-		// from its first probe (the one that makes it Ready).
-		prober.setEgress(getProxy(ns, names[1]).Status.Address, "")
-		prober.setEgress("*", banned)
-		DeferCleanup(prober.setEgress, "*", "")
 		var shared string
 		Eventually(func(g Gomega) {
 			for _, p := range poolReplicas(pool) {
@@ -212,6 +213,8 @@ var _ = Describe("ProxyPool ban reports", Ordered, func() {
 				}
 			}
 			g.Expect(shared).NotTo(BeEmpty())
+			// Taken for replacement before its egress changes below.
+			g.Expect(getPool(pool).Status.BanReplacements).To(ContainElement(HaveField("Replica", shared)))
 		}).WithTimeout(20 * time.Second).Should(Succeed())
 		// Its replacement leaves from elsewhere.
 		prober.setEgress("*", "")
