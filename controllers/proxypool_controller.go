@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
@@ -112,6 +113,8 @@ func (r *ProxyPoolReconciler) SetupWithManager(mgr ctrl.Manager, opts controller
 		// The Proxy controller ignores status-only updates of Proxies;
 		// the pool needs those that change what it decides or publishes.
 		Owns(&crawlv1.Proxy{}, builder.WithPredicates(replicaChanged)).
+		// Ban reports name their pool (proxypool_bans.go).
+		Watches(&crawlv1.ProxyBan{}, handler.EnqueueRequestsFromMapFunc(banPool)).
 		WithOptions(opts).
 		Named("proxypool").
 		Complete(r)
@@ -144,6 +147,9 @@ func (r *ProxyPoolReconciler) complete() error {
 	}
 	if r.place == nil {
 		r.place = r.placeReplica
+	}
+	if r.Publisher.BannedDomains == nil {
+		r.Publisher.BannedDomains = r.bannedDomains
 	}
 	r.memMu.Lock()
 	r.pools = map[types.NamespacedName]*poolMemory{}
@@ -316,6 +322,10 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	bans, err := r.readBans(ctx, pool, mem, policy, replicas, now)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	templateHash := poolfleet.TemplateHash(&pool.Spec.Template)
 	hash := replicaHash(templateHash, creds)
 	state, byName := r.fleetState(ctx, pool, mem, replicas, hash, now)
@@ -323,9 +333,12 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	for i := range state.Replicas {
 		state.Replicas[i].EgressShared = shared[state.Replicas[i].Name]
 	}
+	bans.applyBans(&state, mem)
 
 	// Plan.
 	plan := poolfleet.Decide(policy, state)
+	r.startBanReplacements(pool, mem, bans, plan, byName, now)
+	r.setBanStatus(pool, mem, plan.Status)
 	r.setStatus(pool, policy, plan, byName, now)
 	r.setCredentialsStatus(pool, replicas, templateHash, hash, plan.Status)
 	log.V(1).Info("plan", "replicas", len(replicas), "publish", len(plan.Publish), "drain", plan.Drain, "delete", plan.Delete,
@@ -370,7 +383,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 			log.Info("could not delete unused credentials revisions", "err", err.Error())
 		}
 	}
-	res = r.nextLook(pool, res, plan, pub, now)
+	res = bans.nextBanLook(r.nextLook(pool, res, plan, pub, now), now)
 	// A failed write is retried with the controller's backoff, after the
 	// rest of the plan was carried out.
 	return res, pub.failed()
@@ -643,7 +656,7 @@ func (r *ProxyPoolReconciler) replicas(ctx context.Context, pool *crawlv1.ProxyP
 // pool, changed since the last complete write, or RepublishInterval ago,
 // and keeps in mem which replicas the published objects may name.
 func (r *ProxyPoolReconciler) publish(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, published []crawlv1.Proxy, now time.Time) publishOutcome {
-	fp := publishFingerprint(pool, published)
+	fp := publishFingerprint(pool, published, mem.bans.fingerprint())
 	if fp == mem.publishedFP && now.Sub(mem.publishedAt) < r.RepublishInterval {
 		return publishOutcome{skipped: true, listed: len(mem.listed)}
 	}
@@ -674,9 +687,9 @@ func (r *ProxyPoolReconciler) publish(ctx context.Context, pool *crawlv1.ProxyPo
 	return publishOutcome{listed: len(attempted)}
 }
 
-func publishFingerprint(pool *crawlv1.ProxyPool, published []crawlv1.Proxy) uint64 {
+func publishFingerprint(pool *crawlv1.ProxyPool, published []crawlv1.Proxy, bans uint64) uint64 {
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%s\x00%d\x00", pool.UID, pool.Generation)
+	fmt.Fprintf(h, "%s\x00%d\x00%d\x00", pool.UID, pool.Generation, bans)
 	for i := range published {
 		p := &published[i]
 		fmt.Fprintf(h, "%s\x00%s\x00%s\x01", p.Name, p.UID, publishedFields(p))
@@ -1066,6 +1079,9 @@ type poolMemory struct {
 	credentials *credentialsCheck
 	// zones: where replicas went and which zones had no room.
 	zones zoneMemory
+	// bans: ban replacements started, the quarantine, domain bans
+	// (proxypool_bans.go).
+	bans *banMemory
 
 	publishedFP uint64
 	publishedAt time.Time

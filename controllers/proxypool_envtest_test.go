@@ -39,16 +39,7 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		hostLabel map[string]string
 		testHosts []*testHost
 	)
-	BeforeAll(func() {
-		img := kvmtest.NewImageServer("debian", 256<<10)
-		DeferCleanup(img.Close)
-		image = uniqueName("pool-image")
-		createImage(image, img)
-		hostLabel = map[string]string{"pool-hosts": uniqueName("hv")}
-		for i := range 3 {
-			testHosts = append(testHosts, readyLabelledHost(uniqueName(fmt.Sprintf("poolhv%d", i)), hostLabel))
-		}
-	})
+	BeforeAll(func() { image, hostLabel, testHosts = poolHosts("pool", 3) })
 
 	newPool := func(ns, name string, replicas int32, tune ...func(*crawlv1.ProxyPool)) *crawlv1.ProxyPool {
 		pool := &crawlv1.ProxyPool{
@@ -422,6 +413,20 @@ var _ = Describe("ProxyPool", Ordered, func() {
 })
 
 // readyLabelledHost is readyHost with labels on the KVMHost.
+// poolHosts serves an image and makes n Ready hosts sharing a label, for
+// the pool specs (prefix tells their objects apart); call it in BeforeAll.
+func poolHosts(prefix string, n int) (image string, hostLabel map[string]string, hosts []*testHost) {
+	img := kvmtest.NewImageServer("debian", 256<<10)
+	DeferCleanup(img.Close)
+	image = uniqueName(prefix + "-image")
+	createImage(image, img)
+	hostLabel = map[string]string{prefix + "-hosts": uniqueName("hv")}
+	for i := range n {
+		hosts = append(hosts, readyLabelledHost(uniqueName(fmt.Sprintf("%shv%d", prefix, i)), hostLabel))
+	}
+	return image, hostLabel, hosts
+}
+
 func readyLabelledHost(name string, labels map[string]string) *testHost {
 	h := hosts.add(name)
 	createSecret(h)

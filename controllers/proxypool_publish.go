@@ -125,6 +125,9 @@ type PublishedProxy struct {
 	// CreatedAt and ExpiresAt (when rotation will replace it) in RFC 3339.
 	CreatedAt string `json:"createdAt"`
 	ExpiresAt string `json:"expiresAt,omitempty"`
+	// BannedDomains the replica was reported banned on, until when: the
+	// crawler leaves it out for those (and their subdomains).
+	BannedDomains []BannedDomain `json:"bannedDomains,omitempty"`
 }
 
 // Publisher writes the replicas a pool serves with where crawlers read
@@ -155,6 +158,9 @@ type Publisher struct {
 	CredentialTTL time.Duration
 	// Clock: nil is the real clock.
 	Clock clock.PassiveClock
+	// BannedDomains, if set, gives each entry's bannedDomains (the pool
+	// controller's ban reports).
+	BannedDomains func(pool *crawlv1.ProxyPool, replica string) []BannedDomain
 
 	mu sync.Mutex
 	// creds holds, per pool UID, the credential URLs of its published
@@ -317,7 +323,11 @@ func (p *Publisher) resolve(ctx context.Context, pool *crawlv1.ProxyPool, replic
 		if entry != nil && r.UID != "" {
 			fresh[r.UID] = *entry
 		}
-		entries = append(entries, publishedProxy(pool, r, u))
+		e := publishedProxy(pool, r, u)
+		if p.BannedDomains != nil {
+			e.BannedDomains = p.BannedDomains(pool, r.Name)
+		}
+		entries = append(entries, e)
 		if ep, why := endpointOf(r); why != "" {
 			// Still in the Secret: only in-cluster discovery misses it.
 			log.V(1).Info("replica left out of the EndpointSlices", "proxy", client.ObjectKeyFromObject(r), "reason", why)

@@ -113,7 +113,7 @@ func newPoolUnit(t *testing.T, replicas int32, tune ...func(*crawlv1.ProxyPool))
 	// Ready hosts with room.
 	base := fake.NewClientBuilder().WithScheme(sch).WithObjects(pool, sizedHost("hv1", 64*giB)).
 		WithStatusSubresource(&crawlv1.ProxyPool{}, &crawlv1.Proxy{}, &crawlv1.KVMHost{}).
-		WithIndex(&crawlv1.Proxy{}, PoolOwnerIndex, poolOwnerOf).Build()
+		WithIndex(&crawlv1.Proxy{}, PoolOwnerIndex, poolOwnerOf).WithIndex(&crawlv1.ProxyBan{}, BanPoolIndex, banPoolOf).Build()
 	u := &poolUnit{t: t, c: &laggingClient{Client: base}, clock: clocktesting.NewFakeClock(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)),
 		pool: client.ObjectKeyFromObject(pool)}
 	u.c.clock = u.clock

@@ -371,6 +371,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 	if err := IndexPoolOwner(ctx, mgr); err != nil {
 		return nil, err
 	}
+	if err := IndexBanPool(ctx, mgr); err != nil {
+		return nil, err
+	}
 	if err := w.Pool.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: orDefaultInt(d.Pool.Workers, 4)}); err != nil {
 		return nil, fmt.Errorf("create ProxyPool controller: %w", err)
 	}

@@ -12,9 +12,10 @@ const (
 	// TemplateHashLabel is the hash of the pool template a replica was made
 	// from; a replica whose hash differs from the pool's is out of date.
 	TemplateHashLabel = "crawl.example.com/template-hash"
-	// DeleteProxyAnnotation on a replica (any value) marks it first to go
-	// when the pool scales down or rotates: how a crawler reports a banned
-	// address.
+	// DeleteProxyAnnotation on a replica (any value) is a ban report
+	// without a domain that asks for replacement, as a ProxyBan with
+	// replace: true would be; it also marks the replica first to go when
+	// the pool scales down.
 	DeleteProxyAnnotation = "crawl.example.com/delete-proxy"
 	// DrainingAnnotation holds the RFC 3339 time a replica was unpublished
 	// before its deletion.
@@ -75,6 +76,9 @@ const (
 	// available replica leaves from its own address. False gives the count
 	// and the cause ("3 replicas share 203.0.113.9 on host hv1 (NAT)").
 	PoolEgressDistinctCondition = "EgressDistinct"
+	// PoolBanReplacementPausedCondition: True while ban reports wait,
+	// unreplaced, for spec.bans (the hourly budget or maxBanned).
+	PoolBanReplacementPausedCondition = "BanReplacementPaused"
 )
 
 // ProxyPool condition reasons.
@@ -138,6 +142,10 @@ const (
 	PoolPublishInvalidNameReason = "InvalidName"
 	// PoolPublishFailedReason (Published False): a write failed; retried.
 	PoolPublishFailedReason = "WriteFailed"
+	// BanReplacementPaused.
+	PoolBanBudgetExhaustedReason = "BudgetExhausted"
+	PoolTooManyBannedReason      = "TooManyBanned"
+	PoolBansWithinBudgetReason   = "WithinBudget"
 )
 
 // ProxyTemplate is what each replica is made from.
@@ -311,6 +319,10 @@ type ProxyPoolSpec struct {
 	// addresses (docs/egress.md).
 	// +optional
 	Egress ProxyPoolEgress `json:"egress,omitempty"`
+	// Bans is how the pool acts on ban reports (ProxyBan objects and the
+	// delete-proxy annotation).
+	// +optional
+	Bans ProxyPoolBans `json:"bans,omitempty"`
 	// Paused stops rollout, rotation and remediation (scaling and
 	// publishing go on).
 	// +optional
@@ -351,6 +363,44 @@ type ProxyPoolEgress struct {
 	// from being published again; default 24h, from 1m to 720h.
 	// +optional
 	Quarantine *metav1.Duration `json:"quarantine,omitempty"`
+}
+
+// ProxyPoolBans bounds what ban reports do.
+type ProxyPoolBans struct {
+	// DomainBanDuration: how long a replica reported banned on a domain
+	// carries it in proxies.json's bannedDomains (crawlers leave it out for
+	// that domain); default 24h, from 1m to 720h.
+	// +optional
+	DomainBanDuration *metav1.Duration `json:"domainBanDuration,omitempty"`
+	// ReplaceAfterDomains: a replica banned on this many domains at once
+	// is replaced as if a report asked for it; default 3.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	ReplaceAfterDomains int32 `json:"replaceAfterDomains,omitempty"`
+	// MaxReplacementsPerHour ban reports (and quarantined egress
+	// addresses) may start; past it, reports wait and BanReplacementPaused
+	// says so. Default 10; 0 replaces none.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MaxReplacementsPerHour *int32 `json:"maxReplacementsPerHour,omitempty"`
+	// MaxBanned (count or percent of the live replicas): when more
+	// replicas stand reported for replacement at once, no further one is
+	// replaced (BanReplacementPaused, TooManyBanned): the cause is likely
+	// the crawler or the site, not the addresses. Default 50%.
+	// +optional
+	MaxBanned *intstr.IntOrString `json:"maxBanned,omitempty"`
+}
+
+// ProxyPoolBanReplacement is one replacement a ban report started.
+type ProxyPoolBanReplacement struct {
+	// Replica replaced.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Replica string `json:"replica"`
+	// Time the replacement started.
+	// +required
+	Time metav1.Time `json:"time"`
 }
 
 // QuarantinedAddress is an egress address reported banned.
@@ -432,6 +482,14 @@ type ProxyPoolStatus struct {
 	// +kubebuilder:validation:MaxItems=1000
 	// +optional
 	RecentCreates []ProxyPoolCreate `json:"recentCreates,omitempty"`
+	// BanReplacements are the replacements ban reports started within the
+	// last hour, and those still under way: spec.bans.maxReplacementsPerHour
+	// holds across a restart of the manager. The newest 1000 at most.
+	// +listType=map
+	// +listMapKey=replica
+	// +kubebuilder:validation:MaxItems=1000
+	// +optional
+	BanReplacements []ProxyPoolBanReplacement `json:"banReplacements,omitempty"`
 	// Quarantine lists the egress addresses reported banned and until
 	// when no replica leaving from them is published; the newest 1000 at
 	// most.

@@ -43,7 +43,23 @@ func FuzzDecideKeepsTheBudget(f *testing.F) {
 func checkPlan(p Policy, s State, plan Plan) error {
 	byName := map[string]Replica{}
 	live := func(r Replica) bool { return !r.deleting() && r.DrainingSince.IsZero() }
-	available := func(r Replica) bool { return live(r) && r.Ready && !s.Now.Before(r.ReadyChanged.Add(p.MinReady)) }
+	// Withheld from crawlers by a ban (recorded, or accepted now) or a
+	// quarantined address: the crawler's report took it out, not the plan.
+	withheld := map[string]bool{}
+	for _, b := range s.BanRecords {
+		withheld[b.Replica] = true
+	}
+	for _, n := range plan.BanAccepted {
+		withheld[n] = true
+	}
+	for _, r := range s.Replicas {
+		if r.Quarantined {
+			withheld[r.Name] = true
+		}
+	}
+	available := func(r Replica) bool {
+		return live(r) && r.Ready && !s.Now.Before(r.ReadyChanged.Add(p.MinReady)) && !withheld[r.Name]
+	}
 	availBefore, liveBefore := 0, 0
 	for _, r := range s.Replicas {
 		byName[r.Name] = r
@@ -70,7 +86,8 @@ func checkPlan(p Policy, s State, plan Plan) error {
 		checkCreates(p, s, plan),
 		checkRotations(p, s, plan, availBefore),
 		checkRemovals(p, s, plan, byName, liveBefore),
-		checkPublish(s, plan, removed, live),
+		checkPublish(s, plan, removed, func(r Replica) bool { return live(r) && !withheld[r.Name] }),
+		checkBans(p, s, plan, byName),
 	)
 }
 
@@ -175,6 +192,36 @@ func checkRemovals(p Policy, s State, plan Plan, byName map[string]Replica, live
 	return nil
 }
 
+// checkBans: ban replacements start only on live replicas reported or
+// quarantined, not already under way, never while paused, within the
+// hourly budget.
+func checkBans(p Policy, s State, plan Plan, byName map[string]Replica) error {
+	if len(plan.BanAccepted) == 0 {
+		return nil
+	}
+	if p.Paused {
+		return fmt.Errorf("ban replacements %v while paused", plan.BanAccepted)
+	}
+	recent := 0
+	recorded := map[string]bool{}
+	for _, b := range s.BanRecords {
+		recorded[b.Replica] = true
+		if s.Now.Sub(b.Time) < BanWindow {
+			recent++
+		}
+	}
+	if recent+len(plan.BanAccepted) > p.MaxBanReplacementsPerHour {
+		return fmt.Errorf("ban replacements %v with %d in the last hour, budget %d", plan.BanAccepted, recent, p.MaxBanReplacementsPerHour)
+	}
+	for _, n := range plan.BanAccepted {
+		r := byName[n]
+		if r.deleting() || !r.DrainingSince.IsZero() || (!r.Marked && !r.Quarantined) || recorded[n] {
+			return fmt.Errorf("ban replacement of %s: not live, not reported or quarantined, or under way", n)
+		}
+	}
+	return nil
+}
+
 // checkPublish: exactly the live Ready replicas not removed now.
 func checkPublish(s State, plan Plan, removed map[string]bool, live func(Replica) bool) error {
 	var want []string
@@ -216,6 +263,8 @@ func randomPolicy(r *rand.Rand) Policy {
 	p.MaxCreatesPerMinute = 1 + r.IntN(10)
 	p.Order = []crawlv1.ScaleDownOrder{crawlv1.ScaleDownOldest, crawlv1.ScaleDownNewest, crawlv1.ScaleDownRandom}[r.IntN(3)]
 	p.DeletionTimeout = time.Duration(1+r.IntN(20)) * time.Minute
+	p.MaxBanReplacementsPerHour = r.IntN(4)
+	p.MaxBanned = []intstr.IntOrString{intstr.FromString("50%"), intstr.FromInt32(int32(r.IntN(4))), intstr.FromString("100%")}[r.IntN(3)]
 	return p
 }
 
@@ -230,6 +279,10 @@ func randomState(r *rand.Rand) State {
 		rep.ReadyChanged = rep.Created.Add(time.Duration(r.Int64N(int64(t0.Sub(rep.Created)) + 1)))
 		rep.Ready = r.IntN(3) != 0
 		rep.Marked = r.IntN(8) == 0
+		rep.Quarantined = r.IntN(10) == 0
+		if r.IntN(10) == 0 {
+			s.BanRecords = append(s.BanRecords, BanRecord{Replica: rep.Name, Time: ago(2 * time.Hour)})
+		}
 		if r.IntN(5) == 0 {
 			rep.DrainingSince = ago(time.Minute)
 		}
@@ -252,6 +305,10 @@ func randomState(r *rand.Rand) State {
 	}
 	for range r.IntN(8) {
 		s.RecentCreates = append(s.RecentCreates, ago(2*time.Minute))
+	}
+	for i := range r.IntN(3) {
+		// Replacements of replicas already gone still count.
+		s.BanRecords = append(s.BanRecords, BanRecord{Replica: fmt.Sprintf("gone%d", i), Time: ago(90 * time.Minute)})
 	}
 	for i := range r.IntN(3) {
 		s.Lineages = append(s.Lineages, Lineage{Failures: 1 + r.IntN(3), Replaces: fmt.Sprintf("gone%d", i)})

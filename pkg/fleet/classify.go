@@ -32,7 +32,10 @@ type view struct {
 	// cause is set by replace and rotate; drainNow by the drains.
 	cause    cause
 	drainNow bool
-	orderKey int
+	// banAccepted: the bans step replaces it for a ban report or a
+	// quarantined egress address; it is withheld from crawlers.
+	banAccepted bool
+	orderKey    int
 }
 
 // kept reports whether v is a live replica the plan keeps.
@@ -186,12 +189,12 @@ func replace(p Policy, now time.Time, vs []*view, sum *Summary, next *nextTimer)
 }
 
 // causeOf is why a live replica of a pool that is not paused is replaced:
-// a ban before a shared egress address before a rollout before a rotation
-// in flight before remediation (which waits for the slot's backoff and
-// stops past maxUnhealthy).
+// a ban accepted by the bans step before a shared egress address before a
+// rollout before a rotation in flight before remediation (which waits for
+// the slot's backoff and stops past maxUnhealthy).
 func causeOf(p Policy, now time.Time, v *view, remediationAllowed bool) cause {
 	switch {
-	case v.Marked:
+	case v.banAccepted:
 		return causeMarked
 	case v.EgressShared:
 		return causeEgressShared

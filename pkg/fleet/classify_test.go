@@ -11,7 +11,9 @@ import (
 // classified runs the first two steps on rs at t0, as Decide does.
 func classified(p Policy, rs ...Replica) ([]*view, Summary) {
 	next := nextTimer{now: t0}
-	vs, sum := classify(p, State{Now: t0, Replicas: rs}, &next)
+	s := State{Now: t0, Replicas: rs}
+	vs, sum := classify(p, s, &next)
+	bans(p, s, vs, &sum, &next)
 	replace(p, t0, vs, &sum, &next)
 	return vs, sum
 }

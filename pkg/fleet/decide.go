@@ -24,6 +24,9 @@ type State struct {
 	Lineages []Lineage
 	// PlacementBlocked: the last attempt to place a replica was refused.
 	PlacementBlocked bool
+	// BanRecords are the ban replacements started lately or under way
+	// (status.banReplacements).
+	BanRecords []BanRecord
 	// Rand orders replicas for ScaleDownRandom; nil uses a fixed order.
 	Rand *rand.Rand
 }
@@ -54,6 +57,9 @@ type Plan struct {
 	Rotate []string
 	// Create: replicas to create now, each placed first.
 	Create []Create
+	// BanAccepted: replicas whose ban replacement starts now (record them
+	// in status.banReplacements; quarantine the egress of those reported).
+	BanAccepted []string
 	// Status summarises the pool as observed (before the plan's actions).
 	Status Summary
 	// Next is when time alone changes the decision (a drain ends, a
@@ -106,6 +112,21 @@ type Summary struct {
 	// those gives up by DeletionsReleaseAt at the latest.
 	WaitingForDeletions int
 	DeletionsReleaseAt  time.Time
+
+	// Withheld: live replicas kept from crawlers (a ban replacement under
+	// way, a quarantined egress address); never counted available.
+	Withheld int
+	// BanReplacing: ban replacements under way; BanWaiting: reports (and
+	// quarantined replicas) not replaced, because of BanPaused; BanRecent:
+	// replacements started within BanWindow, of at most BanMaxPerHour;
+	// BanMaxReported: the short-circuit, resolved.
+	BanReplacing, BanWaiting, BanRecent int
+	BanWaitingReplicas                  []string
+	BanMaxPerHour, BanMaxReported       int
+	// BanPaused says why reports wait (BanPaused* constants); empty: none
+	// waits. BanBudgetFreeAt: when the hourly budget lets the next one go.
+	BanPaused       string
+	BanBudgetFreeAt time.Time
 }
 
 // Decide returns the plan for a pool with policy p in state s. It keeps the
@@ -119,12 +140,14 @@ type Summary struct {
 // never for a rotation.
 //
 // It runs the planner's steps in order, each on what the ones before it
-// decided: classify the replicas, mark those to replace, start rotations,
+// decided: classify the replicas, accept ban replacements (withheld from
+// crawlers at once, within spec.bans), mark those to replace, start rotations,
 // create, drain (the surplus, then drain-first), delete, publish. The budget
 // goes from step to step as a value; only the drains spend it.
 func Decide(p Policy, s State) Plan {
 	next := nextTimer{now: s.Now}
 	vs, sum := classify(p, s, &next)
+	banAccepted := bans(p, s, vs, &sum, &next)
 	replace(p, s.Now, vs, &sum, &next)
 	b := budgetOf(p, s, vs, sum.Available)
 
@@ -136,6 +159,7 @@ func Decide(p Policy, s State) Plan {
 	plan.Drain = drains(p, vs)
 	plan.Delete = deletions(p, s.Now, vs)
 	plan.Publish = published(vs)
+	plan.BanAccepted = banAccepted
 	plan.Status = sum
 	plan.Next = next.t
 	return plan

@@ -90,8 +90,9 @@ func TestDecide(t *testing.T) {
 				booting("boot", time.Minute),
 			}},
 			// Marked replicas are replaced, not only removed: "banned" is
-			// condemned, so it goes first; the rest by order.
-			want: want{drain: []string{"banned", "boot", "old"}, available: 4},
+			// condemned, so it goes first; the rest by order. Withheld
+			// from crawlers since its report, it is not available.
+			want: want{drain: []string{"banned", "boot", "old"}, available: 3},
 		},
 		{
 			name:   "scale down by Newest",
@@ -198,10 +199,10 @@ func TestDecide(t *testing.T) {
 			want: want{creates: 1, available: 2},
 		},
 		{
-			name:   "a marked replica is replaced surge first",
+			name:   "a marked replica is unpublished at once and replaced surge first",
 			policy: policy(2),
 			state:  State{Replicas: []Replica{ready("a", time.Hour), with(ready("b", time.Hour), func(r *Replica) { r.Marked = true })}},
-			want:   want{creates: 1, available: 2},
+			want:   want{creates: 1, available: 1, publ: []string{"a"}, checkPublish: true},
 		},
 		{
 			name:   "a replica not Ready by startupTimeout is replaced, surge first, its slot's failure passed on",

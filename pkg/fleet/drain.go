@@ -140,11 +140,11 @@ func deletions(p Policy, now time.Time, vs []*view) []string {
 }
 
 // published is the last step: the live Ready replicas not drained now nor
-// sharing another's egress address, sorted by name.
+// sharing another's egress address nor withheld (bans), sorted by name.
 func published(vs []*view) []string {
 	var out []string
 	for _, v := range vs {
-		if v.live && v.Ready && !v.drainNow && !v.EgressShared {
+		if v.live && v.Ready && !v.drainNow && !v.EgressShared && !v.withheld() {
 			out = append(out, v.Name)
 		}
 	}

@@ -76,6 +76,14 @@ type Policy struct {
 	MaxCreatesPerMinute int
 
 	Order crawlv1.ScaleDownOrder
+
+	// Bans (spec.bans). DomainBanDuration and ReplaceAfterDomains turn
+	// reports into Replica.Marked (the controller); the planner's bans
+	// step keeps the other two.
+	DomainBanDuration         time.Duration
+	ReplaceAfterDomains       int
+	MaxBanReplacementsPerHour int
+	MaxBanned                 intstr.IntOrString
 }
 
 // PolicyFor resolves spec into a Policy. It fails only on what the webhook
@@ -152,6 +160,9 @@ func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
 	}
 	if p.Order == "" {
 		p.Order = crawlv1.ScaleDownOldest
+	}
+	if err := banPolicy(&p, spec.Bans); err != nil {
+		return Policy{}, err
 	}
 	return p, nil
 }

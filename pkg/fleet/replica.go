@@ -24,8 +24,13 @@ type Replica struct {
 	ReadyChanged time.Time
 	// UpToDate: made from the pool's current template.
 	UpToDate bool
-	// Marked: annotated delete-proxy (a crawler reports it banned).
+	// Marked: a ban report asks to replace it (a ProxyBan with replace,
+	// bans on ReplaceAfterDomains domains, or the delete-proxy
+	// annotation). The bans step decides when.
 	Marked bool
+	// Quarantined: its egress address is in the pool's quarantine; it is
+	// never published, and replaced as a ban would be.
+	Quarantined bool
 	// DrainingSince is when it was unpublished; zero while it is not.
 	DrainingSince time.Time
 	// DeletingSince is when its deletion started (it still exists); zero

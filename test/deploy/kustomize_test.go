@@ -163,8 +163,9 @@ func TestDefaultWiring(t *testing.T) {
 			}
 		}
 	}
-	if n := len(find(objs, "CustomResourceDefinition", "")); n != 4 {
-		t.Errorf("%d CRDs, want 4", n)
+	// Proxy, ProxyPool, ProxyBan, KVMHost, KVMImage.
+	if n := len(find(objs, "CustomResourceDefinition", "")); n != 5 {
+		t.Errorf("%d CRDs, want 5", n)
 	}
 
 	d := managerDeployment(t, objs)

@@ -28,6 +28,9 @@ type Prober struct {
 	// listener: an address whose port is a real loopback address (a spec's
 	// "squid"): probe and port watch both dial it and see what it does.
 	listener map[string]string
+	// egress: what an address-echo URL answers through the proxy at an
+	// address, or at any other ("*"); none: no egress address.
+	egress map[string]string
 }
 
 var _ proxyprobe.Prober = (*Prober)(nil)
@@ -50,7 +53,24 @@ func (p *Prober) Probe(ctx context.Context, t proxyprobe.Target) proxyprobe.Resu
 	if down {
 		return proxyprobe.Result{Err: errors.New("connection refused"), Latency: time.Millisecond}
 	}
-	return proxyprobe.Result{OK: true, Latency: time.Millisecond}
+	p.mu.Lock()
+	egress, ok := p.egress[t.Address]
+	if !ok {
+		egress = p.egress["*"]
+	}
+	p.mu.Unlock()
+	return proxyprobe.Result{OK: true, Latency: time.Millisecond, EgressAddress: egress}
+}
+
+// SetEgress makes the probe through addr ("*": any address without its
+// own) see egress as its source address (empty: nothing).
+func (p *Prober) SetEgress(addr, egress string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.egress == nil {
+		p.egress = map[string]string{}
+	}
+	p.egress[addr] = egress
 }
 
 // ProbeWithoutCredentials answers as squid with Basic auth does: 407.

@@ -162,7 +162,7 @@ type ban struct {
 }
 
 // entry is an entry of proxies.json as the pool publishes it
-// (controllers.PublishedProxy, with the bannedDomains to come).
+// (controllers.PublishedProxy).
 type entry struct {
 	Name          string `json:"name"`
 	URL           string `json:"url"`

@@ -286,6 +286,7 @@ func validatePoolSpec(s *crawlv1.ProxyPoolSpec) field.ErrorList {
 	if s.Replicas != nil && *s.Replicas < 0 {
 		errs = append(errs, field.Invalid(spec.Child("replicas"), *s.Replicas, "must not be negative"))
 	}
+	errs = append(errs, validatePoolBans(s)...)
 	return errs
 }
 

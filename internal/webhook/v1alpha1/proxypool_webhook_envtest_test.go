@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -63,7 +64,36 @@ var _ = Describe("ProxyPool admission through the API server", func() {
 		}, "spec.egress.distinct: Invalid value"),
 		Entry("an echo URL with credentials", func(p *crawlv1.ProxyPool) { p.Spec.Egress.EchoURL = "http://u:p@echo.example/ip" },
 			"spec.egress.echoURL: Invalid value"),
+		Entry("a quarantine out of range", func(p *crawlv1.ProxyPool) { p.Spec.Egress.Quarantine = dur(10 * time.Second) },
+			"spec.egress.quarantine: Invalid value"),
+		Entry("a domain ban out of range", func(p *crawlv1.ProxyPool) { p.Spec.Bans.DomainBanDuration = dur(800 * time.Hour) },
+			"spec.bans.domainBanDuration: Invalid value"),
+		Entry("a negative ban budget", func(p *crawlv1.ProxyPool) { p.Spec.Bans.MaxReplacementsPerHour = ptr.To(int32(-1)) },
+			"spec.bans.maxReplacementsPerHour"),
 	)
+
+	DescribeTable("refuses a malformed ban report with the field's name (the CRD's schema: no webhook in a crawler's way)",
+		func(spec crawlv1.ProxyBanSpec, want string) {
+			b := &crawlv1.ProxyBan{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ban"}, Spec: spec}
+			err := k8sClient.Create(ctx, b)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+			Expect(err.Error()).To(ContainSubstring(want))
+		},
+		Entry("a domain that is no DNS name", crawlv1.ProxyBanSpec{Pool: "p", Proxy: "p-x", Domain: "Example.COM/path"}, "spec.domain"),
+		Entry("no domain and no replacement asked", crawlv1.ProxyBanSpec{Pool: "p", Proxy: "p-x"}, "must ask for replacement"),
+		Entry("no proxy", crawlv1.ProxyBanSpec{Pool: "p", Domain: "example.com"}, "spec.proxy"),
+		Entry("a reason too long", crawlv1.ProxyBanSpec{Pool: "p", Proxy: "p-x", Replace: true, Reason: strings.Repeat("x", 257)}, "spec.reason"),
+	)
+
+	It("keeps a ban report as it was made", func() {
+		b := &crawlv1.ProxyBan{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ban"},
+			Spec: crawlv1.ProxyBanSpec{Pool: "p", Proxy: "p-x", Domain: "example.com"}}
+		Expect(k8sClient.Create(ctx, b)).To(Succeed())
+		b.Spec.Domain = "other.test"
+		err := k8sClient.Update(ctx, b)
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%v", err)
+		Expect(err.Error()).To(ContainSubstring("immutable"))
+	})
 
 	It("keeps the selector immutable, with and without the webhook", func() {
 		p := pool("sel")

@@ -44,6 +44,22 @@ func TestValidateProxyPool(t *testing.T) {
 		want []string
 	}{
 		{name: "valid", change: func(*crawlv1.ProxyPool) {}},
+		{name: "quarantine under a minute", change: func(p *crawlv1.ProxyPool) { p.Spec.Egress.Quarantine = dur(30 * time.Second) },
+			want: []string{"spec.egress.quarantine: Invalid", "from 1m0s to 720h0m0s"}},
+		{name: "quarantine over 30 days", change: func(p *crawlv1.ProxyPool) { p.Spec.Egress.Quarantine = dur(721 * time.Hour) },
+			want: []string{"spec.egress.quarantine: Invalid"}},
+		{name: "quarantine at its bounds", change: func(p *crawlv1.ProxyPool) { p.Spec.Egress.Quarantine = dur(720 * time.Hour) }},
+		{name: "domain ban of no time", change: func(p *crawlv1.ProxyPool) { p.Spec.Bans.DomainBanDuration = dur(0) },
+			want: []string{"spec.bans.domainBanDuration: Invalid"}},
+		{name: "negative ban budget", change: func(p *crawlv1.ProxyPool) { p.Spec.Bans.MaxReplacementsPerHour = ptr.To(int32(-1)) },
+			want: []string{"spec.bans.maxReplacementsPerHour: Invalid"}},
+		{name: "no ban replacement at all", change: func(p *crawlv1.ProxyPool) { p.Spec.Bans.MaxReplacementsPerHour = ptr.To(int32(0)) }},
+		{name: "negative replaceAfterDomains", change: func(p *crawlv1.ProxyPool) { p.Spec.Bans.ReplaceAfterDomains = -2 },
+			want: []string{"spec.bans.replaceAfterDomains: Invalid"}},
+		{name: "maxBanned not a percentage", change: func(p *crawlv1.ProxyPool) { p.Spec.Bans.MaxBanned = pct("half") },
+			want: []string{"spec.bans.maxBanned: Invalid"}},
+		{name: "maxBanned over 100%", change: func(p *crawlv1.ProxyPool) { p.Spec.Bans.MaxBanned = pct("150%") },
+			want: []string{"spec.bans.maxBanned: Invalid", "100%"}},
 		{name: "name too long for its replicas' names", change: func(p *crawlv1.ProxyPool) { p.Name = strings.Repeat("a", 58) },
 			want: []string{"metadata.name: Too long", "55"}},
 		// <pool>-proxies is a Service name: a DNS-1035 label of at most 63.

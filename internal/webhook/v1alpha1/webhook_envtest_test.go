@@ -39,7 +39,7 @@ var _ = Describe("admission through the API server", func() {
 				kinds[r.Kind] = r.Categories
 			}
 		}
-		Expect(kinds).To(Equal(map[string][]string{"Proxy": {"crawl"}, "ProxyPool": {"crawl"}, "KVMHost": {"crawl"}, "KVMImage": {"crawl"}}))
+		Expect(kinds).To(Equal(map[string][]string{"Proxy": {"crawl"}, "ProxyPool": {"crawl"}, "ProxyBan": {"crawl"}, "KVMHost": {"crawl"}, "KVMImage": {"crawl"}}))
 	})
 
 	Context("KVMHost", func() {
