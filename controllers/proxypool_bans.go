@@ -271,13 +271,14 @@ func (r *ProxyPoolReconciler) startBanReplacements(pool *crawlv1.ProxyPool, mem 
 		bm.records[name] = now
 		reason, reported := pb.replace[name]
 		p := byName[name]
-		if !reported || p == nil || p.Status.EgressAddress == "" {
+		if !reported || p == nil {
 			continue
 		}
-		if s := p.Status.EgressSource; s != crawlv1.EgressSourceEcho && s != crawlv1.EgressSourceStatic {
+		addr := measuredEgress(p)
+		if addr == "" {
 			continue
 		}
-		q := crawlv1.QuarantinedAddress{Address: p.Status.EgressAddress, Replica: name, Reason: reason, ExpiresAt: metav1.NewTime(now.Add(quarantine))}
+		q := crawlv1.QuarantinedAddress{Address: addr, Replica: name, Reason: reason, ExpiresAt: metav1.NewTime(now.Add(quarantine))}
 		if old, ok := bm.quarantine[q.Address]; !ok || q.ExpiresAt.After(old.ExpiresAt.Time) {
 			bm.quarantine[q.Address] = q
 		}
