@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	poolfleet "crawl.example.com/proxy-operator/pkg/fleet"
@@ -320,9 +321,16 @@ var _ = Describe("ProxyPool", Ordered, func() {
 
 		By("a replica whose deletion never finishes (a finalizer that never goes)")
 		const hold = "test.crawl.example.com/hold"
-		p := getProxy(ns, stuck)
-		p.Finalizers = append(p.Finalizers, hold)
-		Expect(k8sClient.Update(ctx, p)).To(Succeed())
+		// Read and written again on a conflict: the controllers write the
+		// replica's status meanwhile.
+		Eventually(func() error {
+			p := getProxy(ns, stuck)
+			if controllerutil.ContainsFinalizer(p, hold) {
+				return nil
+			}
+			controllerutil.AddFinalizer(p, hold)
+			return k8sClient.Update(ctx, p)
+		}).Should(Succeed())
 		release := func() {
 			Eventually(func() error {
 				p := &crawlv1.Proxy{}
