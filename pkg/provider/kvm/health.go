@@ -88,9 +88,10 @@ type Progress func(done, total int64)
 
 // A host whose health check gets no answer (Reason Timeout: libvirtd
 // stopped or hung behind a live sshd, a blackholed host) is not called by
-// Create, Get, Delete or the sweep while that verdict stands: each fails at
-// once with a provider.UnavailableError instead of spending an RPC
-// deadline, and holding a worker, on a daemon that does not answer. The
+// Create, Get, Delete, the sweep, image caching or pruning while that
+// verdict stands: each fails at once with a provider.UnavailableError
+// instead of spending an RPC deadline, and holding a worker, on a daemon
+// that does not answer. The
 // Proxies turned away are woken (a DomainEvent each) by the check that
 // finds the host answering again, which is also its KVMHost's Ready
 // transition.

@@ -48,9 +48,9 @@ var calls = []struct {
 
 // A host whose health check got no answer is not called: Create, Get and
 // Delete fail at once, without a single RPC, with a transient
-// UnavailableError naming the host; the sweep's listing skips it the same
-// way; another host is called as usual. The check that gets an answer again
-// wakes each Proxy turned away, once.
+// UnavailableError naming the host; the sweep's listing, image caching and
+// pruning are refused the same way; another host is called as usual. The
+// check that gets an answer again wakes each Proxy turned away, once.
 func TestHostNotAnsweringIsNotCalled(t *testing.T) {
 	e := newEnv(t, "hv1", "hv2")
 	m := e.created("hv1", "crawl", "p1", "uid-1")
@@ -82,8 +82,20 @@ func TestHostNotAnsweringIsNotCalled(t *testing.T) {
 	if _, err := prov.ListByTag(context.Background(), "test"); !errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), `host "hv1"`) {
 		t.Fatalf("ListByTag = %v, want hv1's part refused", err)
 	}
+	// A KVMImage job or prune pass started from a cache that still shows
+	// the host Ready is turned away the same way.
+	downloads := e.img.Downloads()
+	if _, err := prov.EnsureImage(context.Background(), "hv1", e.img.Image, nil); !errors.Is(err, provider.ErrUnavailable) {
+		t.Fatalf("EnsureImage = %v, want refused", err)
+	}
+	if _, err := prov.PruneImages(context.Background(), "hv1", func(string) bool { return false }); !errors.Is(err, provider.ErrUnavailable) {
+		t.Fatalf("PruneImages = %v, want refused", err)
+	}
 	if n := f.TotalCalls(); n != 0 {
-		t.Fatalf("%d RPCs sent to the host that does not answer, want none", n)
+		t.Fatalf("%d RPCs sent to the host that does not answer (%v), want none", n, f.CallCounts())
+	}
+	if n := e.img.Downloads() - downloads; n != 0 {
+		t.Fatalf("%d downloads for a host that does not answer, want none", n)
 	}
 	if _, err := prov.Get(context.Background(), other); err != nil {
 		t.Fatalf("Get on the other host: %v", err)

@@ -260,6 +260,22 @@ func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt
 	return p.doSpec(dialCtx, rpcCtx, host, hs, fn, opts...)
 }
 
+// doAnswering is do for the host-wide calls that are not the Proxies'
+// (caching and pruning images): without the in-flight bound, but refused
+// at once, as withHost refuses, while the host's health check gets no
+// answer. A KVMImage job or prune started from a cache that still shows the
+// host Ready would otherwise hang on the daemon until its deadline.
+func (p *Provider) doAnswering(ctx context.Context, host string, fn func(virt.Client, HostSpec) error) error {
+	hs, err := p.opts.Hosts.Host(ctx, host)
+	if err != nil {
+		return err
+	}
+	if err := p.refuseNotAnswering(host, hs, nil); err != nil {
+		return err
+	}
+	return p.doSpec(ctx, ctx, host, hs, fn)
+}
+
 // doSpec is do with the host's spec already read.
 func (p *Provider) doSpec(dialCtx, rpcCtx context.Context, host string, hs HostSpec, fn func(virt.Client, HostSpec) error, opts ...virt.Option) error {
 	if err := p.opts.Pool.Set(hs.Conn, hs.Material); err != nil {
@@ -523,7 +539,7 @@ func (p *Provider) listHost(ctx context.Context, host, tag string) ([]provider.I
 // by MaxInFlightPerHost: KVMImage jobs are not the callers' workers).
 func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Image, progress Progress) (CachedImage, error) {
 	var out CachedImage
-	err := p.do(ctx, ctx, host, func(c virt.Client, hs HostSpec) error {
+	err := p.doAnswering(ctx, host, func(c virt.Client, hs HostSpec) error {
 		pool, err := lookupPool(c, hs.Pool)
 		if err != nil {
 			return err
@@ -698,7 +714,7 @@ func (p *Provider) imageLock(host string) *sync.RWMutex {
 // MaxUploadsPerHost's sibling rule: not counted by MaxInFlightPerHost.
 func (p *Provider) PruneImages(ctx context.Context, host string, keep func(digest string) bool) (image.PruneResult, error) {
 	var res image.PruneResult
-	err := p.do(ctx, ctx, host, func(c virt.Client, hs HostSpec) error {
+	err := p.doAnswering(ctx, host, func(c virt.Client, hs HostSpec) error {
 		pool, err := lookupPool(c, hs.Pool)
 		if errors.Is(err, ErrPoolMissing) {
 			return nil

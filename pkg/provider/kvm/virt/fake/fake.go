@@ -429,6 +429,13 @@ func (f *Fake) TotalCalls() int {
 	return f.total
 }
 
+// CallCounts returns how many times each rpc was called, as Calls.
+func (f *Fake) CallCounts() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.calls)
+}
+
 // ResetCalls zeroes the counters, e.g. after a test's setup.
 func (f *Fake) ResetCalls() {
 	f.mu.Lock()
