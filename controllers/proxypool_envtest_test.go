@@ -435,6 +435,30 @@ func poolHosts(prefix string, n int) (image string, hostLabel map[string]string,
 	return image, hostLabel, hosts
 }
 
+// poolOnHosts is a pool of replicas on the kvm hosts labelled hostLabel,
+// booting image, drained in a second; tune changes it before it is
+// created (the caller creates it).
+func poolOnHosts(ns, name string, replicas int32, hostLabel map[string]string, image string, tune ...func(*crawlv1.ProxyPool)) *crawlv1.ProxyPool {
+	pool := &crawlv1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: crawlv1.ProxyPoolSpec{
+			Replicas: ptr.To(replicas),
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+			Template: crawlv1.ProxyTemplate{
+				Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": name}},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Port: 3128,
+					Placement: crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: hostLabel}, Image: image},
+					CloudInit: crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"}, InstallGuestAgent: ptr.To(true)},
+			},
+			Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(1))},
+		},
+	}
+	for _, t := range tune {
+		t(pool)
+	}
+	return pool
+}
+
 func readyLabelledHost(name string, labels map[string]string) *testHost {
 	h := hosts.add(name)
 	createSecret(h)

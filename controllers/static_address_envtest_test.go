@@ -239,23 +239,11 @@ var _ = Describe("A pool's quarantined static address", func() {
 		})
 		waitHostReason(h.name, crawlv1.HostReadyReason, 20*time.Second)
 		startPoolBooter([]*testHost{h}, ns)
-		pool := &crawlv1.ProxyPool{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "held"},
-			Spec: crawlv1.ProxyPoolSpec{
-				Replicas: ptr.To(int32(2)),
-				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "held"}},
-				Template: crawlv1.ProxyTemplate{
-					Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": "held"}},
-					Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Port: 3128,
-						Placement: crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: label}, Image: image},
-						Network:   &crawlv1.ProxyNetwork{AddressesFromPools: []ipamv1.IPPoolReference{ipamtest.Ref(heldPool)}},
-						CloudInit: crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"}, InstallGuestAgent: ptr.To(true)},
-				},
-				Egress:  crawlv1.ProxyPoolEgress{Quarantine: &metav1.Duration{Duration: time.Minute}},
-				Bans:    crawlv1.ProxyPoolBans{MaxBanned: ptr.To(intstr.FromString("100%"))},
-				Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(1))},
-			},
-		}
+		pool := poolOnHosts(ns, "held", 2, label, image, func(p *crawlv1.ProxyPool) {
+			p.Spec.Template.Spec.Network = &crawlv1.ProxyNetwork{AddressesFromPools: []ipamv1.IPPoolReference{ipamtest.Ref(heldPool)}}
+			p.Spec.Egress.Quarantine = &metav1.Duration{Duration: time.Minute}
+			p.Spec.Bans.MaxBanned = ptr.To(intstr.FromString("100%"))
+		})
 		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
 		pool = getPool(pool) // its UID
 		names := waitPoolReady(pool, 2)
