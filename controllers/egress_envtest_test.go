@@ -219,27 +219,11 @@ var _ = Describe("Egress measured through the proxy", Ordered, func() {
 		second := readyLabelledHost(uniqueName("nathv"), nil)
 		ns := newNamespace()
 		booter := startPoolBooter([]*testHost{first, second}, ns)
-		pool := &crawlv1.ProxyPool{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nat"},
-			Spec: crawlv1.ProxyPoolSpec{
-				Replicas: ptr.To(int32(2)),
-				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "nat"}},
-				Template: crawlv1.ProxyTemplate{
-					Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": "nat"}},
-					Spec: crawlv1.ProxySpec{
-						Provider:          crawlv1.ProviderKVM,
-						Placement:         crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: label}, Image: image},
-						CloudInit:         crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"},
-						InstallGuestAgent: ptr.To(true),
-						Port:              3128,
-						Access:            basicAccess(),
-					},
-				},
-				Rollout:     crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(1))},
-				Remediation: crawlv1.ProxyPoolRemediation{StartupTimeout: &metav1.Duration{Duration: 20 * time.Second}},
-				Egress:      crawlv1.ProxyPoolEgress{Distinct: crawlv1.EgressDistinctPreferred},
-			},
-		}
+		pool := poolOnHosts(ns, "nat", 2, label, image, func(p *crawlv1.ProxyPool) {
+			p.Spec.Template.Spec.Access = basicAccess()
+			p.Spec.Remediation.StartupTimeout = &metav1.Duration{Duration: 20 * time.Second}
+			p.Spec.Egress.Distinct = crawlv1.EgressDistinctPreferred
+		})
 		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
 
 		By("Preferred: both replicas on the one NAT host, both published, one address counted")

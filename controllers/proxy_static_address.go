@@ -289,7 +289,8 @@ func (r *ProxyReconciler) reconcileStaticEgress(_ context.Context, s *proxyScope
 }
 
 // releaseAddressClaims deletes p's claims once its instance is gone and
-// reports whether they are all gone. The IPAM provider deletes the
+// reports whether they are all gone; one a pool holds for a quarantined
+// address is handed to the pool instead. The IPAM provider deletes the
 // IPAddress and lets the claim go; until then the finalizer stays, so the
 // address is not handed out while the claim still holds it. Nothing to do
 // when the cluster serves no claims.
@@ -311,6 +312,14 @@ func (r *ProxyReconciler) releaseAddressClaims(ctx context.Context, p *crawlv1.P
 			return false, provider.Transient(err)
 		case !metav1.IsControlledBy(claim, p):
 			continue // not ours: never deleted
+		}
+		if holder := holdingPool(claim); holder != nil && claim.DeletionTimestamp.IsZero() {
+			// Its address is quarantined: the pool keeps it out of the
+			// IPAM pool (proxypool_held_claims.go).
+			if err := r.handOverClaim(ctx, p, claim, *holder); err != nil {
+				return false, provider.Transient(err)
+			}
+			continue
 		}
 		gone = false
 		if claim.DeletionTimestamp.IsZero() {

@@ -120,3 +120,35 @@ func TestHoldAddress(t *testing.T) {
 		})
 	}
 }
+
+func TestHoldingPoolOfAClaim(t *testing.T) {
+	const uid = types.UID("pool-uid")
+	poolRef := metav1.OwnerReference{APIVersion: crawlv1.GroupVersion.String(), Kind: "ProxyPool", Name: "crawl-a", UID: uid}
+	proxyRef := metav1.OwnerReference{APIVersion: crawlv1.GroupVersion.String(), Kind: "Proxy", Name: "crawl-a-x", UID: "proxy-uid", Controller: ptr.To(true)}
+	otherGroup := poolRef
+	otherGroup.APIVersion = "example.org/v1"
+	cases := []struct {
+		name   string
+		label  map[string]string
+		owners []metav1.OwnerReference
+		held   bool
+	}{
+		{"label and the pool's reference", map[string]string{crawlv1.QuarantineHoldLabel: string(uid)}, []metav1.OwnerReference{proxyRef, poolRef}, true},
+		{"no label", nil, []metav1.OwnerReference{proxyRef, poolRef}, false},
+		{"label without the pool's reference", map[string]string{crawlv1.QuarantineHoldLabel: string(uid)}, []metav1.OwnerReference{proxyRef}, false},
+		{"label naming another pool", map[string]string{crawlv1.QuarantineHoldLabel: "other"}, []metav1.OwnerReference{proxyRef, poolRef}, false},
+		{"a ProxyPool of another group", map[string]string{crawlv1.QuarantineHoldLabel: string(uid)}, []metav1.OwnerReference{otherGroup}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			claim := &ipamv1.IPAddressClaim{ObjectMeta: metav1.ObjectMeta{Name: "crawl-a-x-0", Labels: c.label, OwnerReferences: c.owners}}
+			got := holdingPool(claim)
+			if (got != nil) != c.held {
+				t.Fatalf("holdingPool = %v, want held %v", got, c.held)
+			}
+			if got != nil && got.UID != uid {
+				t.Fatalf("holdingPool names %s, want %s", got.UID, uid)
+			}
+		})
+	}
+}

@@ -257,12 +257,9 @@ func (pb *poolBans) applyBans(state *poolfleet.State, mem *poolMemory) {
 // startBanReplacements records the replacements the plan starts and
 // quarantines the egress address of each reported replica (a measured or
 // assigned one only: an unknown egress could be anything). A replica
-// replaced because its address is quarantined adds nothing.
-//
-// IPAM (issue 27): with a static address from an IPAM pool, the pool is to
-// hold the address's IPAddressClaim from here until the entry's ExpiresAt
-// (not release it to the IPAM pool with its Proxy), and release it when
-// prune drops the entry. Not done yet: the claims are the ipam work's.
+// replaced because its address is quarantined adds nothing. A static
+// address's IPAM claim is held from the replica's deletion until the
+// entry goes (proxypool_held_claims.go).
 func (r *ProxyPoolReconciler) startBanReplacements(pool *crawlv1.ProxyPool, mem *poolMemory, pb *poolBans, plan poolfleet.Plan,
 	byName map[string]*crawlv1.Proxy, now time.Time) {
 	bm := mem.bans
@@ -371,7 +368,7 @@ func (m *poolMemory) banMemory(pool *crawlv1.ProxyPool) *banMemory {
 func (bm *banMemory) prune(replicas map[string]*crawlv1.Proxy, now time.Time) {
 	for a, q := range bm.quarantine {
 		if !now.Before(q.ExpiresAt.Time) {
-			// IPAM (issue 27): release the address's held claim here.
+			// A claim held for it is released after (releaseHeldClaims).
 			delete(bm.quarantine, a)
 		}
 	}

@@ -33,23 +33,7 @@ var _ = Describe("ProxyPool ban reports", Ordered, func() {
 	// banPool is a ready pool of n whose replicas boot in about a second.
 	banPool := func(ns, name string, n int32, tune ...func(*crawlv1.ProxyPool)) (*crawlv1.ProxyPool, []string) {
 		startPoolBooter(hosts, ns)
-		pool := &crawlv1.ProxyPool{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec: crawlv1.ProxyPoolSpec{
-				Replicas: ptr.To(n),
-				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
-				Template: crawlv1.ProxyTemplate{
-					Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": name}},
-					Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Port: 3128,
-						Placement: crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: hostLabel}, Image: image},
-						CloudInit: crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"}, InstallGuestAgent: ptr.To(true)},
-				},
-				Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(1))},
-			},
-		}
-		for _, t := range tune {
-			t(pool)
-		}
+		pool := poolOnHosts(ns, name, n, hostLabel, image, tune...)
 		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
 		return pool, waitPoolReady(pool, int(n))
 	}

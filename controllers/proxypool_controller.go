@@ -70,6 +70,9 @@ type ProxyPoolReconciler struct {
 	// waits about that long for a running replica to show in its host's
 	// capacity figures.
 	HostCheckInterval time.Duration
+	// IPAM: the cluster serves IPAddressClaims (ServesIPAM); the pool holds
+	// the claims of quarantined static addresses.
+	IPAM bool
 
 	// place is placeReplica; unit tests refuse placements through it.
 	place func(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy) (*PlacementBlocked, error)
@@ -291,8 +294,12 @@ func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1
 		// Replica deletions are watched; the poll is a safety net.
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 	}
-	// Its replicas gone, so are their credential copies (without waiting
-	// for a garbage collector).
+	// Its replicas gone, so are the claims it held for them and their
+	// credential copies (without waiting for a garbage collector). Read
+	// live: the last replica's deletion has just handed its claim over.
+	if err := r.releaseHeldClaims(ctx, r.APIReader, pool, nil); err != nil {
+		return ctrl.Result{}, err
+	}
 	if err := r.pruneRevisions(ctx, pool, nil); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -326,6 +333,9 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	// A failed release is retried with the controller's backoff, after
+	// the plan was carried out.
+	releaseErr := r.releaseHeldClaims(ctx, r.Client, pool, mem.bans.quarantine)
 	templateHash := poolfleet.TemplateHash(&pool.Spec.Template)
 	hash := replicaHash(templateHash, creds)
 	state, byName := r.fleetState(ctx, pool, mem, replicas, hash, now)
@@ -386,7 +396,7 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	res = bans.nextBanLook(r.nextLook(pool, res, plan, pub, now), now)
 	// A failed write is retried with the controller's backoff, after the
 	// rest of the plan was carried out.
-	return res, pub.failed()
+	return res, errors.Join(pub.failed(), releaseErr)
 }
 
 // poolPolicy is the policy of pool's spec, and the selector in its status;
@@ -456,6 +466,10 @@ func (r *ProxyPoolReconciler) drainAndDelete(ctx context.Context, pool *crawlv1.
 		}
 		if poolfleet.FailedToStart(policy, now, replicaFrom(p, hash)) {
 			mem.rememberLineage(replicas, p)
+		}
+		if err := r.holdClaims(ctx, pool, mem.bans.quarantine, p); err != nil {
+			errs = append(errs, err) // not deleted: it would release the address
+			continue
 		}
 		if err := r.delete(ctx, mem, p); err != nil {
 			errs = append(errs, err)

@@ -43,31 +43,10 @@ var _ = Describe("ProxyPool", Ordered, func() {
 	BeforeAll(func() { image, hostLabel, testHosts = poolHosts("pool", 3) })
 
 	newPool := func(ns, name string, replicas int32, tune ...func(*crawlv1.ProxyPool)) *crawlv1.ProxyPool {
-		pool := &crawlv1.ProxyPool{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec: crawlv1.ProxyPoolSpec{
-				Replicas: ptr.To(replicas),
-				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
-				Template: crawlv1.ProxyTemplate{
-					Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": name}},
-					Spec: crawlv1.ProxySpec{
-						Provider:          crawlv1.ProviderKVM,
-						Placement:         crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: hostLabel}, Image: image},
-						CloudInit:         crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"},
-						InstallGuestAgent: ptr.To(true),
-						Port:              3128,
-					},
-				},
-				Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(1))},
-				Remediation: crawlv1.ProxyPoolRemediation{
-					// A replica boots in about a second here.
-					StartupTimeout: &metav1.Duration{Duration: 20 * time.Second},
-				},
-			},
-		}
-		for _, t := range tune {
-			t(pool)
-		}
+		pool := poolOnHosts(ns, name, replicas, hostLabel, image, append([]func(*crawlv1.ProxyPool){func(p *crawlv1.ProxyPool) {
+			// A replica boots in about a second here.
+			p.Spec.Remediation.StartupTimeout = &metav1.Duration{Duration: 20 * time.Second}
+		}}, tune...)...)
 		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
 		return pool
 	}
@@ -433,6 +412,30 @@ func poolHosts(prefix string, n int) (image string, hostLabel map[string]string,
 		hosts = append(hosts, readyLabelledHost(uniqueName(fmt.Sprintf("%shv%d", prefix, i)), hostLabel))
 	}
 	return image, hostLabel, hosts
+}
+
+// poolOnHosts is a pool of replicas on the kvm hosts labelled hostLabel,
+// booting image, drained in a second; tune changes it before it is
+// created (the caller creates it).
+func poolOnHosts(ns, name string, replicas int32, hostLabel map[string]string, image string, tune ...func(*crawlv1.ProxyPool)) *crawlv1.ProxyPool {
+	pool := &crawlv1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: crawlv1.ProxyPoolSpec{
+			Replicas: ptr.To(replicas),
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+			Template: crawlv1.ProxyTemplate{
+				Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": name}},
+				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Port: 3128,
+					Placement: crawlv1.ProxyPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: hostLabel}, Image: image},
+					CloudInit: crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"}, InstallGuestAgent: ptr.To(true)},
+			},
+			Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(1))},
+		},
+	}
+	for _, t := range tune {
+		t(pool)
+	}
+	return pool
 }
 
 func readyLabelledHost(name string, labels map[string]string) *testHost {

@@ -364,6 +364,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		// cached client would list and watch every Secret of the cluster.
 		Publisher:         &Publisher{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()},
 		HostCheckInterval: orDefaultDuration(kvmCheckInterval(d.KVM), crawlv1.DefaultCheckInterval),
+		IPAM:              ipam,
 		Clock:             d.Pool.Clock,
 		Rand:              d.Pool.Rand,
 		OnPublished:       d.Pool.OnPublished,

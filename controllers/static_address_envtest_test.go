@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -30,6 +31,7 @@ const (
 	badGatewayPool = "bad-gateway"
 	overlapPoolA   = "overlap-a"
 	overlapPoolB   = "overlap-b"
+	heldPool       = "held"
 	staticDNS      = "192.0.2.53"
 )
 
@@ -41,6 +43,10 @@ func ipamPools() map[string]ipamtest.Pool {
 		badGatewayPool: {Addresses: []ipamtest.Address{{IP: "203.0.113.20"}}, Prefix: 28, Gateway: "198.51.100.1"},
 		overlapPoolA:   shared,
 		overlapPoolB:   shared,
+		// The quarantine spec's alone: which address is the lowest free
+		// one is what it checks.
+		heldPool: {Addresses: []ipamtest.Address{{IP: "203.0.113.34"}, {IP: "203.0.113.35"}, {IP: "203.0.113.36"}, {IP: "203.0.113.37"},
+			{IP: "203.0.113.38"}, {IP: "203.0.113.39"}}, Prefix: 28, Gateway: "203.0.113.33"},
 	}
 }
 
@@ -219,5 +225,91 @@ var _ = Describe("Static addresses from an IPAM pool", func() {
 		noDomain(h, ns, "p1")
 
 		deleteAndExpectReleased(ns, "p1")
+	})
+})
+
+var _ = Describe("A pool's quarantined static address", func() {
+	It("holds the banned replica's claim while quarantined, releases it when the quarantine ends, and every held claim with the pool", func() {
+		ns, image := newNamespace(), servedImage()
+		label := map[string]string{"held-hosts": uniqueName("hv")}
+		h := hosts.add(uniqueName("hvheld"))
+		createSecret(h)
+		createKVMHost(h.name, h.ssh.Addr(), label, func(s *crawlv1.KVMHostSpec) {
+			s.NetworkMode, s.Network, s.Nameservers = crawlv1.NetworkModeBridge, "br0", []string{staticDNS}
+		})
+		waitHostReason(h.name, crawlv1.HostReadyReason, 20*time.Second)
+		startPoolBooter([]*testHost{h}, ns)
+		pool := poolOnHosts(ns, "held", 2, label, image, func(p *crawlv1.ProxyPool) {
+			p.Spec.Template.Spec.Network = &crawlv1.ProxyNetwork{AddressesFromPools: []ipamv1.IPPoolReference{ipamtest.Ref(heldPool)}}
+			p.Spec.Egress.Quarantine = &metav1.Duration{Duration: time.Minute}
+			p.Spec.Bans.MaxBanned = ptr.To(intstr.FromString("100%"))
+		})
+		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
+		pool = getPool(pool) // its UID
+		names := waitPoolReady(pool, 2)
+		assigned := func(name string) string { return assignedAddress(getProxy(ns, name)) }
+		ban := func(replica string) string {
+			addr := assigned(replica)
+			Expect(addr).NotTo(BeEmpty())
+			Expect(k8sClient.Create(ctx, &crawlv1.ProxyBan{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: replica + "-ban"},
+				Spec: crawlv1.ProxyBanSpec{Pool: pool.Name, Proxy: replica, Replace: true, Reason: "HTTP 403"}})).To(Succeed())
+			waitProxyGone(ns, replica, 30*time.Second)
+			return addr
+		}
+		// held: the replica's claim, controlled by the pool now, still
+		// bound to the banned address.
+		expectHeld := func(replica, addr string) {
+			claim, err := getClaim(ns, replica+"-0")
+			Expect(err).NotTo(HaveOccurred(), "the banned replica's claim was released")
+			Expect(metav1.IsControlledBy(claim, pool)).To(BeTrue(), "owners: %v", claim.OwnerReferences)
+			Expect(claim.OwnerReferences).To(HaveLen(1))
+			Expect(claim.DeletionTimestamp).To(BeNil())
+			ip := &ipamv1.IPAddress{}
+			Expect(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: claim.Status.AddressRef.Name}, ip)).To(Succeed())
+			Expect(ip.Spec.Address).To(Equal(addr))
+		}
+		released := func(name string, within time.Duration) {
+			Eventually(func(g Gomega) {
+				_, err := getClaim(ns, name)
+				g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "IPAddressClaim %s still there", name)
+				g.Expect(apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &ipamv1.IPAddress{}))).To(BeTrue(),
+					"IPAddress %s still there", name)
+			}).WithTimeout(within).WithPolling(100 * time.Millisecond).Should(Succeed())
+		}
+
+		banned := ban(names[0])
+		expectHeld(names[0], banned)
+		// The banned address is the lowest free one were it released: a
+		// replica added now would get it.
+		setScale(pool, 3)
+		ready := waitPoolReady(pool, 3)
+		for _, n := range ready {
+			Expect(assigned(n)).NotTo(Equal(banned), "%s booted with the quarantined address", n)
+		}
+		expectHeld(names[0], banned)
+
+		// A second ban, quarantined for longer: still held when the
+		// first quarantine ends and when the pool is deleted.
+		updatePool(pool, func(p *crawlv1.ProxyPool) { p.Spec.Egress.Quarantine = &metav1.Duration{Duration: time.Hour} })
+		second := ban(names[1])
+		expectHeld(names[1], second)
+
+		// The first quarantine ends a minute after its report.
+		released(names[0]+"-0", 90*time.Second)
+		Expect(getPool(pool).Status.Quarantine).To(ConsistOf(HaveField("Address", second)))
+		expectHeld(names[1], second)
+
+		Expect(k8sClient.Delete(ctx, getPool(pool))).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8sClient.Get(ctx, client.ObjectKeyFromObject(pool), &crawlv1.ProxyPool{}))
+		}).WithTimeout(60*time.Second).Should(BeTrue(), "the pool was never released")
+		Eventually(func(g Gomega) {
+			claims := &ipamv1.IPAddressClaimList{}
+			g.Expect(k8sClient.List(ctx, claims, client.InNamespace(ns))).To(Succeed())
+			g.Expect(claims.Items).To(BeEmpty())
+			addrs := &ipamv1.IPAddressList{}
+			g.Expect(k8sClient.List(ctx, addrs, client.InNamespace(ns))).To(Succeed())
+			g.Expect(addrs.Items).To(BeEmpty())
+		}).WithTimeout(20*time.Second).Should(Succeed(), "claims or addresses left behind by the pool's deletion")
 	})
 })

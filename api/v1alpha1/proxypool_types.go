@@ -35,6 +35,19 @@ const (
 	ProxyPoolFinalizer = "crawl.example.com/proxypool"
 )
 
+// Marks of an IPAddressClaim a pool holds while its address is quarantined
+// (docs/egress.md): the replica's deletion hands the claim to the pool
+// instead of releasing the address to the IPAM pool.
+const (
+	// QuarantineHoldLabel holds the UID of the ProxyPool that holds the
+	// claim (a UID, not the name: it fits a label value).
+	QuarantineHoldLabel = "crawl.example.com/quarantine-hold"
+	// QuarantinedAddressAnnotation is the quarantined address the claim
+	// is held for; the pool releases the claim once it is no longer
+	// quarantined.
+	QuarantinedAddressAnnotation = "crawl.example.com/quarantined-address"
+)
+
 // What a pool publishes for crawlers, in its namespace: a Secret and a
 // headless Service, both named <pool>-proxies (docs/pools.md).
 const (
