@@ -1,9 +1,6 @@
 package e2eutil
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -147,33 +144,5 @@ func TestPoolWatchBudget(t *testing.T) {
 					tc.violations, tc.lost, tc.disrupts, tc.minAvailable, tc.minAtDisrupt)
 			}
 		})
-	}
-}
-
-// The crawler's figures: each request counted once, failures classed as
-// refused or timed out, and no password in what it reports.
-func TestCrawlerRecord(t *testing.T) {
-	const line = "http://crawl-ab12c:s3cr%2Ft@10.77.0.5:3128"
-	cr := &Crawler{used: map[string]bool{}}
-	cr.list = []string{line, "http://10.77.0.6:3128"}
-	if a, b, c := cr.nextEntry(), cr.nextEntry(), cr.nextEntry(); a != line || b != cr.list[1] || c != line {
-		t.Errorf("entries %q %q %q, want the list round robin", a, b, c)
-	}
-	cr.record(line, 30*time.Millisecond, nil)
-	cr.record(line, 0, errors.New("proxyconnect tcp: dial tcp 10.77.0.5:3128: connect: connection refused"))
-	cr.record(line, 0, fmt.Errorf("Get %q: %w", "http://crawl-ab12c:s3cr/t@target", context.DeadlineExceeded))
-	cr.record(line, 0, errors.New("status 407, want 204"))
-	cr.record("", 0, errors.New("the published list is empty"))
-	s := cr.Stats()
-	if s.Sent != 5 || s.Failed != 4 || s.Refused != 1 || s.TimedOut != 1 || s.DistinctEntries != 1 || len(s.Failures) != 4 {
-		t.Errorf("stats %+v, want 5 sent, 4 failed (1 refused, 1 timed out), 1 proxy used", s)
-	}
-	for _, f := range s.Failures {
-		if strings.Contains(f, "s3cr") {
-			t.Errorf("failure %q carries the password", f)
-		}
-	}
-	if !strings.Contains(s.Failures[1], "crawl-ab12c:xxxxx@target") {
-		t.Errorf("failure %q: want the password masked in place", s.Failures[1])
 	}
 }
