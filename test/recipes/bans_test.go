@@ -102,7 +102,7 @@ func (a *banAPI) bans(t *testing.T) []crawlv1.ProxyBan {
 	return list.Items
 }
 
-// The Scrapy and requests recipes report a ban as docs/pools.md says: a
+// The Scrapy, requests and Crawlee recipes report a ban as docs/pools.md says: a
 // proxy that got the threshold's 403s from a domain is reported once as a
 // ProxyBan (pool, the proxy's name, the domain, "HTTP 403 x3"), created
 // with the service account bound to crawl-ban-reporter-role; a domain with
@@ -110,7 +110,7 @@ func (a *banAPI) bans(t *testing.T) []crawlv1.ProxyBan {
 // role gets the API's refusal logged, and the crawl goes on.
 func TestRecipesReportBans(t *testing.T) {
 	api := startBanAPI(t)
-	recipes := []recipe{scrapyRecipe, requestsRecipe}
+	recipes := []recipe{scrapyRecipe, requestsRecipe, crawleeRecipe}
 	records := map[string][]string{}
 	for _, r := range recipes {
 		for _, host := range []string{r.name + ".bans.test", r.name + "-few.bans.test", r.name + "-stranger.bans.test"} {

@@ -152,6 +152,9 @@ var crawleeRecipe = recipe{
 			"--hold-delay", holdDelay,
 			"--log-interval", logInterval,
 			"--concurrency", strconv.Itoa(s.Concurrency)}
+		if b := s.Bans; b != nil {
+			args = append(args, "--ban-pool", b.Pool, "--ban-api", b.API, "--ban-account-dir", b.AccountDir, "--ban-threshold", strconv.Itoa(b.Threshold))
+		}
 		cmd := exec.Command(node, append(args, urls...)...)
 		cmd.Dir = dir
 		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + dir, "NO_COLOR=1", "CRAWLEE_STORAGE_DIR=" + filepath.Join(dir, "storage")}
