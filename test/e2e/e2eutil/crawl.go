@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -353,27 +352,9 @@ func (cr *Crawler) send(ctx context.Context, tr *http.Transport, target string) 
 		}
 		return 0, errEmptyList
 	}
-	timeout := cr.RequestTimeout
-	if timeout <= 0 {
-		timeout = 10 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
-	if err != nil {
-		return 0, err
-	}
-	start := time.Now()
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return time.Since(start), err
-	}
-	// The body read to its end, so the connection is kept for the next.
-	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	_ = resp.Body.Close()
-	took := time.Since(start)
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return took, statusError{resp.StatusCode}
+	code, _, took, err := fetch(ctx, tr, target, cr.RequestTimeout)
+	if err == nil && (code < 200 || code > 299) {
+		return took, statusError{code}
 	}
 	return took, err
 }

@@ -111,9 +111,11 @@ func TestCrawlerThroughAProxy(t *testing.T) {
 	if ok.Sent < 200 || ok.Failed != 0 || ok.HTTPS == 0 || ok.HTTPS == ok.Sent {
 		t.Fatalf("through a good proxy: %s; failures %v; want 200 or more, none failed, HTTP and HTTPS", ok, ok.Failures)
 	}
-	// 8 workers: at most 8 plain connections and 8 tunnels at a time, and
-	// kept alive, far fewer than requests.
-	if n := good.conns.Load(); n > 16+4 || int(n) >= ok.Sent/4 {
+	// Kept alive: far fewer connections than requests (without keep-alive
+	// every request is a connection of its own). Not exactly 16 (8 plain, 8
+	// tunnels): a connection goes back to the idle pool a moment after its
+	// body is read, and a worker that is quicker dials another.
+	if n := good.conns.Load(); int(n) > ok.Sent/4 {
 		t.Errorf("%d connections to the proxy for %d requests: not kept alive", n, ok.Sent)
 	}
 
