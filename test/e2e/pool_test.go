@@ -63,9 +63,11 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		// The Scrapy recipe's PROXYLIST_RELOAD_INTERVAL.
 		recipeReload = time.Second
 		// The Go client: 8 requests in flight, each worker pausing this
-		// long between two (about 30 requests a second in all).
+		// long between two (at most 16 requests a second in all), each
+		// given what Scrapy's recipe run gives one (DOWNLOAD_TIMEOUT).
 		crawlerWorkers = 8
-		crawlerPause   = 250 * time.Millisecond
+		crawlerPause   = 500 * time.Millisecond
+		requestTimeout = 20 * time.Second
 		// Scrapy: 8 in flight, DOWNLOAD_DELAY 50 ms (about 20 a second);
 		// the crawl must make at least scrapyRequests.
 		scrapyConcurrency = 8
@@ -279,11 +281,11 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		Expect(mirror.Start(context.Background())).To(Succeed())
 		crawlStart = time.Now()
 		crawler = &e2eutil.Crawler{List: mirror.Lines, Targets: []string{origin.HTTPURL + "/go/", origin.HTTPSURL + "/go/"},
-			RootCAs: origin.RootCAs, Workers: crawlerWorkers, Pause: crawlerPause, RequestTimeout: 10 * time.Second}
+			RootCAs: origin.RootCAs, Workers: crawlerWorkers, Pause: crawlerPause, RequestTimeout: requestTimeout}
 		crawler.Start(context.Background())
 		scrapy = &e2eutil.ScrapyCrawl{Root: envtestutil.Root(), ListPath: filepath.Join(mirror.Dir, crawlv1.ProxiesJSONKey),
 			URLs: []string{origin.HTTPURL + "/scrapy/", origin.HTTPSURL + "/scrapy/"}, Dir: artifacts,
-			Reload: recipeReload, Delay: scrapyDelay, Concurrency: scrapyConcurrency}
+			Reload: recipeReload, Delay: scrapyDelay, Concurrency: scrapyConcurrency, Timeout: requestTimeout}
 		Expect(scrapy.Start()).To(Succeed())
 	}, NodeTimeout(20*time.Minute))
 

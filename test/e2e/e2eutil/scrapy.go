@@ -1,6 +1,7 @@
 package e2eutil
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -27,9 +28,10 @@ type ScrapyCrawl struct {
 	// Dir receives scrapy.log, the summary and the stop file.
 	Dir string
 	// Reload is PROXYLIST_RELOAD_INTERVAL, Concurrency CONCURRENT_REQUESTS,
-	// Delay DOWNLOAD_DELAY (the crawl's pace: one origin, one slot).
-	Reload, Delay time.Duration
-	Concurrency   int
+	// Delay DOWNLOAD_DELAY (the crawl's pace: one origin, one slot),
+	// Timeout DOWNLOAD_TIMEOUT (default 20 s).
+	Reload, Delay, Timeout time.Duration
+	Concurrency            int
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -71,7 +73,7 @@ func (s *ScrapyCrawl) Start() error {
 		// A failure must show, not be retried away by Scrapy; the recipe's
 		// own retry through another proxy (a dead one) stays and is counted.
 		"-s", "RETRY_ENABLED=0",
-		"-s", "DOWNLOAD_TIMEOUT=20",
+		"-s", "DOWNLOAD_TIMEOUT="+seconds(cmp.Or(s.Timeout, 20*time.Second)),
 		"-s", "TELNETCONSOLE_ENABLED=0",
 		"-s", "LOG_LEVEL=INFO")
 	cmd.Dir = s.Dir
@@ -96,7 +98,7 @@ func (s *ScrapyCrawl) Start() error {
 func (s *ScrapyCrawl) Running() error {
 	select {
 	case <-s.exited:
-		return fmt.Errorf("scrapy exited (%v); see %s", s.err, s.path("scrapy.log"))
+		return fmt.Errorf("scrapy ended before it was stopped (%s); see %s", exitOf(s.err), s.path("scrapy.log"))
 	default:
 		return nil
 	}
@@ -123,15 +125,23 @@ func (s *ScrapyCrawl) Stop(timeout time.Duration) (ScrapySummary, error) {
 	}
 	b, err := os.ReadFile(s.path("scrapy-summary.json"))
 	if err != nil {
-		return sum, fmt.Errorf("scrapy (exit %v) wrote no summary: %w; see %s", s.err, err, s.path("scrapy.log"))
+		return sum, fmt.Errorf("scrapy (%s) wrote no summary: %w; see %s", exitOf(s.err), err, s.path("scrapy.log"))
 	}
 	if err := json.Unmarshal(b, &sum); err != nil {
 		return sum, fmt.Errorf("scrapy's summary: %w", err)
 	}
 	if s.err != nil {
-		return sum, fmt.Errorf("scrapy exited with %v (reason %s); see %s", s.err, sum.Reason, s.path("scrapy.log"))
+		return sum, fmt.Errorf("scrapy exited with %w (reason %s); see %s", s.err, sum.Reason, s.path("scrapy.log"))
 	}
 	return sum, nil
+}
+
+// exitOf describes how the process ended.
+func exitOf(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
 }
 
 // Kill ends the crawl at once (cleanup after a failure).
