@@ -209,9 +209,14 @@ type PoolWatch struct {
 	disruptions               int
 	minAtDisruption           int
 	readyLost                 []string
-	err                       error
-	cancel                    context.CancelFunc
-	done                      chan struct{}
+	// reported: replicas a ban report asked to replace. The pool takes
+	// them out of service at once, by design (docs/pools.md: a crawler
+	// said it cannot use them), so that is no disruption of the budget.
+	reported    map[string]bool
+	reportedOut int
+	err         error
+	cancel      context.CancelFunc
+	done        chan struct{}
 }
 
 // WatchPool starts watching the Proxies of pool in namespace, through a
@@ -314,6 +319,10 @@ func (w *PoolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 	// is not Ready first is what the pool should do, and the budget allows
 	// it even when availability is already below the bound.
 	disrupted := existed && inService(prev) && (t == watch.Deleted || !inService(p))
+	if disrupted && w.reported[p.Name] {
+		disrupted = false
+		w.reportedOut++
+	}
 	tookAvailable := disrupted && conditions.IsTrue(prev, crawlv1.ReadyCondition)
 	// Ready lost by a replica the pool left in service: the manager's
 	// probe failed (under load, a timeout), not a decision of the pool.
@@ -379,9 +388,21 @@ func (w *PoolWatch) Arm(replicas, surge, unavailable int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.armed, w.replicas, w.surge, w.unavail = true, replicas, surge, unavailable
-	w.violations, w.readyLost, w.disruptions = nil, nil, 0
+	w.violations, w.readyLost, w.disruptions, w.reportedOut = nil, nil, 0, 0
 	existing, available := w.counts()
 	w.minAvailable, w.mostExisted, w.minAtDisruption = available, existing, available
+}
+
+// Reported tells the watch a ban report asks to replace the replica name:
+// the pool taking it out of service is then not counted against the budget
+// (PoolBudget.ReportedOut counts it).
+func (w *PoolWatch) Reported(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.reported == nil {
+		w.reported = map[string]bool{}
+	}
+	w.reported[name] = true
 }
 
 // Disarm stops checking (the budget changes with replicas).
@@ -398,8 +419,10 @@ type PoolBudget struct {
 	// itself took an available replica out of service (drained or deleted
 	// it), which is what the budget bounds.
 	MinAvailable, MinAtDisruption, MostExisted, Events int
-	// Disruptions counts the replicas the pool took out of service.
-	Disruptions int
+	// Disruptions counts the replicas the pool took out of service;
+	// ReportedOut those it took out because a ban report asked to replace
+	// them (not counted in Disruptions or against the budget).
+	Disruptions, ReportedOut int
 	// Violations of the budget by the pool: an available replica taken out
 	// of service leaving fewer than replicas-maxUnavailable available, or
 	// more than replicas+maxSurge in existence.
@@ -417,7 +440,7 @@ func (w *PoolWatch) Budget() PoolBudget {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return PoolBudget{MinAvailable: w.minAvailable, MinAtDisruption: w.minAtDisruption, MostExisted: w.mostExisted, Events: w.events,
-		Disruptions: w.disruptions, Violations: append([]string(nil), w.violations...), ReadyLost: append([]string(nil), w.readyLost...), Err: w.err}
+		Disruptions: w.disruptions, ReportedOut: w.reportedOut, Violations: append([]string(nil), w.violations...), ReadyLost: append([]string(nil), w.readyLost...), Err: w.err}
 }
 
 // Stop ends the watch.

@@ -78,6 +78,9 @@ func TestPoolWatchBudget(t *testing.T) {
 		events                     []ev
 		violations, lost, disrupts int
 		minAvailable, minAtDisrupt int
+		// reported: replicas a ban report asked to replace.
+		reported    []string
+		reportedOut int
 	}{{
 		name: "a rollout step within the budget: surge, drain, delete",
 		events: []ev{
@@ -126,6 +129,22 @@ func TestPoolWatchBudget(t *testing.T) {
 			{watch.Deleted, replica("c", true, false, false)},
 		},
 		violations: 1, lost: 1, disrupts: 1, minAvailable: 1, minAtDisrupt: 1,
+	}, {
+		name: "a replica a ban report asked to replace leaves at once, outside the budget",
+		events: []ev{
+			{watch.Modified, replica("a", true, true, false)},
+			{watch.Added, replica("new", false, false, false)},
+			{watch.Modified, replica("new", true, false, false)},
+			{watch.Deleted, replica("a", true, true, true)},
+		},
+		reported: []string{"a"}, reportedOut: 1, minAvailable: 2, minAtDisrupt: 3,
+	}, {
+		name: "a report on one replica does not excuse taking out another",
+		events: []ev{
+			{watch.Modified, replica("a", true, true, false)},
+			{watch.Modified, replica("b", true, true, false)},
+		},
+		reported: []string{"a"}, reportedOut: 1, violations: 1, disrupts: 1, minAvailable: 1, minAtDisrupt: 1,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &PoolWatch{objs: map[string]*crawlv1.Proxy{}, seen: map[string]ProxyRef{}}
@@ -133,15 +152,18 @@ func TestPoolWatchBudget(t *testing.T) {
 				w.add(replica(n, true, false, false))
 			}
 			w.Arm(3, 1, 0)
+			for _, n := range tc.reported {
+				w.Reported(n)
+			}
 			for _, e := range tc.events {
 				w.observe(e.t, e.p)
 			}
 			b := w.Budget()
 			if len(b.Violations) != tc.violations || len(b.ReadyLost) != tc.lost || b.Disruptions != tc.disrupts ||
-				b.MinAvailable != tc.minAvailable || b.MinAtDisruption != tc.minAtDisrupt {
-				t.Errorf("got %d violations %v, %d Ready lost, %d disruptions, min available %d, min at disruption %d; want %d, %d, %d, %d, %d",
-					len(b.Violations), b.Violations, len(b.ReadyLost), b.Disruptions, b.MinAvailable, b.MinAtDisruption,
-					tc.violations, tc.lost, tc.disrupts, tc.minAvailable, tc.minAtDisrupt)
+				b.MinAvailable != tc.minAvailable || b.MinAtDisruption != tc.minAtDisrupt || b.ReportedOut != tc.reportedOut {
+				t.Errorf("got %d violations %v, %d Ready lost, %d disruptions, min available %d, min at disruption %d, %d reported out; want %d, %d, %d, %d, %d, %d",
+					len(b.Violations), b.Violations, len(b.ReadyLost), b.Disruptions, b.MinAvailable, b.MinAtDisruption, b.ReportedOut,
+					tc.violations, tc.lost, tc.disrupts, tc.minAvailable, tc.minAtDisrupt, tc.reportedOut)
 			}
 		})
 	}
