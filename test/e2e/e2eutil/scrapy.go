@@ -59,6 +59,9 @@ func (s *ScrapyCrawl) path(name string) string { return filepath.Join(s.Dir, nam
 
 // Start starts the crawl.
 func (s *ScrapyCrawl) Start() error {
+	if out, err := exec.Command("/usr/bin/python3", "-c", "import scrapy").CombinedOutput(); err != nil {
+		return fmt.Errorf("/usr/bin/python3 cannot import scrapy (apt-get install python3-scrapy; make test-deps does): %w: %s", err, out)
+	}
 	seconds := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) }
 	examples := filepath.Join(s.Root, "docs", "examples")
 	// Debian's python3 (the one with Scrapy) and nothing from the
