@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
@@ -225,6 +226,40 @@ var _ = Describe("ProxyPool ban reports", Ordered, func() {
 		Expect(proxyNames(poolReplicas(pool))).To(ConsistOf(names))
 		Expect(published.last(pool)).To(ConsistOf(names))
 		Expect(w.createdNames()).To(ConsistOf(names))
+	})
+
+	It("refuses a malformed report naming the field, and nothing about the pool changes", func() {
+		ns := newNamespace()
+		w := watchPool(ns, "bad")
+		pool, names := banPool(ns, "bad", 2)
+		before, secret := getPool(pool), publishedSecret(pool)
+		for _, tc := range []struct {
+			spec crawlv1.ProxyBanSpec
+			want string
+		}{
+			{crawlv1.ProxyBanSpec{Pool: pool.Name, Proxy: names[0], Domain: "Shop.Example.COM/cart"}, "spec.domain"},
+			{crawlv1.ProxyBanSpec{Pool: pool.Name, Proxy: names[0]}, "must ask for replacement"},
+			{crawlv1.ProxyBanSpec{Pool: pool.Name, Proxy: names[0], Replace: true, Reason: strings.Repeat("x", 257)}, "spec.reason"},
+			{crawlv1.ProxyBanSpec{Pool: pool.Name, Domain: "shop.example.com", Replace: true}, "spec.proxy"},
+		} {
+			b := &crawlv1.ProxyBan{ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "bad-ban-"}, Spec: tc.spec}
+			err := k8sClient.Create(ctx, b)
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "%+v: %v", tc.spec, err)
+			Expect(err.Error()).To(ContainSubstring(tc.want))
+		}
+		// Given the reconciler time to act on anything: nothing moves.
+		Consistently(func(g Gomega) {
+			got := getPool(pool)
+			g.Expect(got.Generation).To(Equal(before.Generation))
+			g.Expect(got.Status.BanReplacements).To(BeEmpty())
+			g.Expect(got.Status.Quarantine).To(BeEmpty())
+			g.Expect(got.Status.AvailableReplicas).To(Equal(before.Status.AvailableReplicas))
+			g.Expect(publishedSecret(pool).ResourceVersion).To(Equal(secret.ResourceVersion), "the published Secret was rewritten")
+			g.Expect(w.createdNames()).To(ConsistOf(names))
+		}).WithTimeout(3 * time.Second).WithPolling(250 * time.Millisecond).Should(Succeed())
+		bans := &crawlv1.ProxyBanList{}
+		Expect(k8sClient.List(ctx, bans, client.InNamespace(ns))).To(Succeed())
+		Expect(bans.Items).To(BeEmpty())
 	})
 })
 

@@ -4,7 +4,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,11 +27,15 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/test/e2e/e2eutil"
+	"crawl.example.com/proxy-operator/test/envtestutil"
 )
 
 // The pool e2e (label pool, `make test-e2e-pool`): a ProxyPool on the real
-// hypervisor, with a crawler-like client using what it publishes while it
-// scales up, rolls a template change and scales down. Its own label, not
+// hypervisor, used by two crawlers while it scales up and rotates a replica
+// by age, rolls a template change while a ban report replaces a replica,
+// and scales down: the test's own client and a real Scrapy crawl with the
+// shipped recipe, both fetching an origin that checks every request came
+// through a published replica. Its own label, not
 // e2e: under TCG on the shared machine it boots six guests, four of them
 // one after another, which alone takes longer than the main e2e's whole
 // run; and it needs the run's namespace, KVMHost and KVMImage to itself.
@@ -38,27 +44,57 @@ import (
 //
 // What is asserted: the pool's disruption budget (whenever it takes a
 // replica out of service, at least replicas-maxUnavailable stay available;
-// never more than replicas+maxSurge exist) and no request refused by a
-// published proxy (a replica listed while it does not serve, or removed
-// before crawlers stopped using it). Requests that time out and replicas
-// that lose Ready while in service (the manager's probe timing out) depend
-// on the machine's load: they are recorded, with the lowest availability
-// from any cause, and the goal of zero failed requests is reported.
+// never more than replicas+maxSurge exist); no failed request (an error, a
+// timeout, a 407 or any answer that is not 2xx) of either crawler; no
+// request that reached the origin other than through a published replica;
+// at least 5,000 requests of the Scrapy crawl; and no request through the
+// banned replica later than 2 s plus the recipe's reload interval after the
+// report. Replicas that lose Ready while in service (the manager's probe
+// timing out on a loaded machine) are recorded, with the lowest
+// availability from any cause.
 var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, Label("pool"), func() {
 	const (
-		poolName = "crawl"
-		// The crawler re-reads proxies.txt and sends a request through the
-		// next listed proxy every half second.
-		crawlerInterval = 500 * time.Millisecond
-		rolloutLabel    = "e2e-rollout"
+		poolName     = "crawl"
+		rolloutLabel = "e2e-rollout"
+		// The test stands in for the kubelet: it copies the pool's Secret
+		// into a mounted-Secret layout this often (the kubelet takes up to
+		// a minute, which the pool's 5 s drain would not cover).
+		mirrorInterval = 250 * time.Millisecond
+		// The Scrapy recipe's PROXYLIST_RELOAD_INTERVAL.
+		recipeReload = time.Second
+		// The Go client: 8 requests in flight, each worker pausing this
+		// long between two (at most 16 requests a second in all), each
+		// given what Scrapy's recipe run gives one (DOWNLOAD_TIMEOUT).
+		crawlerWorkers = 8
+		crawlerPause   = 500 * time.Millisecond
+		requestTimeout = 20 * time.Second
+		// Scrapy: 8 in flight, DOWNLOAD_DELAY 50 ms (about 20 a second);
+		// the crawl must make at least scrapyRequests.
+		scrapyConcurrency = 8
+		scrapyDelay       = 50 * time.Millisecond
+		scrapyRequests    = 5000
+		// A ban report unpublishes at once (the pool's promise: within
+		// 2 s); a crawler stops using the replica after its next reload.
+		banBound = 2*time.Second + recipeReload
 	)
 	var (
 		pool    *crawlv1.ProxyPool
 		watch   *e2eutil.PoolWatch
+		origin  *e2eutil.Origin
+		mirror  *e2eutil.ListMirror
 		crawler *e2eutil.Crawler
+		scrapy  *e2eutil.ScrapyCrawl
 		// crawled: the crawler's figures at the end of the previous phase.
 		crawled    e2eutil.CrawlerStats
-		poolDumped bool
+		crawlStart time.Time
+		// The ban report: when, on which replica and its address, how long
+		// until the published Secret no longer listed it, and when the
+		// replica was seen gone (its address may be reused after that).
+		banAt, banGone       time.Time
+		bannedName, bannedIP string
+		banUnpublished       time.Duration
+		poolDumped           bool
+		scrapyStopped        bool
 	)
 	poolKey := func() client.ObjectKey { return client.ObjectKeyFromObject(pool) }
 
@@ -114,19 +150,19 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 	}
 
 	// phase returns the crawler's figures since the previous phase.
-	phase := func() (d e2eutil.CrawlerStats) {
+	phase := func() e2eutil.CrawlerStats {
 		now := crawler.Stats()
-		d = e2eutil.CrawlerStats{Sent: now.Sent - crawled.Sent, Failed: now.Failed - crawled.Failed,
-			Refused: now.Refused - crawled.Refused, TimedOut: now.TimedOut - crawled.TimedOut}
+		d := now.Minus(crawled)
 		crawled = now
 		return d
 	}
 	// figures describes a phase for its E2E-TIMING line.
 	figures := func(c e2eutil.CrawlerStats, b e2eutil.PoolBudget) string {
-		return fmt.Sprintf("crawler %d requests, %d failed (%d refused, %d timed out); %d replicas taken out by the pool, fewest available then %d; fewest available from any cause %d, %d lost Ready while in service; most replicas %d",
-			c.Sent, c.Failed, c.Refused, c.TimedOut, b.Disruptions, b.MinAtDisruption, b.MinAvailable, len(b.ReadyLost), b.MostExisted)
+		return fmt.Sprintf("crawler %s; %d replicas taken out by the pool, fewest available then %d; fewest available from any cause %d, %d lost Ready while in service; most replicas %d",
+			c, b.Disruptions, b.MinAtDisruption, b.MinAvailable, len(b.ReadyLost), b.MostExisted)
 	}
-	// checkPhase asserts what the pool controls.
+	// checkPhase asserts what the pool controls, and that both crawlers
+	// went on without a failure.
 	checkPhase := func(c e2eutil.CrawlerStats, b e2eutil.PoolBudget) {
 		if len(b.ReadyLost) > 0 {
 			GinkgoWriter.Printf("replicas that lost Ready while in service:\n  %s\n", strings.Join(b.ReadyLost, "\n  "))
@@ -134,7 +170,11 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		Expect(b.Err).NotTo(HaveOccurred(), "the watch must see the whole phase")
 		Expect(b.Violations).To(BeEmpty(), "the disruption budget was broken")
 		Expect(c.Sent).To(BeNumerically(">", 0))
-		Expect(c.Refused).To(BeZero(), failures(crawler))
+		Expect(c.Failed).To(BeZero(), failures(crawler))
+		if !scrapyStopped {
+			Expect(scrapy.Running()).To(Succeed(), "the Scrapy crawl")
+		}
+		Expect(mirror.Stats().WriteError).NotTo(HaveOccurred(), "laying out the mounted list")
 	}
 
 	BeforeAll(func(ctx SpecContext) {
@@ -163,6 +203,15 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 	AfterAll(func(ctx SpecContext) {
 		if crawler != nil {
 			crawler.Stop()
+		}
+		if scrapy != nil {
+			scrapy.Kill()
+		}
+		if mirror != nil {
+			mirror.Stop()
+		}
+		if origin != nil {
+			_ = origin.Close()
 		}
 		// The pool first (its replicas' finalizers make the manager delete
 		// the VMs), then the rest. Bounded; the hypervisor's teardown
@@ -220,30 +269,72 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		record("pool_time_to_available", took, fmt.Sprintf("(ProxyPool of 2 created → both replicas Ready and in proxies.txt; %s guests, %d vCPU, %s; a request through each entry: %v)",
 			cfg.DomainType, e2eutil.PoolReplicaCPUs, e2eutil.PoolReplicaMemory, lat))
 
-		// From here a crawler uses the pool for the rest of the specs.
-		crawler = &e2eutil.Crawler{Client: k8s, Namespace: pool.Namespace, Pool: poolName, Target: cfg.ProbeURL,
-			ReadInterval: crawlerInterval, RequestInterval: crawlerInterval, RequestTimeout: 10 * time.Second}
+		// From here two crawlers use the pool for the rest of the specs,
+		// fetching an origin on the probe server's address (one the
+		// replicas' Access admits) that checks where each request came from.
+		probe, err := url.Parse(cfg.ProbeURL)
+		Expect(err).NotTo(HaveOccurred())
+		origin, err = e2eutil.StartOrigin(probe.Hostname())
+		Expect(err).NotTo(HaveOccurred())
+		mirror = &e2eutil.ListMirror{Client: k8s, Namespace: pool.Namespace, Pool: poolName, Dir: filepath.Join(artifacts, "proxies-mount"),
+			Interval: mirrorInterval, Origin: origin}
+		Expect(mirror.Start(context.Background())).To(Succeed())
+		crawlStart = time.Now()
+		crawler = &e2eutil.Crawler{List: mirror.Lines, Targets: []string{origin.HTTPURL + "/go/", origin.HTTPSURL + "/go/"},
+			RootCAs: origin.RootCAs, Workers: crawlerWorkers, Pause: crawlerPause, RequestTimeout: requestTimeout}
 		crawler.Start(context.Background())
+		scrapy = &e2eutil.ScrapyCrawl{Root: envtestutil.Root(), ListPath: filepath.Join(mirror.Dir, crawlv1.ProxiesJSONKey),
+			URLs: []string{origin.HTTPURL + "/scrapy/", origin.HTTPSURL + "/scrapy/"}, Dir: artifacts,
+			Reload: recipeReload, Delay: scrapyDelay, Concurrency: scrapyConcurrency, Timeout: requestTimeout}
+		Expect(scrapy.Start()).To(Succeed())
 	}, NodeTimeout(20*time.Minute))
 
-	It("scales to 3 through the scale subresource while the crawler uses the pool", func(ctx SpecContext) {
+	It("scales to 3 through the scale subresource and rotates a replica by age while the crawlers use the pool", func(ctx SpecContext) {
 		Expect(crawler).NotTo(BeNil())
+		before, err := e2eutil.PoolReplicas(ctx, k8s, pool)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(before).To(HaveLen(2))
 		phase()
-		// Scaling up takes nothing out; at most 3+maxSurge exist.
+		// At most 3+maxSurge exist: the rotation surges beside the scale-up.
 		watch.Arm(3, 1, 0)
+		// Both replicas are older than maxAge: one rotation starts now, and
+		// minInterval keeps it to one in this run (its boot runs beside the
+		// scale-up's, adding little wall time). Rotation is switched off
+		// again once it is done.
+		Expect(k8s.Get(ctx, poolKey(), pool)).To(Succeed())
+		pool.Spec.Rotation = crawlv1.ProxyPoolRotation{MaxAge: &metav1.Duration{Duration: time.Minute}, MaxConcurrent: 1,
+			MinInterval: &metav1.Duration{Duration: time.Hour}}
+		Expect(k8s.Update(ctx, pool)).To(Succeed())
 		scale(ctx, 2, 3)
 		start := time.Now()
-		_, lines := serving(ctx, 3, cfg.ProxyReadyTimeout+time.Minute, nil)
+		_, lines := serving(ctx, 3, 2*(cfg.ProxyReadyTimeout+time.Minute), func(reps []crawlv1.Proxy) error {
+			left := 0
+			for _, p := range reps {
+				for _, o := range before {
+					if p.UID == o.UID {
+						left++
+					}
+				}
+			}
+			if left != 1 {
+				return fmt.Errorf("%d of the 2 replicas older than maxAge remain, want 1 (one rotation)", left)
+			}
+			return nil
+		})
 		took := time.Since(start)
 		Expect(lines).To(HaveLen(3))
 		everyEntryServes(ctx, lines)
+		Expect(k8s.Get(ctx, poolKey(), pool)).To(Succeed())
+		pool.Spec.Rotation = crawlv1.ProxyPoolRotation{}
+		Expect(k8s.Update(ctx, pool)).To(Succeed())
 		b, c := watch.Budget(), phase()
-		record("pool_scale_up", took, "(scale 2 → 3 → the third replica Ready and published; "+figures(c, b)+")")
+		record("pool_scale_up_rotation", took, "(scale 2 → 3 and maxAge 1m with minInterval 1h → the third replica and one replacing the older of the first two Ready and published, that one gone; "+figures(c, b)+")")
 		checkPhase(c, b)
-		Expect(b.MostExisted).To(BeNumerically("<=", 3))
-	}, NodeTimeout(20*time.Minute))
+		Expect(b.Disruptions).To(Equal(1), "the rotation took one replica out")
+		Expect(b.MostExisted).To(BeNumerically("<=", 4))
+	}, NodeTimeout(30*time.Minute))
 
-	It("rolls a template change one replica at a time (maxSurge 1, maxUnavailable 0) within the budget, no request refused", func(ctx SpecContext) {
+	It("rolls a template change one replica at a time (maxSurge 1, maxUnavailable 0) within the budget while a ban report replaces a replica, no request failed", func(ctx SpecContext) {
 		Expect(crawler).NotTo(BeNil())
 		before, err := e2eutil.PoolReplicas(ctx, k8s, pool)
 		Expect(err).NotTo(HaveOccurred())
@@ -260,8 +351,46 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		pool.Spec.Template.Metadata.Labels[rolloutLabel] = "2"
 		Expect(k8s.Update(ctx, pool)).To(Succeed())
 		start := time.Now()
+
+		// A crawler reports a ban on a replica still published, asking for
+		// its replacement (what the recipes' report_ban does): it must
+		// leave the published list at once, and no crawler may use it
+		// after the list it reads no longer names it.
+		var published []struct {
+			Name string `json:"name"`
+			URL  string `json:"url"`
+		}
+		sec := &corev1.Secret{}
+		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: crawlv1.PublishedName(poolName)}, sec)).To(Succeed())
+		Expect(json.Unmarshal(sec.Data[crawlv1.ProxiesJSONKey], &published)).To(Succeed())
+		Expect(published).NotTo(BeEmpty())
+		bannedName = published[0].Name
+		bannedURL, err := url.Parse(published[0].URL)
+		Expect(err).NotTo(HaveOccurred())
+		bannedIP = bannedURL.Hostname()
+		ban := &crawlv1.ProxyBan{ObjectMeta: metav1.ObjectMeta{GenerateName: poolName + "-ban-", Namespace: pool.Namespace},
+			Spec: crawlv1.ProxyBanSpec{Pool: poolName, Proxy: bannedName, Reason: "e2e: HTTP 403 x5", Replace: true}}
+		// The pool takes it out of service at once, by design: no
+		// disruption of the budget.
+		watch.Reported(bannedName)
+		banAt = time.Now()
+		Expect(k8s.Create(ctx, ban)).To(Succeed())
+		Eventually(func(ctx context.Context) (string, error) {
+			s := &corev1.Secret{}
+			err := k8s.Get(ctx, client.ObjectKeyFromObject(sec), s)
+			return string(s.Data[crawlv1.ProxiesTextKey]), err
+		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(50*time.Millisecond).ShouldNot(ContainSubstring("@"+bannedURL.Host),
+			"the banned replica leaves proxies.txt")
+		banUnpublished = time.Since(banAt)
+		GinkgoWriter.Printf("ban report on %s (%s): unpublished after %s\n", bannedName, bannedIP, banUnpublished.Round(time.Millisecond))
+
 		// Three replacements one after another, each a TCG boot and a drain.
 		reps, lines := serving(ctx, 3, 3*(cfg.ProxyReadyTimeout+time.Minute), func(reps []crawlv1.Proxy) error {
+			if banGone.IsZero() {
+				if err := k8s.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: bannedName}, &crawlv1.Proxy{}); apierrors.IsNotFound(err) {
+					banGone = time.Now()
+				}
+			}
 			for _, p := range reps {
 				if old[string(p.UID)] {
 					return fmt.Errorf("replica %s is one of those before the change", p.Name)
@@ -276,14 +405,27 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		Expect(reps).To(HaveLen(3))
 		everyEntryServes(ctx, lines)
 		b, c := watch.Budget(), phase()
-		record("pool_rollout", took, "(template change → 3 new replicas Ready and published, the 3 old ones gone; budget: ≥ 3 available when one is taken out, ≤ 4 exist; "+figures(c, b)+")")
+		if banGone.IsZero() {
+			banGone = time.Now()
+		}
+		// Between report+bound and the replica's end (after it, a new
+		// replica may lease the same address), nothing came from it.
+		late := origin.From(bannedIP, banAt.Add(banBound), banGone)
+		var lateDesc []string
+		for _, h := range late[:min(len(late), 10)] {
+			lateDesc = append(lateDesc, fmt.Sprintf("%s %s after the report", h.Path, h.At.Sub(banAt).Round(time.Millisecond)))
+		}
+		record("pool_rollout", took, fmt.Sprintf("(template change → 3 new replicas Ready and published, the 3 old ones gone; budget: ≥ 3 available when one is taken out, ≤ 4 exist; a ban report (replace) on %s: out of proxies.txt %s after it, %d requests through it later than %s after it, taken out of service outside the budget %d; %s)",
+			bannedName, banUnpublished.Round(time.Millisecond), len(late), banBound, b.ReportedOut, figures(c, b)))
 		checkPhase(c, b)
-		Expect(b.Disruptions).To(BeNumerically(">=", 3), "every old replica was taken out")
+		Expect(late).To(BeEmpty(), "requests through the banned replica %s more than %s after the report: %v", bannedName, banBound, lateDesc)
+		Expect(b.ReportedOut).To(Equal(1), "the reported replica was taken out")
+		Expect(b.Disruptions).To(BeNumerically(">=", 2), "every other old replica was taken out")
 		Expect(b.MinAtDisruption).To(BeNumerically(">=", 3))
 		Expect(b.MostExisted).To(Equal(4), "a rollout with maxSurge 1 surges")
 	}, NodeTimeout(45*time.Minute))
 
-	It("scales down to 2 within the budget, no request refused, and reports the crawler's figures", func(ctx SpecContext) {
+	It("scales down to 2 within the budget, no request failed, and reports the crawlers' figures", func(ctx SpecContext) {
 		Expect(crawler).NotTo(BeNil())
 		phase()
 		watch.Arm(2, 1, 0)
@@ -305,28 +447,52 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 			return err
 		}).WithContext(ctx).WithTimeout(cfg.DeleteTimeout + time.Minute).WithPolling(time.Second).Should(Succeed())
 		took := time.Since(start)
-		// A few more requests over the final list, then the crawler stops.
+		// The Scrapy crawl makes its count first if it has not yet (only a
+		// fast run ends before), then a few more requests over the final
+		// list, and the crawlers stop.
+		Eventually(func() int { return origin.Counts("/scrapy/").Requests }).WithContext(ctx).WithTimeout(6*time.Minute).WithPolling(time.Second).
+			Should(BeNumerically(">=", scrapyRequests), "requests of the Scrapy crawl")
 		time.Sleep(3 * time.Second)
 		b, c := watch.Budget(), phase()
 		st := crawler.Stop()
+		sum, serr := scrapy.Stop(time.Minute)
+		scrapyStopped = true
+		ms := mirror.Stop()
+		crawlTook := time.Since(crawlStart)
+		goSeen, scrapySeen := origin.Counts("/go/"), origin.Counts("/scrapy/")
 		record("pool_scale_down", took, fmt.Sprintf("(scale 3 → 2 → one replica drained (%ds) and deleted; %s)", e2eutil.PoolDrainSeconds, figures(c, b)))
 		lat := "none"
 		if n := len(st.Latencies); n > 0 {
 			lat = fmt.Sprintf("min %s, median %s, max %s", st.Latencies[0].Round(time.Millisecond), st.Latencies[n/2].Round(time.Millisecond), st.Latencies[n-1].Round(time.Millisecond))
 		}
-		record("pool_crawler", time.Duration(st.Sent)*crawlerInterval, fmt.Sprintf("(scale-up, rollout, scale-down: %d requests through %d distinct published proxies, %d failed (%d refused, %d timed out; goal 0); %d reads of proxies.txt (%d failed), %d list changes, list length %d–%d; latency %s)",
-			st.Sent, st.DistinctEntries, st.Failed, st.Refused, st.TimedOut, st.Reads, st.ReadErrors, st.ListChanges, st.ShortestList, st.LongestList, lat))
+		record("pool_crawler", crawlTook, fmt.Sprintf("(the Go client, %d in flight, keep-alive, through scale-up and rotation, rollout and ban, scale-down: %s through %d distinct published proxies; the origin saw %d (%d HTTPS), %d not from a published replica; latency %s)",
+			crawlerWorkers, st, st.DistinctEntries, goSeen.Requests, goSeen.HTTPS, goSeen.Direct, lat))
+		record("pool_scrapy", crawlTook, fmt.Sprintf("(Scrapy %d in flight with the shipped recipe, the list from a kubelet-like directory refreshed every %s, reload %s: %d responses, %d failed, %d retried by the recipe through another proxy, %d held waits, closed %q; the origin saw %d (%d HTTPS), %d not from a published replica (%v); list: %d reads of the Secret (%d failed), %d changes, length %d–%d; ban report → out of proxies.txt %s)",
+			scrapyConcurrency, mirrorInterval, recipeReload, sum.Responses, sum.Failed, sum.Stat("proxylist/retries"), sum.Stat("proxylist/held_waits"), sum.Reason,
+			scrapySeen.Requests, scrapySeen.HTTPS, scrapySeen.Direct, scrapySeen.DirectSources, ms.Reads, ms.ReadErrors, ms.ListChanges, ms.ShortestList, ms.LongestList,
+			banUnpublished.Round(time.Millisecond)))
 		if len(st.Failures) > 0 {
-			GinkgoWriter.Printf("failed requests:\n  %s\n", strings.Join(st.Failures, "\n  "))
+			GinkgoWriter.Printf("failed requests of the Go client:\n  %s\n", strings.Join(st.Failures, "\n  "))
+		}
+		if len(sum.Failures) > 0 {
+			GinkgoWriter.Printf("failed requests of the Scrapy crawl:\n  %s\n", strings.Join(sum.Failures, "\n  "))
 		}
 		checkPhase(c, b)
 		Expect(b.Disruptions).To(Equal(1), "scaling down by one takes one replica out")
-		Expect(st.Refused).To(BeZero(), "refused requests: %v", st.Failures)
-		Expect(st.ReadErrors).To(BeZero())
-		Expect(st.ShortestList).To(BeNumerically(">=", 1), "the published list was never empty")
+		Expect(st.Failed).To(BeZero(), "failed requests of the Go client: %v", st.Failures)
+		Expect(st.HTTPS).To(BeNumerically(">", 0))
 		Expect(st.DistinctEntries).To(BeNumerically(">=", 4), "the crawler used old and new replicas")
+		Expect(goSeen.Direct).To(BeZero(), "requests of the Go client not through a published replica, from %v", goSeen.DirectSources)
+		Expect(serr).NotTo(HaveOccurred())
+		Expect(sum.Failed).To(BeZero(), "failed requests of the Scrapy crawl: %v", sum.Failures)
+		Expect(sum.Responses).To(BeNumerically(">=", scrapyRequests))
+		Expect(scrapySeen.Requests).To(BeNumerically(">=", sum.Responses))
+		Expect(scrapySeen.HTTPS).To(BeNumerically(">", 0))
+		Expect(scrapySeen.Direct).To(BeZero(), "requests of the Scrapy crawl not through a published replica, from %v", scrapySeen.DirectSources)
+		Expect(ms.ReadErrors).To(BeZero())
+		Expect(ms.ShortestList).To(BeNumerically(">=", 1), "the published list was never empty")
 		Expect(reps).To(HaveLen(2))
-	}, NodeTimeout(10*time.Minute))
+	}, NodeTimeout(15*time.Minute))
 
 	It("deletes every replica's VM, volumes and NVRAM file with the pool", func(ctx SpecContext) {
 		Expect(k8s.Delete(ctx, pool.DeepCopy())).To(Succeed())

@@ -55,7 +55,8 @@ type hit struct {
 }
 
 // origin answers 200 to everything, after slowDelay for paths under
-// /slow/, and records each request's source address.
+// /slow/, 403 (what a site that bans does) under /forbidden/, and records
+// each request's source address.
 type origin struct {
 	addr      string
 	port      int
@@ -86,6 +87,9 @@ func (o *origin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(o.slowDelay)
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if strings.HasPrefix(r.URL.Path, "/forbidden/") {
+		w.WriteHeader(http.StatusForbidden)
+	}
 	fmt.Fprintln(w, "<!doctype html><title>ok</title>")
 }
 

@@ -32,6 +32,16 @@ type settings struct {
 	Reload       time.Duration
 	EmptyTimeout time.Duration
 	Concurrency  int
+	// Bans, when set, turns on the recipe's ban reports.
+	Bans *banReports
+}
+
+// banReports is where a recipe reports bans: the pool, the API server and
+// a directory laid out as a pod's service account (token, ca.crt,
+// namespace).
+type banReports struct {
+	Pool, API, AccountDir string
+	Threshold             int
 }
 
 func defaults(list string) settings {
@@ -76,7 +86,7 @@ var scrapyRecipe = recipe{
 	name: "scrapy",
 	command: func(t *testing.T, s settings, urls []string) *exec.Cmd {
 		requirePythonModules(t, "scrapy")
-		return python(t, []string{filepath.Join(examples, "python"), filepath.Join(examples, "scrapy")},
+		cmd := python(t, []string{filepath.Join(examples, "python"), filepath.Join(examples, "scrapy")},
 			"-m", "scrapy", "runspider", filepath.Join(examples, "scrapy", "example_spider.py"),
 			"-a", "urls="+strings.Join(urls, ","),
 			"-o", "-:jsonlines", // items on stdout, one JSON line per response like the other recipes
@@ -89,6 +99,11 @@ var scrapyRecipe = recipe{
 			"-s", "CONCURRENT_REQUESTS_PER_DOMAIN="+strconv.Itoa(s.Concurrency),
 			"-s", "TELNETCONSOLE_ENABLED=0",
 			"-s", "LOG_LEVEL=INFO")
+		if b := s.Bans; b != nil {
+			cmd.Args = append(cmd.Args, "-s", "PROXYLIST_BAN_POOL="+b.Pool, "-s", "PROXYLIST_BAN_API="+b.API,
+				"-s", "PROXYLIST_BAN_ACCOUNT_DIR="+b.AccountDir, "-s", "PROXYLIST_BAN_THRESHOLD="+strconv.Itoa(b.Threshold))
+		}
+		return cmd
 	},
 }
 
@@ -102,6 +117,9 @@ var requestsRecipe = recipe{
 			"--empty-timeout", seconds(s.EmptyTimeout),
 			"--hold-delay", holdDelay,
 			"--log-interval", logInterval}
+		if b := s.Bans; b != nil {
+			args = append(args, "--ban-pool", b.Pool, "--ban-api", b.API, "--ban-account-dir", b.AccountDir, "--ban-threshold", strconv.Itoa(b.Threshold))
+		}
 		return python(t, []string{filepath.Join(examples, "python"), filepath.Join(examples, "requests")}, append(args, urls...)...)
 	},
 }
@@ -134,6 +152,9 @@ var crawleeRecipe = recipe{
 			"--hold-delay", holdDelay,
 			"--log-interval", logInterval,
 			"--concurrency", strconv.Itoa(s.Concurrency)}
+		if b := s.Bans; b != nil {
+			args = append(args, "--ban-pool", b.Pool, "--ban-api", b.API, "--ban-account-dir", b.AccountDir, "--ban-threshold", strconv.Itoa(b.Threshold))
+		}
 		cmd := exec.Command(node, append(args, urls...)...)
 		cmd.Dir = dir
 		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + dir, "NO_COLOR=1", "CRAWLEE_STORAGE_DIR=" + filepath.Join(dir, "storage")}

@@ -5,7 +5,9 @@
 //   node crawl.mjs --list /etc/proxies/proxies.json https://example.org/
 //
 // Exits 1 when the list is missing at start, or has been empty for
-// --empty-timeout seconds in a row (proxy_list_empty).
+// --empty-timeout seconds in a row (proxy_list_empty). With --ban-pool, a
+// proxy that got --ban-threshold 403/429 answers from a domain is reported
+// to that pool as a ProxyBan (docs/pools.md "Reporting a banned proxy").
 //
 // Crawlee sends a request without a proxy when newUrlFunction returns
 // nothing, so it never does: with no usable proxy it waits, asking again
@@ -16,7 +18,9 @@ import { parseArgs } from 'node:util';
 import {
     CriticalError, HttpCrawler, NonRetryableError, ProxyConfiguration, RetryRequestError, log,
 } from '@crawlee/http';
-import { DEFAULT_PATH, EMPTY_REASON, ProxyList, ProxyListError, label } from './proxylist.mjs';
+import {
+    BanReporter, DEFAULT_PATH, EMPTY_REASON, ProxyList, ProxyListError, SERVICE_ACCOUNT_DIR, label,
+} from './proxylist.mjs';
 
 const { values: opts, positionals: urls } = parseArgs({
     allowPositionals: true,
@@ -28,12 +32,23 @@ const { values: opts, positionals: urls } = parseArgs({
         'log-interval': { type: 'string', default: '30' },
         'backoff-base': { type: 'string', default: '30' },
         concurrency: { type: 'string', default: '4' },
+        'ban-pool': { type: 'string', default: '' }, // the ProxyPool's name: report bans to it
+        'ban-namespace': { type: 'string', default: '' }, // default: the pod's
+        'ban-threshold': { type: 'string', default: '3' },
+        'ban-replace': { type: 'boolean', default: false },
+        'ban-api': { type: 'string', default: '' }, // default: KUBERNETES_SERVICE_HOST/PORT
+        'ban-account-dir': { type: 'string', default: SERVICE_ACCOUNT_DIR }, // token, ca.crt, namespace
     },
 });
 
 let proxies;
 try {
+    const reporter = opts['ban-pool'] ? new BanReporter(opts['ban-pool'], {
+        namespace: opts['ban-namespace'], threshold: Number(opts['ban-threshold']), replace: opts['ban-replace'],
+        apiUrl: opts['ban-api'], accountDir: opts['ban-account-dir'], log,
+    }) : undefined;
     proxies = new ProxyList(opts.list, {
+        onBan: reporter?.onBan,
         reloadInterval: Number(opts['reload-interval']),
         emptyTimeout: Number(opts['empty-timeout']),
         logInterval: Number(opts['log-interval']),
@@ -96,6 +111,9 @@ const crawler = new HttpCrawler({
     maxRequestRetries: 5,
     additionalHttpErrorStatusCodes: [407], // a proxy refusing our credential: dead, retry elsewhere
     ignoreHttpErrorStatusCodes: [403, 429], // the site's answer: a ban signal, handled below
+    // Crawlee's session pool would otherwise take 401/403/429 as "blocked"
+    // and fail the request before requestHandler sees it: no ban signal.
+    sessionPoolOptions: { blockedStatusCodes: [] },
     async requestHandler({ request, response, proxyInfo }) {
         const proxy = proxies.find(proxyInfo.url);
         if (proxy) {

@@ -10,13 +10,17 @@
 //   the kubelet swaps (..data), so a drained proxy stops being used;
 // - 407 or a refused connection marks a proxy dead (exponential backoff);
 //   403/429 from a site is a ban signal counted per proxy and domain and
-//   handed to reportBan;
+//   handed to onBan, e.g. a BanReporter's, which reports the ban to the
+//   operator as a ProxyBan (docs/pools.md "Reporting a banned proxy");
 // - a proxy is not used for a host under one of its bannedDomains until
 //   the ban expires.
 import { readFileSync, realpathSync, statSync } from 'node:fs';
+import { request as httpsRequest } from 'node:https';
+import { join } from 'node:path';
 
 export const DEFAULT_PATH = '/etc/proxies/proxies.json';
 export const EMPTY_REASON = 'proxy_list_empty';
+export const SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
 
 export class ProxyListError extends Error {
     constructor(message, reason = 'proxy_list_unreadable') {
@@ -25,10 +29,93 @@ export class ProxyListError extends Error {
     }
 }
 
-// Hook: called for every 403/429 a site answered through proxy. Reporting
-// bans to the operator (annotating the Proxy, docs/pools.md "Reporting a
-// banned proxy") comes later; pass onBan to ProxyList to do it now.
-export function reportBan(proxy, domain, status, count) {} // eslint-disable-line no-unused-vars
+// BanReporter reports bans to the operator, as proxylist.py's does: once a
+// proxy has had threshold 403/429 answers from a domain, a ProxyBan naming
+// the pool, the proxy (its name in proxies.json), the domain and
+// "HTTP <status> x<count>" is created in the pool's namespace through the
+// Kubernetes API with the pod's service account (bound to the ClusterRole
+// crawl-ban-reporter-role). Once per proxy and domain; never awaited by the
+// crawl and never failing it: a refusal is logged with the API's message,
+// which names the field. The token is read at each report (the kubelet
+// rotates it) and never logged. Pass reporter.onBan to ProxyList.
+export class BanReporter {
+    constructor(pool, {
+        namespace, threshold = 3, replace = false, apiUrl, accountDir = SERVICE_ACCOUNT_DIR, timeout = 10,
+        log = { warning: console.warn, error: console.error },
+    } = {}) {
+        if (!pool) throw new Error("BanReporter: pool (the ProxyPool's name) is required");
+        if (!apiUrl) {
+            const host = process.env.KUBERNETES_SERVICE_HOST;
+            const port = process.env.KUBERNETES_SERVICE_PORT ?? '443';
+            if (!host) throw new Error('BanReporter: no apiUrl and KUBERNETES_SERVICE_HOST is not set (not in a pod)');
+            apiUrl = host.includes(':') ? `https://[${host}]:${port}` : `https://${host}:${port}`;
+        }
+        namespace ||= readFileSync(join(accountDir, 'namespace'), 'utf8').trim();
+        Object.assign(this, {
+            pool, namespace, threshold: Math.max(1, threshold), replace, apiUrl: apiUrl.replace(/\/+$/, ''), accountDir, timeout, log,
+        });
+        this.reported = new Set();
+        this.onBan = this.onBan.bind(this);
+    }
+
+    onBan(proxy, domain, status, count) {
+        domain = (domain ?? '').toLowerCase().replace(/\.$/, '');
+        if (count < this.threshold || !domain) return;
+        if (!proxy.name) {
+            this.log.error(`cannot report proxy ${label(proxy)} banned on ${domain}: the list has no names (read proxies.json, not proxies.txt)`);
+            return;
+        }
+        const key = `${proxy.name} ${domain}`;
+        if (this.reported.has(key)) return;
+        this.reported.add(key);
+        this.report(proxy.name, domain, `HTTP ${status} x${count}`);
+    }
+
+    // report creates the ProxyBan; resolves to its name, or undefined when it failed.
+    report(proxy, domain, reason) {
+        const body = JSON.stringify({
+            apiVersion: 'crawl.example.com/v1alpha1', kind: 'ProxyBan', metadata: { generateName: `${this.pool}-ban-` },
+            spec: { pool: this.pool, proxy, domain, reason, replace: this.replace },
+        });
+        const failed = (why) => {
+            this.log.error(`reporting proxy ${proxy} banned on ${domain}: ${why}`);
+            return undefined;
+        };
+        return new Promise((resolve) => {
+            let req;
+            try {
+                const token = readFileSync(join(this.accountDir, 'token'), 'utf8').trim();
+                const ca = readFileSync(join(this.accountDir, 'ca.crt'));
+                const url = new URL(`${this.apiUrl}/apis/crawl.example.com/v1alpha1/namespaces/${this.namespace}/proxybans`);
+                req = httpsRequest(url, {
+                    method: 'POST', ca, timeout: this.timeout * 1000,
+                    headers: { Authorization: `Bearer ${token}`, 'Content-Type': 'application/json', Accept: 'application/json' },
+                }, (res) => {
+                    let text = '';
+                    res.setEncoding('utf8');
+                    res.on('data', (chunk) => { text += chunk; });
+                    res.on('end', () => {
+                        let answer = {};
+                        try { answer = JSON.parse(text); } catch { /* not JSON: the status says enough */ }
+                        if (res.statusCode !== 201 && res.statusCode !== 200) {
+                            resolve(failed(`the API refused it (${res.statusCode}): ${answer.message ?? res.statusMessage}`));
+                            return;
+                        }
+                        const name = answer.metadata?.name;
+                        this.log.warning(`reported proxy ${proxy} banned on ${domain} (${reason}) to pool ${this.namespace}/${this.pool}: ProxyBan ${name}`);
+                        resolve(name);
+                    });
+                });
+            } catch (e) {
+                resolve(failed(e.message));
+                return;
+            }
+            req.on('timeout', () => req.destroy(new Error(`no answer in ${this.timeout} s`)));
+            req.on('error', (e) => resolve(failed(e.message)));
+            req.end(body);
+        });
+    }
+}
 
 export function stripCredentials(url) {
     const u = new URL(url);
@@ -76,7 +163,7 @@ function bannedFor(proxy, host, now) {
 export class ProxyList {
     constructor(path = DEFAULT_PATH, {
         reloadInterval = 5, emptyTimeout = 300, logInterval = 30, backoffBase = 30, backoffCap = 600,
-        log = { info: console.log, warning: console.warn, error: console.error }, onBan = reportBan,
+        log = { info: console.log, warning: console.warn, error: console.error }, onBan,
     } = {}) {
         Object.assign(this, { path, reloadInterval, emptyTimeout, logInterval, backoffBase, backoffCap, log, onBan });
         this.proxies = [];
@@ -206,6 +293,8 @@ export class ProxyList {
         const count = (this.banCounts.get(key) ?? 0) + 1;
         this.banCounts.set(key, count);
         this.log.warning(`proxy ${label(proxy)} got ${status} from ${host} (${count} so far)`);
-        this.onBan(proxy, host, status, count);
+        // onBan(proxy, domain, status, count), e.g. a BanReporter's; none:
+        // counted and logged only.
+        this.onBan?.(proxy, host, status, count);
     }
 }

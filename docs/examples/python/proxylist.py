@@ -14,7 +14,9 @@ the promises of docs/pools.md ("Using the list from a crawler"):
   the kubelet swaps (..data), so a drained proxy stops being used;
 - a proxy that refuses connections or answers 407 is dead for a while
   (exponential backoff); a 403 or 429 from a site is a ban signal counted
-  per proxy and domain and handed to report_ban;
+  per proxy and domain and handed to on_ban, e.g. a BanReporter, which
+  reports the ban to the operator as a ProxyBan (docs/pools.md "Reporting
+  a banned proxy");
 - a proxy is not used for a host under one of its bannedDomains until the
   ban expires.
 
@@ -25,12 +27,17 @@ beside it in docs/examples/ are thin adapters over this class.
 import json
 import logging
 import os
+import ssl
+import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 DEFAULT_PATH = "/etc/proxies/proxies.json"
 EMPTY_REASON = "proxy_list_empty"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 logger = logging.getLogger("proxylist")
 
@@ -72,12 +79,91 @@ def strip_credentials(url):
     return scheme + sep + rest.rpartition("@")[2]
 
 
-def report_ban(proxy, domain, status, count):
-    """Hook: called for every 403/429 a site answered through proxy.
+class BanReporter:
+    """Reports bans to the operator: once a proxy has had threshold 403/429
+    answers from a domain, a ProxyBan naming the pool, the proxy (its name
+    in proxies.json), the domain and "HTTP <status> x<count>" is created in
+    the pool's namespace through the Kubernetes API, with the pod's service
+    account (bound to the ClusterRole crawl-ban-reporter-role, which may
+    create ProxyBans and nothing else). Once per proxy and domain; the pool
+    then lists the domain in the proxy's bannedDomains, and replaces the
+    proxy when asked (replace) or when it is banned on enough domains.
 
-    Reporting bans to the operator (annotating the Proxy, see docs/pools.md
-    "Reporting a banned proxy") comes later; replace this function, e.g.
-    proxylist.report_ban = my_reporter, to do it now."""
+    Called as on_ban(proxy, domain, status, count) by ProxyList. It never
+    blocks the crawl (the request is sent from a thread) and never fails
+    it: a report the API refuses is logged with the API's message, which
+    names the field. The token is read at each report (the kubelet rotates
+    it) and never logged.
+
+    api_url and account_dir default to what a pod has: the API server from
+    KUBERNETES_SERVICE_HOST/PORT, and the token, ca.crt and namespace of
+    the mounted service account; namespace defaults to the pod's own."""
+
+    def __init__(self, pool, namespace=None, threshold=3, replace=False, api_url=None,
+                 account_dir=SERVICE_ACCOUNT_DIR, timeout=10.0):
+        if not pool:
+            raise ValueError("BanReporter: pool (the ProxyPool's name) is required")
+        self.pool = pool
+        self.account_dir = account_dir
+        self.namespace = namespace or self._read("namespace").strip()
+        self.threshold = max(1, int(threshold))
+        self.replace = bool(replace)
+        if not api_url:
+            host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            if not host:
+                raise ValueError("BanReporter: no api_url and KUBERNETES_SERVICE_HOST is not set (not in a pod)")
+            api_url = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+        self.api_url = api_url.rstrip("/")
+        self.timeout = timeout
+        self.reported = set()
+        self._lock = threading.Lock()
+
+    def _read(self, name):
+        with open(os.path.join(self.account_dir, name), encoding="utf-8") as f:
+            return f.read()
+
+    def __call__(self, proxy, domain, status, count):
+        domain = (domain or "").lower().rstrip(".")
+        if count < self.threshold or not domain:
+            return
+        if not proxy.name:
+            logger.error("cannot report proxy %s banned on %s: the list has no names (read proxies.json, not proxies.txt)",
+                         proxy.label, domain)
+            return
+        with self._lock:
+            if (proxy.name, domain) in self.reported:
+                return
+            self.reported.add((proxy.name, domain))
+        threading.Thread(target=self.report, args=(proxy.name, domain, f"HTTP {status} x{count}"),
+                         name="ban-report").start()
+
+    def report(self, proxy, domain, reason):
+        """Creates the ProxyBan; returns its name, or None when it failed."""
+        body = {"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyBan",
+                "metadata": {"generateName": f"{self.pool}-ban-"},
+                "spec": {"pool": self.pool, "proxy": proxy, "domain": domain, "reason": reason, "replace": self.replace}}
+        url = f"{self.api_url}/apis/crawl.example.com/v1alpha1/namespaces/{self.namespace}/proxybans"
+        try:
+            token = self._read("token").strip()
+            context = ssl.create_default_context(cafile=os.path.join(self.account_dir, "ca.crt"))
+            request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+                "Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"})
+            with urllib.request.urlopen(request, timeout=self.timeout, context=context) as response:
+                name = json.load(response)["metadata"]["name"]
+        except urllib.error.HTTPError as e:
+            try:
+                message = json.load(e).get("message", "")
+            except ValueError:
+                message = ""
+            logger.error("reporting proxy %s banned on %s: the API refused it (%d): %s", proxy, domain, e.code,
+                         message or e.reason)
+            return None
+        except (OSError, ValueError, KeyError) as e:
+            logger.error("reporting proxy %s banned on %s: %s", proxy, domain, e)
+            return None
+        logger.warning("reported proxy %s banned on %s (%s) to pool %s/%s: ProxyBan %s", proxy, domain, reason,
+                       self.namespace, self.pool, name)
+        return name
 
 
 def parse(path, text):
@@ -117,7 +203,7 @@ class ProxyList:
 
     def __init__(self, path=DEFAULT_PATH, reload_interval=5.0, empty_timeout=300.0,
                  log_interval=30.0, backoff_base=30.0, backoff_cap=600.0,
-                 clock=time.monotonic):
+                 clock=time.monotonic, on_ban=None):
         self.path = path
         self.reload_interval = reload_interval
         self.empty_timeout = empty_timeout
@@ -125,6 +211,9 @@ class ProxyList:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.clock = clock
+        # on_ban(proxy, domain, status, count) for every ban signal, e.g. a
+        # BanReporter; None: counted and logged only.
+        self.on_ban = on_ban
         self.proxies = []
         self.ban_counts = {}  # (proxy label, domain) -> 403/429 answers
         self._next = 0  # round robin
@@ -257,7 +346,8 @@ class ProxyList:
         key = (proxy.label, (host or "").lower())
         self.ban_counts[key] = self.ban_counts.get(key, 0) + 1
         logger.warning("proxy %s got %d from %s (%d so far)", proxy.label, status, host, self.ban_counts[key])
-        report_ban(proxy, host, status, self.ban_counts[key])
+        if self.on_ban is not None:
+            self.on_ban(proxy, host, status, self.ban_counts[key])
 
     def find(self, url):
         """The listed proxy with this URL, or None (it was dropped)."""

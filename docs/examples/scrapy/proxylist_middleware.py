@@ -13,7 +13,9 @@ docs/pools.md ("Using the list from a crawler"); in short:
   uninterrupted emptiness the spider closes with reason proxy_list_empty
   and the process exits 1;
 - 407 or a refused connection marks the proxy dead (backoff) and retries
-  the request through another; 403/429 is counted as a ban signal.
+  the request through another; 403/429 is counted as a ban signal and, with
+  PROXYLIST_BAN_POOL set, reported to the operator as a ProxyBan once a
+  proxy has had PROXYLIST_BAN_THRESHOLD of them from a domain.
 """
 
 import atexit
@@ -29,7 +31,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import reactor, task
 from twisted.internet.error import ConnectError, DNSLookupError
 
-from proxylist import DEFAULT_PATH, EMPTY_REASON, ProxyList, ProxyListError
+from proxylist import DEFAULT_PATH, EMPTY_REASON, SERVICE_ACCOUNT_DIR, BanReporter, ProxyList, ProxyListError
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,16 @@ class ProxyListMiddleware:
     def from_crawler(cls, crawler):
         s = crawler.settings
         try:
+            on_ban = None
+            if s.get("PROXYLIST_BAN_POOL"):
+                on_ban = BanReporter(
+                    s.get("PROXYLIST_BAN_POOL"),
+                    namespace=s.get("PROXYLIST_BAN_NAMESPACE") or None,
+                    threshold=s.getint("PROXYLIST_BAN_THRESHOLD", 3),
+                    replace=s.getbool("PROXYLIST_BAN_REPLACE", False),
+                    api_url=s.get("PROXYLIST_BAN_API") or None,
+                    account_dir=s.get("PROXYLIST_BAN_ACCOUNT_DIR") or SERVICE_ACCOUNT_DIR,
+                )
             proxies = ProxyList(
                 s.get("PROXYLIST_PATH", DEFAULT_PATH),
                 reload_interval=s.getfloat("PROXYLIST_RELOAD_INTERVAL", 5),
@@ -51,8 +63,9 @@ class ProxyListMiddleware:
                 log_interval=s.getfloat("PROXYLIST_LOG_INTERVAL", 30),
                 backoff_base=s.getfloat("PROXYLIST_BACKOFF_BASE", 30),
                 backoff_cap=s.getfloat("PROXYLIST_BACKOFF_CAP", 600),
+                on_ban=on_ban,
             )
-        except ProxyListError as e:
+        except (ProxyListError, ValueError, OSError) as e:
             logger.critical("%s", e)
             exit_nonzero_at_end()
             raise  # stops the crawl: Scrapy creates no engine without its middlewares

@@ -29,34 +29,43 @@ func NewKubeletDir(t testing.TB, dir string, files map[string][]byte, mode os.Fi
 // Write replaces the files, as the kubelet does when the object changes.
 func (d *KubeletDir) Write(t testing.TB, files map[string][]byte, mode os.FileMode) {
 	t.Helper()
+	if err := d.Swap(files, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Swap is Write for a caller that is no test goroutine (a refresher running
+// beside the test): it returns the error instead of failing the test.
+func (d *KubeletDir) Swap(files map[string][]byte, mode os.FileMode) error {
 	d.gen++
 	ts := fmt.Sprintf("..2026_12_01_10_00_%02d.%06d", d.gen%60, d.gen)
 	if err := os.Mkdir(filepath.Join(d.Dir, ts), 0o755); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	for key, data := range files {
 		if err := os.WriteFile(filepath.Join(d.Dir, ts, key), data, mode); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
 	tmp := filepath.Join(d.Dir, "..data_tmp")
 	if err := os.Symlink(ts, tmp); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if err := os.Rename(tmp, filepath.Join(d.Dir, "..data")); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	for key := range files {
 		if _, err := os.Lstat(filepath.Join(d.Dir, key)); os.IsNotExist(err) {
 			if err := os.Symlink(filepath.Join("..data", key), filepath.Join(d.Dir, key)); err != nil {
-				t.Fatal(err)
+				return err
 			}
 		}
 	}
 	if d.last != "" {
 		if err := os.RemoveAll(filepath.Join(d.Dir, d.last)); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
 	d.last = ts
+	return nil
 }

@@ -186,7 +186,13 @@ func (v Via) Fetch(ctx context.Context, target string) (int, []byte, time.Durati
 		tr.DialContext = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}).DialContext
 	}
 	defer tr.CloseIdleConnections()
-	timeout := v.Timeout
+	return fetch(ctx, tr, target, v.Timeout)
+}
+
+// fetch GETs target through tr within timeout (10 s when 0) and returns
+// the status code, the body (at most 1 MiB, read to its end so a kept-alive
+// connection serves the next request) and the latency.
+func fetch(ctx context.Context, tr http.RoundTripper, target string, timeout time.Duration) (int, []byte, time.Duration, error) {
 	if timeout <= 0 {
 		timeout = 10 * time.Second
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"sort"
 	"strings"
@@ -86,13 +85,18 @@ func ReadPublished(ctx context.Context, c client.Reader, namespace, pool string)
 	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: crawlv1.PublishedName(pool)}, sec); err != nil {
 		return nil, err
 	}
+	return publishedLines(sec), nil
+}
+
+// publishedLines are the lines of proxies.txt in the pool's Secret sec.
+func publishedLines(sec *corev1.Secret) []string {
 	var lines []string
 	for _, l := range strings.Split(string(sec.Data[crawlv1.ProxiesTextKey]), "\n") {
 		if l = strings.TrimSpace(l); l != "" {
 			lines = append(lines, l)
 		}
 	}
-	return lines, nil
+	return lines
 }
 
 // ViaURL is how a request reaches the proxy of one proxies.txt line
@@ -180,207 +184,6 @@ func PoolServing(ctx context.Context, c client.Reader, key client.ObjectKey, rep
 	return pool, reps, lines, nil
 }
 
-// Crawler behaves like a crawler using a pool: it re-reads proxies.txt
-// from the Secret every ReadInterval and sends a request through the next
-// listed proxy (round robin) every RequestInterval, counting what failed.
-type Crawler struct {
-	Client          client.Reader
-	Namespace, Pool string
-	// Target answers 204 (the probe server).
-	Target                        string
-	ReadInterval, RequestInterval time.Duration
-	// RequestTimeout bounds one request (default 10 s).
-	RequestTimeout time.Duration
-
-	mu       sync.Mutex
-	list     []string
-	next     int
-	stats    CrawlerStats
-	used     map[string]bool
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	stopOnce sync.Once
-}
-
-// CrawlerStats is what the crawler saw.
-type CrawlerStats struct {
-	Sent, Failed int
-	// Reads of the Secret and how many failed.
-	Reads, ReadErrors int
-	// ListChanges counts reads that found a list different from the last.
-	ListChanges int
-	// ShortestList and LongestList are the list lengths seen.
-	ShortestList, LongestList int
-	// DistinctEntries is how many different proxies requests went through.
-	DistinctEntries int
-	// Refused counts failures where the proxy's address refused or reset
-	// the connection (a replica gone or not serving), TimedOut those that
-	// ran out of time (a slow proxy or a loaded machine).
-	Refused, TimedOut int
-	// Failures describes the first failed requests (passwords masked).
-	Failures []string
-	// Latencies of the requests that succeeded, sorted.
-	Latencies []time.Duration
-}
-
-// Start runs the crawler until Stop.
-func (cr *Crawler) Start(ctx context.Context) {
-	ctx, cr.cancel = context.WithCancel(ctx)
-	cr.used = map[string]bool{}
-	cr.stats.ShortestList = -1
-	cr.read(ctx)
-	cr.wg.Add(2)
-	go func() {
-		defer cr.wg.Done()
-		every(ctx, cr.ReadInterval, func() { cr.read(ctx) })
-	}()
-	go func() {
-		defer cr.wg.Done()
-		every(ctx, cr.RequestInterval, func() { cr.request(ctx) })
-	}()
-}
-
-// Stop ends the crawler and returns its figures.
-func (cr *Crawler) Stop() CrawlerStats {
-	cr.stopOnce.Do(func() { cr.cancel(); cr.wg.Wait() })
-	cr.mu.Lock()
-	defer cr.mu.Unlock()
-	s := cr.stats
-	s.Failures = append([]string(nil), s.Failures...)
-	s.Latencies = append([]time.Duration(nil), s.Latencies...)
-	sort.Slice(s.Latencies, func(i, j int) bool { return s.Latencies[i] < s.Latencies[j] })
-	s.DistinctEntries = len(cr.used)
-	return s
-}
-
-// Stats returns the figures so far (without the latencies).
-func (cr *Crawler) Stats() CrawlerStats {
-	cr.mu.Lock()
-	defer cr.mu.Unlock()
-	s := cr.stats
-	s.DistinctEntries = len(cr.used)
-	s.Failures = append([]string(nil), s.Failures...)
-	s.Latencies = nil
-	return s
-}
-
-func every(ctx context.Context, d time.Duration, f func()) {
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			f()
-		}
-	}
-}
-
-func (cr *Crawler) read(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	lines, err := ReadPublished(rctx, cr.Client, cr.Namespace, cr.Pool)
-	cr.mu.Lock()
-	defer cr.mu.Unlock()
-	if ctx.Err() != nil {
-		return
-	}
-	cr.stats.Reads++
-	if err != nil {
-		// The crawler keeps the last list it read.
-		cr.stats.ReadErrors++
-		return
-	}
-	if strings.Join(lines, "\n") != strings.Join(cr.list, "\n") {
-		cr.stats.ListChanges++
-	}
-	cr.list = lines
-	if cr.stats.ShortestList < 0 || len(lines) < cr.stats.ShortestList {
-		cr.stats.ShortestList = len(lines)
-	}
-	cr.stats.LongestList = max(cr.stats.LongestList, len(lines))
-}
-
-// request sends one request through the next published proxy and records
-// how it went.
-func (cr *Crawler) request(ctx context.Context) {
-	line := cr.nextEntry()
-	took, err := cr.send(ctx, line)
-	if ctx.Err() != nil {
-		return // stopped mid-request: not the proxy's failure
-	}
-	cr.record(line, took, err)
-}
-
-// nextEntry is the list's next entry, round robin; "" while it is empty.
-func (cr *Crawler) nextEntry() string {
-	cr.mu.Lock()
-	defer cr.mu.Unlock()
-	if len(cr.list) == 0 {
-		return ""
-	}
-	line := cr.list[cr.next%len(cr.list)]
-	cr.next++
-	return line
-}
-
-// send asks for cr.Target through the proxy of the list entry line and
-// wants 204.
-func (cr *Crawler) send(ctx context.Context, line string) (time.Duration, error) {
-	if line == "" {
-		return 0, errors.New("the published list is empty")
-	}
-	via, err := ViaURL(line)
-	if err != nil {
-		return 0, err
-	}
-	via.Timeout = cr.RequestTimeout
-	if via.Timeout == 0 {
-		via.Timeout = 10 * time.Second
-	}
-	code, took, err := via.Get(ctx, cr.Target)
-	if err == nil && code != http.StatusNoContent {
-		err = fmt.Errorf("status %d, want 204", code)
-	}
-	return took, err
-}
-
-// record counts a request through line that took took, or failed with err.
-func (cr *Crawler) record(line string, took time.Duration, err error) {
-	cr.mu.Lock()
-	defer cr.mu.Unlock()
-	cr.stats.Sent++
-	if line != "" {
-		cr.used[MaskURL(line)] = true
-	}
-	if err == nil {
-		cr.stats.Latencies = append(cr.stats.Latencies, took)
-		return
-	}
-	cr.stats.Failed++
-	msg := err.Error()
-	switch {
-	case strings.Contains(msg, "connection refused") || strings.Contains(msg, "connection reset") || strings.Contains(msg, "no route to host"):
-		cr.stats.Refused++
-	case errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "Timeout") || strings.Contains(msg, "deadline exceeded"):
-		cr.stats.TimedOut++
-	}
-	if len(cr.stats.Failures) < 20 {
-		cr.stats.Failures = append(cr.stats.Failures, fmt.Sprintf("%s via %s: %s", time.Now().UTC().Format("15:04:05.000"), MaskURL(line), withoutPassword(msg, line)))
-	}
-}
-
-// withoutPassword is msg with the password of the list entry line masked.
-func withoutPassword(msg, line string) string {
-	if via, err := ViaURL(line); err == nil && via.Credentials != nil {
-		if pass, ok := via.Credentials.Password(); ok && pass != "" {
-			return strings.ReplaceAll(msg, pass, "xxxxx")
-		}
-	}
-	return msg
-}
-
 // PoolWatch is an observer of one pool's replicas independent of the
 // manager: a watch of the namespace's Proxies straight from the API server
 // that checks, after every event once armed, the pool's disruption budget:
@@ -406,9 +209,14 @@ type PoolWatch struct {
 	disruptions               int
 	minAtDisruption           int
 	readyLost                 []string
-	err                       error
-	cancel                    context.CancelFunc
-	done                      chan struct{}
+	// reported: replicas a ban report asked to replace. The pool takes
+	// them out of service at once, by design (docs/pools.md: a crawler
+	// said it cannot use them), so that is no disruption of the budget.
+	reported    map[string]bool
+	reportedOut int
+	err         error
+	cancel      context.CancelFunc
+	done        chan struct{}
 }
 
 // WatchPool starts watching the Proxies of pool in namespace, through a
@@ -511,6 +319,10 @@ func (w *PoolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 	// is not Ready first is what the pool should do, and the budget allows
 	// it even when availability is already below the bound.
 	disrupted := existed && inService(prev) && (t == watch.Deleted || !inService(p))
+	if disrupted && w.reported[p.Name] {
+		disrupted = false
+		w.reportedOut++
+	}
 	tookAvailable := disrupted && conditions.IsTrue(prev, crawlv1.ReadyCondition)
 	// Ready lost by a replica the pool left in service: the manager's
 	// probe failed (under load, a timeout), not a decision of the pool.
@@ -576,9 +388,21 @@ func (w *PoolWatch) Arm(replicas, surge, unavailable int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.armed, w.replicas, w.surge, w.unavail = true, replicas, surge, unavailable
-	w.violations, w.readyLost, w.disruptions = nil, nil, 0
+	w.violations, w.readyLost, w.disruptions, w.reportedOut = nil, nil, 0, 0
 	existing, available := w.counts()
 	w.minAvailable, w.mostExisted, w.minAtDisruption = available, existing, available
+}
+
+// Reported tells the watch a ban report asks to replace the replica name:
+// the pool taking it out of service is then not counted against the budget
+// (PoolBudget.ReportedOut counts it).
+func (w *PoolWatch) Reported(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.reported == nil {
+		w.reported = map[string]bool{}
+	}
+	w.reported[name] = true
 }
 
 // Disarm stops checking (the budget changes with replicas).
@@ -595,8 +419,10 @@ type PoolBudget struct {
 	// itself took an available replica out of service (drained or deleted
 	// it), which is what the budget bounds.
 	MinAvailable, MinAtDisruption, MostExisted, Events int
-	// Disruptions counts the replicas the pool took out of service.
-	Disruptions int
+	// Disruptions counts the replicas the pool took out of service;
+	// ReportedOut those it took out because a ban report asked to replace
+	// them (not counted in Disruptions or against the budget).
+	Disruptions, ReportedOut int
 	// Violations of the budget by the pool: an available replica taken out
 	// of service leaving fewer than replicas-maxUnavailable available, or
 	// more than replicas+maxSurge in existence.
@@ -614,7 +440,7 @@ func (w *PoolWatch) Budget() PoolBudget {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return PoolBudget{MinAvailable: w.minAvailable, MinAtDisruption: w.minAtDisruption, MostExisted: w.mostExisted, Events: w.events,
-		Disruptions: w.disruptions, Violations: append([]string(nil), w.violations...), ReadyLost: append([]string(nil), w.readyLost...), Err: w.err}
+		Disruptions: w.disruptions, ReportedOut: w.reportedOut, Violations: append([]string(nil), w.violations...), ReadyLost: append([]string(nil), w.readyLost...), Err: w.err}
 }
 
 // Stop ends the watch.

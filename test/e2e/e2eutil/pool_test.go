@@ -1,9 +1,6 @@
 package e2eutil
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +78,9 @@ func TestPoolWatchBudget(t *testing.T) {
 		events                     []ev
 		violations, lost, disrupts int
 		minAvailable, minAtDisrupt int
+		// reported: replicas a ban report asked to replace.
+		reported    []string
+		reportedOut int
 	}{{
 		name: "a rollout step within the budget: surge, drain, delete",
 		events: []ev{
@@ -129,6 +129,22 @@ func TestPoolWatchBudget(t *testing.T) {
 			{watch.Deleted, replica("c", true, false, false)},
 		},
 		violations: 1, lost: 1, disrupts: 1, minAvailable: 1, minAtDisrupt: 1,
+	}, {
+		name: "a replica a ban report asked to replace leaves at once, outside the budget",
+		events: []ev{
+			{watch.Modified, replica("a", true, true, false)},
+			{watch.Added, replica("new", false, false, false)},
+			{watch.Modified, replica("new", true, false, false)},
+			{watch.Deleted, replica("a", true, true, true)},
+		},
+		reported: []string{"a"}, reportedOut: 1, minAvailable: 2, minAtDisrupt: 3,
+	}, {
+		name: "a report on one replica does not excuse taking out another",
+		events: []ev{
+			{watch.Modified, replica("a", true, true, false)},
+			{watch.Modified, replica("b", true, true, false)},
+		},
+		reported: []string{"a"}, reportedOut: 1, violations: 1, disrupts: 1, minAvailable: 1, minAtDisrupt: 1,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &PoolWatch{objs: map[string]*crawlv1.Proxy{}, seen: map[string]ProxyRef{}}
@@ -136,44 +152,19 @@ func TestPoolWatchBudget(t *testing.T) {
 				w.add(replica(n, true, false, false))
 			}
 			w.Arm(3, 1, 0)
+			for _, n := range tc.reported {
+				w.Reported(n)
+			}
 			for _, e := range tc.events {
 				w.observe(e.t, e.p)
 			}
 			b := w.Budget()
 			if len(b.Violations) != tc.violations || len(b.ReadyLost) != tc.lost || b.Disruptions != tc.disrupts ||
-				b.MinAvailable != tc.minAvailable || b.MinAtDisruption != tc.minAtDisrupt {
-				t.Errorf("got %d violations %v, %d Ready lost, %d disruptions, min available %d, min at disruption %d; want %d, %d, %d, %d, %d",
-					len(b.Violations), b.Violations, len(b.ReadyLost), b.Disruptions, b.MinAvailable, b.MinAtDisruption,
-					tc.violations, tc.lost, tc.disrupts, tc.minAvailable, tc.minAtDisrupt)
+				b.MinAvailable != tc.minAvailable || b.MinAtDisruption != tc.minAtDisrupt || b.ReportedOut != tc.reportedOut {
+				t.Errorf("got %d violations %v, %d Ready lost, %d disruptions, min available %d, min at disruption %d, %d reported out; want %d, %d, %d, %d, %d, %d",
+					len(b.Violations), b.Violations, len(b.ReadyLost), b.Disruptions, b.MinAvailable, b.MinAtDisruption, b.ReportedOut,
+					tc.violations, tc.lost, tc.disrupts, tc.minAvailable, tc.minAtDisrupt, tc.reportedOut)
 			}
 		})
-	}
-}
-
-// The crawler's figures: each request counted once, failures classed as
-// refused or timed out, and no password in what it reports.
-func TestCrawlerRecord(t *testing.T) {
-	const line = "http://crawl-ab12c:s3cr%2Ft@10.77.0.5:3128"
-	cr := &Crawler{used: map[string]bool{}}
-	cr.list = []string{line, "http://10.77.0.6:3128"}
-	if a, b, c := cr.nextEntry(), cr.nextEntry(), cr.nextEntry(); a != line || b != cr.list[1] || c != line {
-		t.Errorf("entries %q %q %q, want the list round robin", a, b, c)
-	}
-	cr.record(line, 30*time.Millisecond, nil)
-	cr.record(line, 0, errors.New("proxyconnect tcp: dial tcp 10.77.0.5:3128: connect: connection refused"))
-	cr.record(line, 0, fmt.Errorf("Get %q: %w", "http://crawl-ab12c:s3cr/t@target", context.DeadlineExceeded))
-	cr.record(line, 0, errors.New("status 407, want 204"))
-	cr.record("", 0, errors.New("the published list is empty"))
-	s := cr.Stats()
-	if s.Sent != 5 || s.Failed != 4 || s.Refused != 1 || s.TimedOut != 1 || s.DistinctEntries != 1 || len(s.Failures) != 4 {
-		t.Errorf("stats %+v, want 5 sent, 4 failed (1 refused, 1 timed out), 1 proxy used", s)
-	}
-	for _, f := range s.Failures {
-		if strings.Contains(f, "s3cr") {
-			t.Errorf("failure %q carries the password", f)
-		}
-	}
-	if !strings.Contains(s.Failures[1], "crawl-ab12c:xxxxx@target") {
-		t.Errorf("failure %q: want the password masked in place", s.Failures[1])
 	}
 }
