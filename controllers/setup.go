@@ -157,6 +157,9 @@ type ProxyOptions struct {
 	Egress EgressOptions
 	// Echoer measures them; proxyprobe.HTTPEcho when nil.
 	Echoer proxyprobe.Echoer
+	// Stats reads managed squids' traffic counters; proxyprobe.HTTPStats
+	// when nil.
+	Stats proxyprobe.StatsReader
 	// PortWatch watches the port of each booting Proxy between probes
 	// (zero: portwatch's defaults, dialing for real). A harness whose
 	// proxy addresses are not real sets Dial.
@@ -329,6 +332,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		ProviderCallTimeout:        d.Proxy.ProviderCallTimeout,
 		Egress:                     d.Proxy.Egress,
 		Echoer:                     d.Proxy.Echoer,
+		Stats:                      d.Proxy.Stats,
 	}
 	w.Proxy.PortWatch, w.Proxy.PortOpen = newPortWatch(ctx, d.Proxy.PortWatch, w.Proxy.notePortOpened)
 	ipam, err := ServesIPAM(mgr)
@@ -367,6 +371,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		Clock:             d.Pool.Clock,
 		Rand:              d.Pool.Rand,
 		OnPublished:       d.Pool.OnPublished,
+		Traffic:           w.Proxy.Traffic,
 	}
 	if err := IndexPoolOwner(ctx, mgr); err != nil {
 		return nil, err
