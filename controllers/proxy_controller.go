@@ -73,8 +73,8 @@ type ProxyReconciler struct {
 	// Egress configures the measurement of egress addresses.
 	Egress EgressOptions
 	// Stats reads managed squids' traffic counters after each successful
-	// probe (proxyprobe.HTTPStats when nil) into Traffic (one that
-	// counts a Proxy unread for three probe intervals stale, when nil).
+	// probe into Traffic (when nil: the Prober, if it reads them too, and
+	// one that counts a Proxy unread for three probe intervals stale).
 	Stats   proxyprobe.StatsReader
 	Traffic *Traffic
 	// ProbeFailureThreshold consecutive failures turn a healthy proxy
@@ -176,7 +176,7 @@ func (r *ProxyReconciler) complete() error {
 	}
 	r.Egress = r.Egress.withDefaults()
 	if r.Stats == nil {
-		r.Stats = proxyprobe.HTTPStats{}
+		r.Stats, _ = r.Prober.(proxyprobe.StatsReader)
 	}
 	if r.Traffic == nil {
 		r.Traffic = newTraffic(3 * r.ProbeInterval)

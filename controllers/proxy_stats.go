@@ -94,7 +94,7 @@ const statsReads = 2
 // readTraffic reads the counters of a healthy managed squid, on the
 // probe's schedule (one reading per probe interval at most).
 func (r *ProxyReconciler) readTraffic(ctx context.Context, s *proxyScope, target proxyprobe.Target) {
-	if s.stats == nil {
+	if s.stats == nil || r.Stats == nil {
 		return
 	}
 	target.Username, target.Password = s.stats.Username, s.stats.Password

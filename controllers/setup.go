@@ -157,9 +157,6 @@ type ProxyOptions struct {
 	Egress EgressOptions
 	// Echoer measures them; proxyprobe.HTTPEcho when nil.
 	Echoer proxyprobe.Echoer
-	// Stats reads managed squids' traffic counters; proxyprobe.HTTPStats
-	// when nil.
-	Stats proxyprobe.StatsReader
 	// PortWatch watches the port of each booting Proxy between probes
 	// (zero: portwatch's defaults, dialing for real). A harness whose
 	// proxy addresses are not real sets Dial.
@@ -332,7 +329,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		ProviderCallTimeout:        d.Proxy.ProviderCallTimeout,
 		Egress:                     d.Proxy.Egress,
 		Echoer:                     d.Proxy.Echoer,
-		Stats:                      d.Proxy.Stats,
 	}
 	w.Proxy.PortWatch, w.Proxy.PortOpen = newPortWatch(ctx, d.Proxy.PortWatch, w.Proxy.notePortOpened)
 	ipam, err := ServesIPAM(mgr)

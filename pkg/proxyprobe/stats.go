@@ -47,6 +47,16 @@ func (h HTTPStats) ReadStats(ctx context.Context, t Target) (squid.Counters, err
 	return c, nil
 }
 
+// ReadStats reads the counters with the probe's timeout.
+func (p TCP) ReadStats(ctx context.Context, t Target) (squid.Counters, error) {
+	return HTTPStats{Timeout: p.Timeout}.ReadStats(ctx, t)
+}
+
+// ReadStats reads the counters with the probe's timeout.
+func (p HTTP) ReadStats(ctx context.Context, t Target) (squid.Counters, error) {
+	return HTTPStats{Timeout: p.Timeout}.ReadStats(ctx, t)
+}
+
 func (h HTTPStats) page(ctx context.Context, t Target, action string) ([]byte, error) {
 	var body []byte
 	url := squid.StatsURL(int(t.Port), action)
