@@ -65,6 +65,31 @@ func (s *steadyTraffic) set(perSecond float64) {
 	s.start, s.perSecond = time.Now(), perSecond
 }
 
+// managedPool is a kvm pool of replicas with the operator's squid (Basic
+// auth), drained for a second before deletion.
+func managedPool(ns, name string, replicas int32, placement crawlv1.ProxyPlacement) *crawlv1.ProxyPool {
+	labels := map[string]string{"app": name}
+	return &crawlv1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: crawlv1.ProxyPoolSpec{
+			Replicas: ptr.To(replicas),
+			Selector: metav1.LabelSelector{MatchLabels: labels},
+			Template: crawlv1.ProxyTemplate{
+				Metadata: crawlv1.ProxyTemplateMeta{Labels: labels},
+				Spec: crawlv1.ProxySpec{
+					Provider:          crawlv1.ProviderKVM,
+					Placement:         placement,
+					CloudInit:         crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"},
+					InstallGuestAgent: ptr.To(true),
+					Port:              3128,
+					Access:            basicAccess(),
+				},
+			},
+			Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(1))},
+		},
+	}
+}
+
 var _ = Describe("Traffic read from each replica's squid", Ordered, func() {
 	It("exports per-Proxy counters, sums them into the pool's status when they move materially, and drops them with the Proxy", func() {
 		h := readyHost(uniqueName("hv"))
@@ -75,25 +100,7 @@ var _ = Describe("Traffic read from each replica's squid", Ordered, func() {
 		prober.SetStats(traffic.counters)
 		DeferCleanup(func() { prober.SetStats(nil) })
 
-		pool := &crawlv1.ProxyPool{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "busy"},
-			Spec: crawlv1.ProxyPoolSpec{
-				Replicas: ptr.To(int32(2)),
-				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "busy"}},
-				Template: crawlv1.ProxyTemplate{
-					Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": "busy"}},
-					Spec: crawlv1.ProxySpec{
-						Provider:          crawlv1.ProviderKVM,
-						Placement:         crawlv1.ProxyPlacement{Host: h.name, Image: servedImage()},
-						CloudInit:         crawlv1.ProxyCloudInit{UserData: "#cloud-config\n"},
-						InstallGuestAgent: ptr.To(true),
-						Port:              3128,
-						Access:            basicAccess(),
-					},
-				},
-				Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(1))},
-			},
-		}
+		pool := managedPool(ns, "busy", 2, crawlv1.ProxyPlacement{Host: h.name, Image: servedImage()})
 		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
 		names := waitPoolReady(pool, 2)
 
@@ -225,27 +232,12 @@ var _ = Describe("Traffic read from each replica's squid", Ordered, func() {
 		By("the API server validates it, and the pool it names has the scale subresource the HPA drives")
 		hpa.Namespace = ns
 		Expect(k8sClient.Create(ctx, hpa)).To(Succeed())
-		pool := &crawlv1.ProxyPool{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: hpa.Spec.ScaleTargetRef.Name},
-			Spec: crawlv1.ProxyPoolSpec{
-				Replicas: ptr.To(int32(0)),
-				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "hpa"}},
-				Template: crawlv1.ProxyTemplate{
-					Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": "hpa"}},
-					Spec: crawlv1.ProxySpec{
-						Provider:  crawlv1.ProviderKVM,
-						Placement: crawlv1.ProxyPlacement{Host: "none", Image: "none"},
-						Port:      3128,
-						Access:    basicAccess(),
-					},
-				},
-			},
-		}
+		pool := managedPool(ns, hpa.Spec.ScaleTargetRef.Name, 0, crawlv1.ProxyPlacement{Host: "none", Image: "none"})
 		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
 		sc := &autoscalingv1.Scale{}
 		Eventually(func(g Gomega) {
 			g.Expect(k8sClient.SubResource("scale").Get(ctx, pool, sc)).To(Succeed())
-			g.Expect(sc.Status.Selector).To(ContainSubstring("app=hpa"))
+			g.Expect(sc.Status.Selector).To(ContainSubstring("app=" + pool.Name))
 		}).Should(Succeed())
 		Expect(sc.Spec.Replicas).To(BeEquivalentTo(0))
 		Expect(k8sClient.Delete(ctx, pool)).To(Succeed())

@@ -1,10 +1,7 @@
 package squid
 
 import (
-	"bufio"
-	"encoding/base64"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -18,26 +15,12 @@ var statsAuth = Auth{Type: AuthBasic, Username: "proxy-operator-stats", Password
 var statsCreds = statsAuth.Username + ":" + statsAuth.Password
 
 // getThrough sends GET target through s from client, as the operator reads
-// the counters (an absolute URL to the proxy's own address), and returns
-// the status and the body.
+// the counters (an absolute URL naming squid itself), and returns the
+// status and the body.
 func getThrough(t *testing.T, s *squidtest.Squid, target, userpass string) (int, []byte) {
 	t.Helper()
-	conn := s.Dial(t, client)
-	defer conn.Close()
-	req := "GET " + target + " HTTP/1.1\r\nHost: " + conn.RemoteAddr().String() + "\r\nConnection: close\r\n"
-	if userpass != "" {
-		req += "Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(userpass)) + "\r\n"
-	}
-	if _, err := conn.Write([]byte(req + "\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	body, _ := io.ReadAll(res.Body)
-	return res.StatusCode, body
+	r := s.Request(t, client, http.MethodGet, target, userpass)
+	return r.Status, r.Body
 }
 
 func squidPort(t *testing.T, s *squidtest.Squid) int {
