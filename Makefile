@@ -105,6 +105,7 @@ FUZZ_TARGETS = \
 	./internal/webhook/v1alpha1:FuzzKVMHostAdmission \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
 	./pkg/squid:FuzzRender \
+	./pkg/squid:FuzzParseStats \
 	./pkg/proxyprobe:FuzzParseEgress \
 	./pkg/fleet:FuzzDecideKeepsTheBudget \
 	./controllers:FuzzPublishCredentialURL

@@ -72,6 +72,11 @@ type ProxyReconciler struct {
 	Echoer proxyprobe.Echoer
 	// Egress configures the measurement of egress addresses.
 	Egress EgressOptions
+	// Stats reads managed squids' traffic counters after each successful
+	// probe into Traffic (when nil: the Prober, if it reads them too, and
+	// one that counts a Proxy unread for three probe intervals stale).
+	Stats   proxyprobe.StatsReader
+	Traffic *Traffic
 	// ProbeFailureThreshold consecutive failures turn a healthy proxy
 	// unhealthy, so one lost probe does not flap it.
 	ProbeFailureThreshold int32
@@ -170,6 +175,12 @@ func (r *ProxyReconciler) complete() error {
 		r.Echoer = proxyprobe.HTTPEcho{}
 	}
 	r.Egress = r.Egress.withDefaults()
+	if r.Stats == nil {
+		r.Stats, _ = r.Prober.(proxyprobe.StatsReader)
+	}
+	if r.Traffic == nil {
+		r.Traffic = newTraffic(3 * r.ProbeInterval)
+	}
 	if r.ProvisionPollInterval == 0 {
 		r.ProvisionPollInterval = 5 * time.Second
 	}
@@ -220,6 +231,7 @@ func (r *ProxyReconciler) notePortOpened(key types.NamespacedName, address strin
 func (r *ProxyReconciler) forget(key types.NamespacedName) {
 	r.mem.forget(key)
 	r.forgetPort(key)
+	r.Traffic.Forget(key)
 }
 
 func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {

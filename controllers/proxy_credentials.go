@@ -61,6 +61,9 @@ func (r *ProxyReconciler) reconcileCredentials(ctx context.Context, s *proxyScop
 		return r.stopFor(s.proxy, wait, err)
 	}
 	s.creds = creds
+	if s.stats, err = r.statsCredential(ctx, s.proxy, creds); err != nil {
+		return ctrl.Result{}, err
+	}
 	return ctrl.Result{}, nil
 }
 

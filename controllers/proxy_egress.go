@@ -65,6 +65,9 @@ func (r *ProxyReconciler) measureEgress(ctx context.Context, s *proxyScope, targ
 		instance := p.Status.Address + " " + p.Status.ProviderID
 		if r.mem.echoDue(s.key, instance, now, r.Egress.Interval, r.Egress.retry()) {
 			addr, err := r.Echoer.Echo(ctx, url, target)
+			// A request squid counts (the probe just passed, so not
+			// one it refuses).
+			r.Traffic.Sent(s.key, poolOf(p), false)
 			r.mem.echoed(s.key, instance, now, err == nil)
 			if err == nil {
 				r.recordEgress(p, addr.String(), now)

@@ -54,6 +54,7 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 	probeCtx, probed := r.mem.startProbe(ctx, s.key)
 	defer probed()
 	res := r.Prober.Probe(probeCtx, target)
+	r.sentThrough(s.key, p, res.StatusCode)
 	if probeCtx.Err() != nil && ctx.Err() == nil {
 		// A provider event about the instance came during the probe
 		// (stopped, gone, started): whatever the probe got is about the
@@ -93,7 +94,8 @@ func (r *ProxyReconciler) probeSucceeded(ctx context.Context, s *proxyScope, tar
 	}
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
 	r.measureEgress(ctx, s, target, res.EgressAddress)
-	r.checkSecure(ctx, p, target)
+	r.checkSecure(ctx, s, target)
+	r.readTraffic(ctx, s, target)
 }
 
 // probeFailed counts the failure and returns when to probe again: a
@@ -192,7 +194,8 @@ func probeStatusHint(p *crawlv1.Proxy, status int) string {
 // the answer. A managed squid with auth None is not asked: it serves
 // whoever its source list admits, by design. A check that got no answer
 // keeps the last verdict.
-func (r *ProxyReconciler) checkSecure(ctx context.Context, p *crawlv1.Proxy, target proxyprobe.Target) {
+func (r *ProxyReconciler) checkSecure(ctx context.Context, s *proxyScope, target proxyprobe.Target) {
+	p := s.proxy
 	set := func(status metav1.ConditionStatus, reason, msg string) {
 		if status == metav1.ConditionFalse && reason == crawlv1.ProxyOpenProxyReason && !conditions.IsFalse(p, crawlv1.SecureCondition) {
 			r.Recorder.Eventf(p, corev1.EventTypeWarning, crawlv1.ProxyOpenProxyReason, "%s", msg)
@@ -206,6 +209,7 @@ func (r *ProxyReconciler) checkSecure(ctx context.Context, p *crawlv1.Proxy, tar
 	}
 	target.Username, target.Password = "", ""
 	res := r.Prober.ProbeWithoutCredentials(ctx, target)
+	r.sentThrough(s.key, p, res.StatusCode)
 	switch res.StatusCode {
 	case http.StatusProxyAuthRequired:
 		set(metav1.ConditionTrue, crawlv1.ProxyAuthRequiredReason, "a request without credentials was refused with 407")

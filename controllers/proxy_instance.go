@@ -28,7 +28,7 @@ func (r *ProxyReconciler) reconcileInstance(ctx context.Context, s *proxyScope) 
 		return ctrl.Result{}, nil
 	}
 	p := s.proxy
-	r.attachSquid(p, s.machine, s.creds)
+	r.attachSquid(p, s.machine, s.creds, s.stats)
 	// probeOnly after a call: the provider could not be asked; nothing to
 	// record, and the instance was not read.
 	if p.Status.ProviderID != "" {

@@ -119,12 +119,12 @@ func (r *ProxyReconciler) neverPlaced(p *crawlv1.Proxy, m *provider.Machine) boo
 }
 
 // attachSquid gives m the operator-managed squid configuration of p
-// (spec.access, the credential, the port and the manager's probe
-// sources), which every provider renders with squid.Render; nil when the
+// (spec.access, the credential, the port, the manager's probe sources
+// and its counter credential), which every provider renders with squid.Render; nil when the
 // user's cloud-init owns squid, and then the sources spec.access admits,
 // for a provider that guards them itself. spec.access passed the rules
 // admission applies in reconcilePolicy.
-func (r *ProxyReconciler) attachSquid(p *crawlv1.Proxy, m *provider.Machine, creds *credentials) {
+func (r *ProxyReconciler) attachSquid(p *crawlv1.Proxy, m *provider.Machine, creds *credentials, stats *squid.Auth) {
 	m.Squid, m.AllowedSourceCIDRs = nil, nil
 	if !p.IsManaged() {
 		if p.Spec.Access != nil {
@@ -137,6 +137,9 @@ func (r *ProxyReconciler) attachSquid(p *crawlv1.Proxy, m *provider.Machine, cre
 		auth = creds.auth()
 	}
 	c := proxyaccess.SquidConfig(p.Spec.Access, m.Port, auth, r.ProbeSourceCIDRs)
+	if stats != nil {
+		c.Stats = *stats
+	}
 	m.Squid = &c
 }
 

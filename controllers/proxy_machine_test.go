@@ -43,7 +43,7 @@ func TestAttachSquidCarriesUnmanagedSources(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &crawlv1.Proxy{Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes, Access: tc.access}}
 			m := &provider.Machine{Port: 3128, AllowedSourceCIDRs: []string{"192.0.2.0/24"}}
-			r.attachSquid(p, m, nil)
+			r.attachSquid(p, m, nil, nil)
 			if (m.Squid != nil) != tc.wantSquid {
 				t.Errorf("Squid %+v, want set %v", m.Squid, tc.wantSquid)
 			}

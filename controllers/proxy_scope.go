@@ -11,6 +11,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 // proxyScope is one reconcile of one Proxy: the Proxy, what the phases
@@ -31,6 +32,9 @@ type proxyScope struct {
 	// creds: the Basic credential of a managed Proxy, nil for others
 	// (reconcileCredentials).
 	creds *credentials
+	// stats: the operator's credential for the squid's traffic counters,
+	// nil when they are not read (reconcileCredentials).
+	stats *squid.Auth
 	// instance: as read from the provider in this reconcile, nil when it
 	// was not read (reconcileInstance).
 	instance *provider.Instance

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	poolfleet "crawl.example.com/proxy-operator/pkg/fleet"
@@ -51,6 +52,9 @@ type ProxyPoolReconciler struct {
 	Rand *rand.Rand
 	// OnPublished, if set, sees each successful Publish (tests, metrics).
 	OnPublished func(pool types.NamespacedName, replicas []crawlv1.Proxy)
+	// Traffic is the replicas' traffic as the Proxy controller reads it
+	// (status.traffic); nil: none is reported.
+	Traffic *Traffic
 	// PlacementRetry is how soon a create refused by placement is tried
 	// again; placement may free without any event the pool watches.
 	PlacementRetry time.Duration
@@ -110,7 +114,7 @@ func (r *ProxyPoolReconciler) SetupWithManager(mgr ctrl.Manager, opts controller
 	if err := r.complete(); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&crawlv1.ProxyPool{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
 			predicate.AnnotationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		// The Proxy controller ignores status-only updates of Proxies;
@@ -119,8 +123,12 @@ func (r *ProxyPoolReconciler) SetupWithManager(mgr ctrl.Manager, opts controller
 		// Ban reports name their pool (proxypool_bans.go).
 		Watches(&crawlv1.ProxyBan{}, handler.EnqueueRequestsFromMapFunc(banPool)).
 		WithOptions(opts).
-		Named("proxypool").
-		Complete(r)
+		Named("proxypool")
+	if r.Traffic != nil {
+		// Woken when the replicas' traffic moves materially.
+		b = b.WatchesRawSource(source.Channel(r.Traffic.events, &handler.EnqueueRequestForObject{}))
+	}
+	return b.Complete(r)
 }
 
 func (r *ProxyPoolReconciler) complete() error {
@@ -889,6 +897,7 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 	setRotating(pool, policy, plan.Status, now)
 	r.setRemediating(pool, policy, plan.Status)
 	r.setDeletionStuck(pool, policy, plan.Status)
+	r.setTraffic(pool, now)
 	if policy.Paused {
 		setPoolCondition(pool, crawlv1.PoolPausedCondition, true, crawlv1.PoolPausedReason, "rollout, rotation and remediation stopped; scaling and publishing go on")
 	} else {

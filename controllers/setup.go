@@ -368,6 +368,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		Clock:             d.Pool.Clock,
 		Rand:              d.Pool.Rand,
 		OnPublished:       d.Pool.OnPublished,
+		Traffic:           w.Proxy.Traffic,
 	}
 	if err := IndexPoolOwner(ctx, mgr); err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -511,8 +512,36 @@ type ProxyPoolStatus struct {
 	// +kubebuilder:validation:MaxItems=1000
 	// +optional
 	Quarantine []QuarantinedAddress `json:"quarantine,omitempty"`
+	// Traffic sums what the replicas' squids counted (docs/pools.md,
+	// "Traffic"). It is rewritten only when it moves materially: by a
+	// tenth, and by at least 0.5 requests per second or 1 denial per
+	// minute, or when another replica starts or stops reporting.
+	// +optional
+	Traffic *ProxyPoolTraffic `json:"traffic,omitempty"`
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// ProxyPoolTraffic is a pool's traffic, summed over the replicas whose
+// squid counters the operator read within the last three probe intervals;
+// each replica's rate is over its last two readings. The operator's own
+// probes and reads are left out.
+type ProxyPoolTraffic struct {
+	// RequestsPerSecond are client requests the squids answered, refused
+	// ones included.
+	// +required
+	RequestsPerSecond resource.Quantity `json:"requestsPerSecond"`
+	// DeniedPerMinute are client requests the squids refused: 407 (no or
+	// a wrong credential) and 403 (a destination or port the access
+	// policy refuses). Answers of target sites (their 403 or 429, the
+	// usual ban signals) are not among them: squid's counters do not
+	// classify upstream status codes.
+	// +required
+	DeniedPerMinute resource.Quantity `json:"deniedPerMinute"`
+	// ReplicasReporting are the replicas whose counters count here.
+	// +kubebuilder:validation:Minimum=0
+	// +required
+	ReplicasReporting int32 `json:"replicasReporting"`
 }
 
 // ProxyPool is a fleet of Proxies that scales, rolls, rotates, heals and

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -57,8 +58,8 @@ func startSquid(t *testing.T, c squid.Config, originPort int) int32 {
 	}
 	// Nothing answers DNS here: a lookup would fail, never leave.
 	conf = append(conf, "dns_nameservers 127.0.0.1\n"...)
-	if c.Auth.Type == squid.AuthBasic {
-		pw, err := squid.PasswordFile(c.Auth)
+	if users := c.PasswordUsers(); len(users) > 0 {
+		pw, err := squid.PasswordFile(users...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,4 +174,47 @@ func TestProbeAgainstRealSquid(t *testing.T) {
 			t.Fatalf("%+v, want 200: squid with auth None serves without credentials", r)
 		}
 	})
+}
+
+// TestStatsAgainstRealSquid: the operator's Stats credential reads the
+// counters through the port, and they count the probe's requests; the
+// clients' credential is refused without its password in the error.
+func TestStatsAgainstRealSquid(t *testing.T) {
+	crawler := squid.Auth{Type: squid.AuthBasic, Username: "egress-1", Password: squid.GeneratePassword()}
+	stats := squid.Auth{Type: squid.AuthBasic, Username: "proxy-operator-stats", Password: squid.GeneratePassword()}
+	probeURL, originPort := echoOrigin(t)
+	port := startSquid(t, squid.Config{AllowedSourceCIDRs: []string{"127.0.0.1/32"}, Auth: crawler, Stats: stats}, originPort)
+	ctx := context.Background()
+	at := func(a squid.Auth) Target {
+		return Target{Address: "127.0.0.1", Port: port, Username: a.Username, Password: a.Password}
+	}
+	reader := HTTPStats{Timeout: 5 * time.Second}
+	before, err := reader.ReadStats(ctx, at(stats))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := (HTTP{URL: probeURL, Timeout: 5 * time.Second}).Probe(ctx, at(crawler)); !r.OK {
+		t.Fatalf("probe: %+v", r)
+	}
+	if r := (TCP{Timeout: 5 * time.Second}).ProbeWithoutCredentials(ctx, at(crawler)); r.StatusCode != http.StatusProxyAuthRequired {
+		t.Fatalf("without credentials: %+v, want 407", r)
+	}
+	after, err := reader.ReadStats(ctx, at(stats))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The probe, the 407 and the client list read of before.
+	if got := after.Requests - before.Requests; got != 4 {
+		t.Errorf("requests moved by %d, want 4 (the counters read of before, its client list read, the probe, the 407)", got)
+	}
+	if got := after.Denied - before.Denied; got != 1 {
+		t.Errorf("denials moved by %d, want 1", got)
+	}
+	_, err = reader.ReadStats(ctx, at(crawler))
+	if err == nil || !strings.Contains(err.Error(), "status 403") {
+		t.Fatalf("the clients' credential: %v, want a 403", err)
+	}
+	if strings.Contains(err.Error(), crawler.Password) {
+		t.Fatal("password in the error")
+	}
 }

@@ -94,6 +94,11 @@ type Config struct {
 	// source, i.e. after NAT). Required.
 	AllowedSourceCIDRs []string
 	Auth               Auth
+	// Stats is the operator's own credential for squid's traffic counters
+	// (StatsActions, asked for through the proxy port; see StatsURL). It
+	// admits nothing else, and no other credential reads them: crawlers
+	// never hold it. Zero Type: nobody reads the counters.
+	Stats Auth
 	// AllowedPorts are the destination ports; empty means 80 and 443.
 	// CONNECT goes only to ConnectPort, and only when it is listed here.
 	AllowedPorts []int
@@ -138,6 +143,7 @@ func (c Config) ValidateFields(fldPath *field.Path) field.ErrorList {
 	sources, srcErrs := parseSources(fldPath.Child("allowedSourceCIDRs"), c.AllowedSourceCIDRs)
 	errs = append(errs, srcErrs...)
 	errs = append(errs, c.validateAuth(fldPath, sources)...)
+	errs = append(errs, c.validateStats(fldPath.Child("stats"))...)
 
 	for i, p := range c.AllowedPorts {
 		if p < 1 || p > 65535 {
@@ -211,6 +217,26 @@ func (c Config) validateAuth(fldPath *field.Path, sources []netip.Prefix) field.
 		errs = append(errs, field.Required(authPath.Child("type"), "choose Basic (with username and password) or, explicitly, None"))
 	default:
 		errs = append(errs, field.NotSupported(authPath.Child("type"), c.Auth.Type, []AuthType{AuthBasic, AuthNone}))
+	}
+	return errs
+}
+
+// validateStats checks the operator's counter credential: none, or Basic
+// under a username of its own (squid could not tell the two apart).
+func (c Config) validateStats(statsPath *field.Path) field.ErrorList {
+	switch c.Stats.Type {
+	case "":
+		if c.Stats.Username != "" || c.Stats.Password != "" {
+			return field.ErrorList{field.Required(statsPath.Child("type"), "a counter credential needs type Basic")}
+		}
+		return nil
+	case AuthBasic:
+	default:
+		return field.ErrorList{field.NotSupported(statsPath.Child("type"), c.Stats.Type, []AuthType{AuthBasic})}
+	}
+	errs := c.Stats.validateBasic(statsPath)
+	if c.Auth.Type == AuthBasic && c.Stats.Username == c.Auth.Username {
+		errs = append(errs, field.Invalid(statsPath.Child("username"), c.Stats.Username, "must differ from auth.username: the counters are the operator's, not the clients'"))
 	}
 	return errs
 }

@@ -10,34 +10,69 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// PasswordFile returns the basic_ncsa_auth file for a Basic Auth: one line
-// "username:bcrypt-hash". basic_ncsa_auth checks hashes with crypt(3),
-// which on Debian is libxcrypt and accepts bcrypt ($2a$/$2b$/$2y$; the
-// tests run the real helper). Never DES crypt, which silently truncates
-// passwords to 8 characters. The salt is random, so the output differs on
-// every call: use PasswordFileMatches to decide whether to rewrite a file.
-func PasswordFile(a Auth) ([]byte, error) {
-	if a.Type != AuthBasic {
-		return nil, errors.New("auth: a password file is only used with type Basic")
+// PasswordFile returns the basic_ncsa_auth file for users (each of type
+// Basic): one line "username:bcrypt-hash" each. basic_ncsa_auth checks
+// hashes with crypt(3), which on Debian is libxcrypt and accepts bcrypt
+// ($2a$/$2b$/$2y$; the tests run the real helper). Never DES crypt, which
+// silently truncates passwords to 8 characters. The salt is random, so the
+// output differs on every call: use PasswordFileMatches to decide whether
+// to rewrite a file. A Config's users are PasswordUsers.
+func PasswordFile(users ...Auth) ([]byte, error) {
+	if len(users) == 0 {
+		return nil, errors.New("auth: a password file needs a user of type Basic")
 	}
-	if err := a.validateBasic(field.NewPath("auth")).ToAggregate(); err != nil {
-		return nil, err
+	var out []byte
+	seen := map[string]bool{}
+	for _, a := range users {
+		if a.Type != AuthBasic {
+			return nil, errors.New("auth: a password file is only used with type Basic")
+		}
+		if err := a.validateBasic(field.NewPath("auth")).ToAggregate(); err != nil {
+			return nil, err
+		}
+		if seen[a.Username] {
+			return nil, fmt.Errorf("auth: user %q twice in one password file", a.Username)
+		}
+		seen[a.Username] = true
+		hash, err := bcrypt.GenerateFromPassword([]byte(a.Password), bcrypt.DefaultCost)
+		if err != nil {
+			return nil, fmt.Errorf("hashing the proxy password: %w", err)
+		}
+		out = fmt.Appendf(out, "%s:%s\n", a.Username, hash)
 	}
-	hash, err := bcrypt.GenerateFromPassword([]byte(a.Password), bcrypt.DefaultCost)
-	if err != nil {
-		return nil, fmt.Errorf("hashing the proxy password: %w", err)
+	return out, nil
+}
+
+// PasswordUsers are the users c's password file holds: the clients' Basic
+// credential and the operator's Stats one, when set; none means squid needs
+// no password file.
+func (c Config) PasswordUsers() []Auth {
+	var users []Auth
+	for _, a := range []Auth{c.Auth, c.Stats} {
+		if a.Type == AuthBasic {
+			users = append(users, a)
+		}
 	}
-	return fmt.Appendf(nil, "%s:%s\n", a.Username, hash), nil
+	return users
 }
 
 // PasswordFileMatches reports whether file (as PasswordFile wrote it)
-// admits exactly a's username and password.
-func PasswordFileMatches(file []byte, a Auth) bool {
-	user, hash, ok := bytes.Cut(bytes.TrimSuffix(file, []byte("\n")), []byte(":"))
-	if !ok || string(user) != a.Username || bytes.ContainsAny(hash, "\n:") {
+// admits exactly users, with their passwords, in that order.
+func PasswordFileMatches(file []byte, users ...Auth) bool {
+	lines := bytes.Split(bytes.TrimSuffix(file, []byte("\n")), []byte("\n"))
+	if len(users) == 0 || len(lines) != len(users) {
 		return false
 	}
-	return bcrypt.CompareHashAndPassword(hash, []byte(a.Password)) == nil
+	for i, a := range users {
+		user, hash, ok := bytes.Cut(lines[i], []byte(":"))
+		if !ok || string(user) != a.Username || bytes.ContainsAny(hash, ":") {
+			return false
+		}
+		if bcrypt.CompareHashAndPassword(hash, []byte(a.Password)) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // GeneratePassword returns a random 32-character password of letters and

@@ -28,8 +28,10 @@ func TestParseProblemsCatchesWarningsAndFatals(t *testing.T) {
 
 func TestRenderedConfigsParse(t *testing.T) {
 	for name, change := range map[string]func(*Config){
-		"defaults":  func(*Config) {},
-		"auth None": func(c *Config) { c.Auth = Auth{Type: AuthNone} },
+		"defaults":         func(*Config) {},
+		"auth None":        func(c *Config) { c.Auth = Auth{Type: AuthNone} },
+		"stats":            func(c *Config) { c.Stats = statsAuth },
+		"stats, auth None": func(c *Config) { c.Auth = Auth{Type: AuthNone}; c.Stats = statsAuth },
 		"auth None, broad sources": func(c *Config) {
 			c.Auth = Auth{Type: AuthNone}
 			c.AllowedSourceCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"}
@@ -107,8 +109,8 @@ func startSquid(t *testing.T, c Config) *squidtest.Squid {
 	}
 	squidtest.RequireParses(t, conf)
 	conf = append(conf, "dns_nameservers "+squidtest.DNSAddress+"\n"...)
-	if c.Auth.Type == AuthBasic {
-		pw, err := PasswordFile(c.Auth)
+	if users := c.PasswordUsers(); len(users) > 0 {
+		pw, err := PasswordFile(users...)
 		if err != nil {
 			t.Fatal(err)
 		}

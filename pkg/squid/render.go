@@ -36,11 +36,12 @@ func Render(c Config) ([]byte, error) {
 	}
 	// A fixed name: the default would put the machine's hostname into error
 	// pages, and squid refuses to start when it cannot resolve it.
-	line("visible_hostname", "proxy")
+	line("visible_hostname", visibleHostname)
 	b.WriteString("\n")
 
 	basic := c.Auth.Type == AuthBasic
-	if basic {
+	stats := c.Stats.Type == AuthBasic
+	if basic || stats {
 		line("auth_param basic program", c.Paths.AuthHelper, c.Paths.PasswordFile)
 		line("auth_param basic realm proxy")
 		// squid lowercases user names before asking the helper unless told
@@ -54,7 +55,13 @@ func Render(c Config) ([]byte, error) {
 
 	ipACL(&b, "allowed_sources", "src", mustPrefixes(c.AllowedSourceCIDRs))
 	if basic {
-		line("acl authenticated proxy_auth REQUIRED")
+		// By name: the password file may also hold the Stats user, who
+		// must not be a client.
+		line("acl authenticated proxy_auth", c.Auth.Username)
+	}
+	if stats {
+		line("acl stats_reader proxy_auth", c.Stats.Username)
+		line("acl stats_actions url_regex", statsURLPattern(c.Port))
 	}
 	ports := slices.Sorted(slices.Values(c.AllowedPorts))
 	ports = slices.Compact(ports)
@@ -75,6 +82,10 @@ func Render(c Config) ([]byte, error) {
 	b.WriteString("\n")
 
 	line("http_access deny !allowed_sources")
+	if stats {
+		// Before the port rules: the manager's URL names the proxy port.
+		line("http_access allow manager stats_actions stats_reader")
+	}
 	line("http_access deny manager")
 	line("http_access deny !allowed_ports")
 	line("http_access deny connect_method !connect_ports")

@@ -13,6 +13,7 @@ import (
 	"github.com/onsi/gomega"
 
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
+	"crawl.example.com/proxy-operator/pkg/squid"
 )
 
 // Prober stands in for the probe of the proxy port (Deps.Prober) and its
@@ -31,9 +32,45 @@ type Prober struct {
 	// egress: what an address-echo URL answers through the proxy at an
 	// address, or at any other ("*"); none: no egress address.
 	egress map[string]string
+	// stats answers ReadStats; nil: squid refuses (as one without the
+	// operator's counter credential does). statsUsers: who read them.
+	stats      func(addr string) squid.Counters
+	statsUsers map[string]string
 }
 
-var _ proxyprobe.Prober = (*Prober)(nil)
+var (
+	_ proxyprobe.Prober      = (*Prober)(nil)
+	_ proxyprobe.StatsReader = (*Prober)(nil)
+)
+
+// ReadStats answers with what SetStats gives for the address, or 403.
+func (p *Prober) ReadStats(_ context.Context, t proxyprobe.Target) (squid.Counters, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stats == nil || p.down[t.Address] {
+		return squid.Counters{}, errors.New("status 403, want 200")
+	}
+	if p.statsUsers == nil {
+		p.statsUsers = map[string]string{}
+	}
+	p.statsUsers[t.Address] = t.Username + ":" + t.Password
+	return p.stats(t.Address), nil
+}
+
+// SetStats makes every address's squid answer ReadStats with
+// counters(address); nil: refuse, as by default.
+func (p *Prober) SetStats(counters func(addr string) squid.Counters) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stats = counters
+}
+
+// StatsUser is the "user:password" that last read addr's counters.
+func (p *Prober) StatsUser(addr string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.statsUsers[addr]
+}
 
 func NewProber() *Prober {
 	return &Prober{probes: map[string]int{}, down: map[string]bool{}, listener: map[string]string{}}

@@ -51,7 +51,8 @@ const (
 // Files are what the guest's squid runs with.
 type Files struct {
 	Conf []byte
-	// Password is the basic_ncsa_auth file; nil without Basic auth.
+	// Password is the basic_ncsa_auth file; nil without a Basic user
+	// (squid.Config.PasswordUsers).
 	Password []byte
 }
 
@@ -66,8 +67,8 @@ func Render(m *provider.Machine) (f Files, ok bool, err error) {
 	if f.Conf, err = squid.Render(c); err != nil {
 		return Files{}, true, provider.Permanentf("squid configuration: %w", err)
 	}
-	if c.Auth.Type == squid.AuthBasic {
-		if f.Password, err = squid.PasswordFile(c.Auth); err != nil {
+	if users := c.PasswordUsers(); len(users) > 0 {
+		if f.Password, err = squid.PasswordFile(users...); err != nil {
 			return Files{}, true, provider.Permanentf("%w", err)
 		}
 	}

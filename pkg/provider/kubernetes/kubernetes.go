@@ -122,7 +122,7 @@ func (p *Provider) ensureConfig(ctx context.Context, m *provider.Machine) (squid
 	if files.Password != nil {
 		if err := p.converge(ctx, m, p.secret(m, files), func(have, _ client.Object) bool {
 			// The hash's salt is random: compare what it admits.
-			return squid.PasswordFileMatches(have.(*corev1.Secret).Data[PasswordKey], files.auth)
+			return squid.PasswordFileMatches(have.(*corev1.Secret).Data[PasswordKey], files.users...)
 		}); err != nil {
 			return squidFiles{}, err
 		}

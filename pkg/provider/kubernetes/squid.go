@@ -67,8 +67,8 @@ type squidFiles struct {
 	// Own is what squid.conf refuses by itself, Cluster what the cluster's
 	// ranges add (the ClusterRangesKey file); see denylist.go.
 	Own, Cluster []netip.Prefix
-	// auth is what Password admits, to compare with a deployed file.
-	auth squid.Auth
+	// users are what Password admits, to compare with a deployed file.
+	users []squid.Auth
 }
 
 // renderSquid renders m's squid files with the pod's paths, refusing the
@@ -86,7 +86,7 @@ func (p *Provider) renderSquid(m *provider.Machine, cluster []netip.Prefix) (squ
 	if err != nil {
 		return squidFiles{}, provider.Permanentf("kubernetes: squid configuration: %w", err)
 	}
-	f := squidFiles{Conf: conf, auth: c.Auth, Own: own, Cluster: clusterDenied(own, cluster), Sources: c.AllowedSourceCIDRs}
+	f := squidFiles{Conf: conf, users: c.PasswordUsers(), Own: own, Cluster: clusterDenied(own, cluster), Sources: c.AllowedSourceCIDRs}
 	if !managed && len(m.AllowedSourceCIDRs) > 0 {
 		// Squid admits the built-in policy's ranges; the NetworkPolicy only
 		// the Proxy's own (admission requires them). A Proxy stored without
@@ -96,8 +96,8 @@ func (p *Provider) renderSquid(m *provider.Machine, cluster []netip.Prefix) (squ
 		}
 		f.Sources = m.AllowedSourceCIDRs
 	}
-	if c.Auth.Type == squid.AuthBasic {
-		if f.Password, err = squid.PasswordFile(c.Auth); err != nil {
+	if len(f.users) > 0 {
+		if f.Password, err = squid.PasswordFile(f.users...); err != nil {
 			return squidFiles{}, provider.Permanentf("kubernetes: %w", err)
 		}
 	}

@@ -19,6 +19,8 @@ type Response struct {
 	// SquidError is X-Squid-Error: which of squid's refusals it was.
 	SquidError string
 	Server     string
+	// Body is the start of the answer's body (up to 1 MiB).
+	Body []byte
 }
 
 // Dial connects to squid from source, an address on lo (127.0.0.0/8 or ::1).
@@ -61,11 +63,13 @@ func RoundTrip(t testing.TB, conn net.Conn, method, target, userpass string, kee
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, target, err)
 	}
+	var body []byte
 	if method != http.MethodConnect || r.StatusCode != http.StatusOK {
+		body, _ = io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		_, _ = io.Copy(io.Discard, r.Body)
 		r.Body.Close()
 	}
-	return Response{Status: r.StatusCode, SquidError: r.Header.Get("X-Squid-Error"), Server: r.Header.Get("Server")}
+	return Response{Status: r.StatusCode, SquidError: r.Header.Get("X-Squid-Error"), Server: r.Header.Get("Server"), Body: body}
 }
 
 // Request sends one request on a new connection from source.
