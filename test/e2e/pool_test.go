@@ -489,7 +489,7 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		Expect(scrapySeen.Requests).To(BeNumerically(">=", sum.Responses))
 		Expect(scrapySeen.HTTPS).To(BeNumerically(">", 0))
 		Expect(scrapySeen.Direct).To(BeZero(), "requests of the Scrapy crawl not through a published replica, from %v", scrapySeen.DirectSources)
-		Expect(ms.ReadErrors).To(BeZero())
+		Expect(ms.ReadErrors).To(BeZero(), "the first failed read of the Secret: %v", ms.FirstReadError)
 		Expect(ms.ShortestList).To(BeNumerically(">=", 1), "the published list was never empty")
 		Expect(reps).To(HaveLen(2))
 	}, NodeTimeout(15*time.Minute))

@@ -50,8 +50,11 @@ type ListMirror struct {
 
 // MirrorStats is what the mirror read.
 type MirrorStats struct {
-	// Reads of the Secret and how many failed (the last list stays).
+	// Reads of the Secret and how many failed (the last list stays); one
+	// cut short by Stop is neither.
 	Reads, ReadErrors int
+	// FirstReadError is the first failed read's error.
+	FirstReadError error
 	// ListChanges counts the lists written after the first.
 	ListChanges int
 	// ShortestList and LongestList are the list lengths written.
@@ -97,9 +100,15 @@ func (m *ListMirror) refresh(ctx context.Context) error {
 	err := m.Client.Get(rctx, client.ObjectKey{Namespace: m.Namespace, Name: crawlv1.PublishedName(m.Pool)}, sec)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err != nil && ctx.Err() != nil {
+		return nil // cut short by Stop: no read failed
+	}
 	m.stats.Reads++
 	if err != nil {
 		m.stats.ReadErrors++
+		if m.stats.FirstReadError == nil {
+			m.stats.FirstReadError = err
+		}
 		if m.version == "" {
 			return fmt.Errorf("the pool's Secret: %w", err)
 		}
