@@ -22,6 +22,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -140,13 +141,25 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 
 	// scale sets replicas through the scale subresource, as `kubectl
 	// scale` does, after checking what it reports.
+	// The operator writes the pool's status while the suite changes its
+	// spec: each change is read, made and written again on a conflict, as
+	// kubectl edit and scale do.
 	scale := func(ctx context.Context, from, to int32) {
-		sc := &autoscalingv1.Scale{}
-		Expect(k8s.SubResource("scale").Get(ctx, pool.DeepCopy(), sc)).To(Succeed())
-		Expect(sc.Spec.Replicas).To(Equal(from))
-		Expect(sc.Status.Selector).To(Equal(metav1.FormatLabelSelector(&pool.Spec.Selector)), "the scale subresource's selector (status.selector)")
-		sc.Spec.Replicas = to
-		Expect(k8s.SubResource("scale").Update(ctx, pool.DeepCopy(), client.WithSubResourceBody(sc))).To(Succeed())
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			sc := &autoscalingv1.Scale{}
+			Expect(k8s.SubResource("scale").Get(ctx, pool.DeepCopy(), sc)).To(Succeed())
+			Expect(sc.Spec.Replicas).To(Equal(from))
+			Expect(sc.Status.Selector).To(Equal(metav1.FormatLabelSelector(&pool.Spec.Selector)), "the scale subresource's selector (status.selector)")
+			sc.Spec.Replicas = to
+			return k8s.SubResource("scale").Update(ctx, pool.DeepCopy(), client.WithSubResourceBody(sc))
+		})).To(Succeed())
+	}
+	updatePool := func(ctx context.Context, change func(*crawlv1.ProxyPool)) {
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			Expect(k8s.Get(ctx, poolKey(), pool)).To(Succeed())
+			change(pool)
+			return k8s.Update(ctx, pool)
+		})).To(Succeed())
 	}
 
 	// phase returns the crawler's figures since the previous phase.
@@ -301,10 +314,10 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		// minInterval keeps it to one in this run (its boot runs beside the
 		// scale-up's, adding little wall time). Rotation is switched off
 		// again once it is done.
-		Expect(k8s.Get(ctx, poolKey(), pool)).To(Succeed())
-		pool.Spec.Rotation = crawlv1.ProxyPoolRotation{MaxAge: &metav1.Duration{Duration: time.Minute}, MaxConcurrent: 1,
-			MinInterval: &metav1.Duration{Duration: time.Hour}}
-		Expect(k8s.Update(ctx, pool)).To(Succeed())
+		updatePool(ctx, func(pool *crawlv1.ProxyPool) {
+			pool.Spec.Rotation = crawlv1.ProxyPoolRotation{MaxAge: &metav1.Duration{Duration: time.Minute}, MaxConcurrent: 1,
+				MinInterval: &metav1.Duration{Duration: time.Hour}}
+		})
 		scale(ctx, 2, 3)
 		start := time.Now()
 		_, lines := serving(ctx, 3, 2*(cfg.ProxyReadyTimeout+time.Minute), func(reps []crawlv1.Proxy) error {
@@ -324,9 +337,7 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		took := time.Since(start)
 		Expect(lines).To(HaveLen(3))
 		everyEntryServes(ctx, lines)
-		Expect(k8s.Get(ctx, poolKey(), pool)).To(Succeed())
-		pool.Spec.Rotation = crawlv1.ProxyPoolRotation{}
-		Expect(k8s.Update(ctx, pool)).To(Succeed())
+		updatePool(ctx, func(pool *crawlv1.ProxyPool) { pool.Spec.Rotation = crawlv1.ProxyPoolRotation{} })
 		b, c := watch.Budget(), phase()
 		record("pool_scale_up_rotation", took, "(scale 2 → 3 and maxAge 1m with minInterval 1h → the third replica and one replacing the older of the first two Ready and published, that one gone; "+figures(c, b)+")")
 		checkPhase(c, b)
@@ -347,9 +358,7 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		watch.Arm(3, 1, 0)
 
 		// A label of the template: every replica is out of date.
-		Expect(k8s.Get(ctx, poolKey(), pool)).To(Succeed())
-		pool.Spec.Template.Metadata.Labels[rolloutLabel] = "2"
-		Expect(k8s.Update(ctx, pool)).To(Succeed())
+		updatePool(ctx, func(pool *crawlv1.ProxyPool) { pool.Spec.Template.Metadata.Labels[rolloutLabel] = "2" })
 		start := time.Now()
 
 		// A crawler reports a ban on a replica still published, asking for
