@@ -20,7 +20,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -102,13 +101,6 @@ var _ = Describe("a ProxyPool's egress on a real KVM host", Ordered, ContinueOnF
 		a.AllowedDestinationExceptions = append(a.AllowedDestinationExceptions, netip.PrefixFrom(echoSide.Addr(), 32).String())
 		a.AllowedSourceCIDRs = append(a.AllowedSourceCIDRs, sources...)
 		return a
-	}
-	updatePool := func(ctx context.Context, pool *crawlv1.ProxyPool, change func(*crawlv1.ProxyPool)) {
-		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			Expect(c.Get(ctx, client.ObjectKeyFromObject(pool), pool)).To(Succeed())
-			change(pool)
-			return c.Update(ctx, pool)
-		})).To(Succeed())
 	}
 	published := func(ctx context.Context, pool *crawlv1.ProxyPool) ([]controllers.PublishedProxy, error) {
 		sec := &corev1.Secret{}
@@ -348,7 +340,7 @@ var _ = Describe("a ProxyPool's egress on a real KVM host", Ordered, ContinueOnF
 		before, err := e2eutil.PoolReplicas(ctx, c, natPool)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(before).To(HaveLen(2))
-		updatePool(ctx, natPool, func(p *crawlv1.ProxyPool) { p.Spec.Egress.Distinct = crawlv1.EgressDistinctRequired })
+		updatePool(ctx, c, natPool, func(p *crawlv1.ProxyPool) { p.Spec.Egress.Distinct = crawlv1.EgressDistinctRequired })
 		start := time.Now()
 		var cond string
 		Eventually(func(ctx context.Context) error {
@@ -377,7 +369,7 @@ var _ = Describe("a ProxyPool's egress on a real KVM host", Ordered, ContinueOnF
 		Consistently(func(ctx context.Context) ([]string, error) {
 			reps, err := e2eutil.PoolReplicas(ctx, c, natPool)
 			return names(reps), err
-		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Equal(names(before)), "replicas (no new boot)")
+		}).WithContext(ctx).WithTimeout(30*time.Second).WithPolling(time.Second).Should(Equal(names(before)), "replicas (no new boot)")
 		list, err := published(ctx, natPool)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(list).To(HaveLen(1))
@@ -500,7 +492,7 @@ var _ = Describe("a ProxyPool's egress on a real KVM host", Ordered, ContinueOnF
 
 	It("static: scaled to 0 and deleted, every claim is released, the held one too, and nothing is left on the host", func(ctx SpecContext) {
 		start := time.Now()
-		updatePool(ctx, staticPool, func(p *crawlv1.ProxyPool) { p.Spec.Replicas = ptr.To(int32(0)) })
+		updatePool(ctx, c, staticPool, func(p *crawlv1.ProxyPool) { p.Spec.Replicas = ptr.To(int32(0)) })
 		Eventually(func(ctx context.Context) error {
 			reps, err := e2eutil.PoolReplicas(ctx, c, staticPool)
 			if err != nil {
