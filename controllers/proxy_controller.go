@@ -232,6 +232,7 @@ func (r *ProxyReconciler) forget(key types.NamespacedName) {
 	r.mem.forget(key)
 	r.forgetPort(key)
 	r.Traffic.Forget(key)
+	forgetProbeMetrics(key)
 }
 
 func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {

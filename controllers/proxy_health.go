@@ -67,6 +67,7 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 	}
 	s.log.V(1).Info("probed", "ok", res.OK, "latency", res.Latency, "status", res.StatusCode, "err", res.Err)
 	now := metav1.NewTime(r.Clock.Now())
+	recordProbe(s.key, now.Time, res.Latency, res.OK)
 	if p.Status.Probe == nil {
 		p.Status.Probe = &crawlv1.ProxyProbeStatus{}
 	}
