@@ -109,9 +109,9 @@ func TestSteadyProbesWriteNothing(t *testing.T) {
 		return v
 	}
 
-	p, _ := e.reconcile()
-	e.reconcileFast()
-	if p = e.proxy(); p.Status.Phase != crawlv1.ProxyReady {
+	e.reconcile()
+	p := e.reconcileFast()
+	if p.Status.Phase != crawlv1.ProxyReady {
 		t.Fatalf("phase %s, want Ready", p.Status.Phase)
 	}
 	rv, written := p.ResourceVersion, p.Status.Probe.LastProbeTime.Time
