@@ -28,25 +28,7 @@ import (
 // channel (docs/known-gaps.md, "Traffic counts squid's own side only").
 func TestSquidCountsUpstreamAnswersOnlyInItsAccessLog(t *testing.T) {
 	t.Parallel()
-	answers := map[int]int{200: 3, 302: 2, 403: 4, 429: 1, 503: 2}
-	origin, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		code, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
-		if err != nil {
-			code = http.StatusBadRequest
-		}
-		if code == http.StatusFound {
-			w.Header().Set("Location", "/elsewhere")
-		}
-		w.Header().Set("Cache-Control", "no-store")
-		w.WriteHeader(code)
-	})}
-	go func() { _ = srv.Serve(origin) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	originPort := origin.Addr().(*net.TCPAddr).Port
+	originPort := statusOrigin(t)
 
 	dir := squidtest.TempDir(t)
 	if err := os.Chmod(dir, 0o777); err != nil {
@@ -71,15 +53,7 @@ http_access deny all
 `, port, visibleHostname, dir, dir, dir, accessLog)
 	s := squidtest.Start(t, squidtest.Options{Conf: []byte(conf), Dir: dir, Listen: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), AccessLog: accessLog})
 
-	sent := 0
-	for code, n := range answers {
-		for range n {
-			if r := s.Request(t, client, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/%d", originPort, code), ""); r.Status != code {
-				t.Fatalf("GET /%d through squid: status %d", code, r.Status)
-			}
-			sent++
-		}
-	}
+	sent := sendAnswers(t, s, originPort, "")
 	// Through CONNECT the origin's answer travels inside the tunnel.
 	conn := s.Dial(t, client)
 	if r := squidtest.RoundTrip(t, conn, http.MethodConnect, fmt.Sprintf("127.0.0.1:%d", originPort), "", true); r.Status != http.StatusOK {
@@ -119,10 +93,53 @@ http_access deny all
 		logged[f[0]+" "+f[2]]++
 	}
 	want := map[string]int{"CONNECT -": 1}
-	for code, n := range answers {
+	for code, n := range originAnswers {
 		want[fmt.Sprintf("GET %d", code)] = n
 	}
 	if !maps.Equal(logged, want) {
 		t.Errorf("the origin's answers in the access log (method, %%<Hs): %v, want %v\n%s", logged, want, data)
 	}
+}
+
+// originAnswers are what sendAnswers asks statusOrigin for: status, times.
+var originAnswers = map[int]int{200: 3, 302: 2, 403: 4, 429: 1, 503: 2}
+
+// statusOrigin serves on 127.0.0.1 an answer of the status its path names
+// (GET /429: 429), never cached; it returns its port.
+func statusOrigin(t *testing.T) int {
+	t.Helper()
+	origin, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
+		if err != nil {
+			code = http.StatusBadRequest
+		}
+		if code == http.StatusFound {
+			w.Header().Set("Location", "/elsewhere")
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(code)
+	})}
+	go func() { _ = srv.Serve(origin) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return origin.Addr().(*net.TCPAddr).Port
+}
+
+// sendAnswers asks statusOrigin on originPort for originAnswers through s
+// with userpass, and returns how many requests it sent.
+func sendAnswers(t *testing.T, s *squidtest.Squid, originPort int, userpass string) int {
+	t.Helper()
+	sent := 0
+	for code, n := range originAnswers {
+		for range n {
+			if r := s.Request(t, client, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/%d", originPort, code), userpass); r.Status != code {
+				t.Fatalf("GET /%d through squid: status %d", code, r.Status)
+			}
+			sent++
+		}
+	}
+	return sent
 }
