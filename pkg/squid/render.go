@@ -65,7 +65,7 @@ func Render(c Config) ([]byte, error) {
 		line("acl stats_actions url_regex", statsURLPattern(c.Port))
 	}
 	// Only with the Stats credential: nobody else may read the counts.
-	upstream := stats && c.Paths.UpstreamCounter != ""
+	upstream := c.CountsUpstream()
 	if upstream {
 		line("acl upstream_counts url_regex", upstreamURLPattern(c.UpstreamCountsPort))
 	}

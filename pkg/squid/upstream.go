@@ -34,6 +34,12 @@ func UpstreamCountsPort(proxyPort int) int {
 	return DefaultUpstreamCountsPort
 }
 
+// CountsUpstream reports whether squid.conf runs the counter: only with a
+// counter delivered and the Stats credential, the one that reads it.
+func (c Config) CountsUpstream() bool {
+	return c.Stats.Type == AuthBasic && c.Paths.UpstreamCounter != ""
+}
+
 // UpstreamURL is what the operator sends through the proxy (a plain GET
 // with the Stats credential) to read the counter listening on countsPort.
 func UpstreamURL(countsPort int) string {
