@@ -189,14 +189,21 @@ func TestTrafficFeedsCountersAndPools(t *testing.T) {
 	}
 }
 
-func TestSetTrafficWritesOnlyMaterialChanges(t *testing.T) {
+// statusFixture is the pool name of traffic-unit and its replica
+// name-x, read by a Traffic of their own that forgets the replica at the
+// end.
+func statusFixture(t *testing.T, name string) (*Traffic, *ProxyPoolReconciler, *crawlv1.ProxyPool, types.NamespacedName) {
 	tr := newTraffic(time.Hour)
-	r := &ProxyPoolReconciler{Traffic: tr}
 	pool := &crawlv1.ProxyPool{}
-	pool.Namespace, pool.Name = "traffic-unit", "status"
-	replica := types.NamespacedName{Namespace: pool.Namespace, Name: "status-x"}
+	pool.Namespace, pool.Name = "traffic-unit", name
+	replica := types.NamespacedName{Namespace: pool.Namespace, Name: name + "-x"}
+	t.Cleanup(func() { tr.Forget(replica) })
+	return tr, &ProxyPoolReconciler{Traffic: tr}, pool, replica
+}
+
+func TestSetTrafficWritesOnlyMaterialChanges(t *testing.T) {
+	tr, r, pool, replica := statusFixture(t, "status")
 	t0 := time.Unix(2_000_000, 0)
-	defer tr.Forget(replica)
 
 	r.setTraffic(pool, t0)
 	if pool.Status.Traffic != nil {
@@ -341,13 +348,8 @@ func TestTrafficCountsUpstreamAnswers(t *testing.T) {
 }
 
 func TestSetTrafficWritesBanSignals(t *testing.T) {
-	tr := newTraffic(time.Hour)
-	r := &ProxyPoolReconciler{Traffic: tr}
-	pool := &crawlv1.ProxyPool{}
-	pool.Namespace, pool.Name = "traffic-unit", "bans-status"
-	replica := types.NamespacedName{Namespace: pool.Namespace, Name: "bans-status-x"}
+	tr, r, pool, replica := statusFixture(t, "bans-status")
 	t0 := time.Unix(4_000_000, 0)
-	defer tr.Forget(replica)
 	at := func(minute int, requests uint64, u *squid.UpstreamCounts) {
 		tr.Observe(replica, pool.Name, squid.Counters{Requests: requests, Upstream: u}, 0, t0.Add(time.Duration(minute)*time.Minute))
 		r.setTraffic(pool, t0.Add(time.Duration(minute)*time.Minute))
