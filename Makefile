@@ -110,6 +110,7 @@ FUZZ_TARGETS = \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
 	./pkg/squid:FuzzRender \
 	./pkg/squid:FuzzParseStats \
+	./pkg/squid:FuzzParseUpstream \
 	./pkg/proxyprobe:FuzzParseEgress \
 	./pkg/fleet:FuzzDecideKeepsTheBudget \
 	./controllers:FuzzPublishCredentialURL

@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"context"
+	"net/http"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -66,8 +68,13 @@ func (r *ProxyReconciler) measureEgress(ctx context.Context, s *proxyScope, targ
 		if r.mem.echoDue(s.key, instance, now, r.Egress.Interval, r.Egress.retry()) {
 			addr, err := r.Echoer.Echo(ctx, url, target)
 			// A request squid counts (the probe just passed, so not
-			// one it refuses).
-			r.Traffic.Sent(s.key, poolOf(p), false)
+			// one it refuses); a read echo is the origin's 200, which
+			// the upstream counter sees unless it went through a tunnel.
+			upstream := 0
+			if err == nil && strings.HasPrefix(url, "http://") {
+				upstream = http.StatusOK
+			}
+			r.Traffic.Sent(s.key, poolOf(p), false, upstream)
 			if err == nil {
 				r.mem.echoed(s.key, instance, now, addr.String())
 				r.recordEgress(p, addr.String(), now)

@@ -54,7 +54,7 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 	probeCtx, probed := r.mem.startProbe(ctx, s.key)
 	defer probed()
 	res := r.Prober.Probe(probeCtx, target)
-	r.sentThrough(s.key, p, res.StatusCode)
+	r.sentThrough(s.key, p, res)
 	if probeCtx.Err() != nil && ctx.Err() == nil {
 		// A provider event about the instance came during the probe
 		// (stopped, gone, started): whatever the probe got is about the
@@ -237,7 +237,7 @@ func (r *ProxyReconciler) checkSecure(ctx context.Context, s *proxyScope, target
 	}
 	target.Username, target.Password = "", ""
 	res := r.Prober.ProbeWithoutCredentials(ctx, target)
-	r.sentThrough(s.key, p, res.StatusCode)
+	r.sentThrough(s.key, p, res)
 	switch res.StatusCode {
 	case http.StatusProxyAuthRequired:
 		set(metav1.ConditionTrue, crawlv1.ProxyAuthRequiredReason, "a request without credentials was refused with 407")
