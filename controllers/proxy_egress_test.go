@@ -166,8 +166,8 @@ func TestEgressSurvivesALostStatusWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The real thing, once: the next probe's write conflicts.
-	real, conflicts := e.r.Client, 0
-	e.r.Client = interceptor.NewClient(real.(client.WithWatch), interceptor.Funcs{
+	stored, conflicts := e.r.Client, 0
+	e.r.Client = interceptor.NewClient(stored.(client.WithWatch), interceptor.Funcs{
 		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 			if conflicts == 0 {
 				conflicts++
