@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -138,12 +139,7 @@ func (in *Internet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (in *Internet) Sources() []string {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	out := make([]string, 0, len(in.sources))
-	for s := range in.sources {
-		out = append(out, s)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(in.sources))
 }
 
 // Close stops the echo and lets the namespace go; the veth pair goes with
