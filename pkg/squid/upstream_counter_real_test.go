@@ -117,3 +117,38 @@ func TestSquidCountsUpstreamAnswersByClass(t *testing.T) {
 		t.Errorf("squid's requests after a reconfigure: %d, before %d", after.Requests, before.Requests)
 	}
 }
+
+// A connection that closes before its request (a TCP health check: the
+// kubelet's probes of a kubernetes pod every few seconds, a load
+// balancer's) is logged with no request, where the counter's url_regex
+// cannot be evaluated: squid must not warn about it at each one, nor count
+// it.
+func TestUpstreamCounterSkipsConnectionsWithoutARequest(t *testing.T) {
+	t.Parallel()
+	originPort := statusOrigin(t)
+	c := loopbackConfig(originPort)
+	c.AllowedDestinationExceptions = []string{"127.0.0.1/32"}
+	c.Stats = statsAuth
+	c.Paths.UpstreamCounter = upstreamCounterFile(t)
+	c.UpstreamCountsPort = testutil.FreePort(t)
+	s := startSquid(t, c)
+
+	for range 3 {
+		s.Dial(t, "127.0.0.1").Close()
+	}
+	s.WaitForLogLine(t, "error:transaction-end-before-headers")
+	if r := s.Request(t, client, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/204", originPort), goodCreds); r.Status != http.StatusNoContent {
+		t.Fatalf("status %d, want 204", r.Status)
+	}
+	want := UpstreamCounts{1, 0, 0, 0, 0, 0}
+	if got := readUpstream(t, s, c.UpstreamCountsPort, func(u UpstreamCounts) bool { return u == want }); got != want {
+		t.Errorf("upstream counts %v, want %v", got, want)
+	}
+	cacheLog, err := os.ReadFile(filepath.Join(s.Dir, "cache.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if problems := squidtest.Problems(string(cacheLog)); len(problems) > 0 {
+		t.Errorf("squid logged problems:\n%s", strings.Join(problems, "\n"))
+	}
+}
