@@ -1,0 +1,332 @@
+package kubernetes
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"crawl.example.com/proxy-operator/pkg/provider"
+	"crawl.example.com/proxy-operator/pkg/proxyprobe"
+	"crawl.example.com/proxy-operator/pkg/squid"
+)
+
+var statsCredential = squid.Auth{Type: squid.AuthBasic, Username: "proxy-operator-stats", Password: "stats-" + squidPassword}
+
+// statsMachine is a managed Proxy's Machine with the operator's Stats
+// credential, as the Proxy controller attaches it: squid.conf may run the
+// upstream counter.
+func statsMachine() *provider.Machine {
+	m := machine()
+	m.Squid = &squid.Config{
+		AllowedSourceCIDRs: []string{"10.0.0.0/8"},
+		Auth:               squid.Auth{Type: squid.AuthBasic, Username: squidUser, Password: squidPassword},
+		Stats:              statsCredential,
+	}
+	return m
+}
+
+// oldTemplate is pod as the provider made it before it delivered the
+// counter: the whole ConfigMap projected with the default mode.
+func oldTemplate(pod *corev1.Pod) *corev1.Pod {
+	pod = pod.DeepCopy()
+	for i := range pod.Spec.Volumes {
+		if v := &pod.Spec.Volumes[i]; v.Name == "config" {
+			v.ConfigMap.Items = nil
+		}
+	}
+	return pod
+}
+
+const daemonLine = "\nlogfile_daemon " + CounterPath + "\n"
+
+// counterWatch is a fake API that checks, at every write, the order the
+// counter needs: a ConfigMap whose squid.conf runs the counter is written
+// only while every live pod of the Proxy has it, and every pod is created
+// with it.
+func counterWatch(t *testing.T, objs ...client.Object) client.WithWatch {
+	t.Helper()
+	check := func(ctx context.Context, c client.WithWatch, obj client.Object) {
+		switch o := obj.(type) {
+		case *corev1.ConfigMap:
+			if !strings.Contains(o.Data[ConfigKey], daemonLine) {
+				return
+			}
+			var pods corev1.PodList
+			if err := c.List(ctx, &pods, client.InNamespace(o.Namespace), client.MatchingLabels{LabelProxyUID: o.Labels[LabelProxyUID]}); err != nil {
+				t.Error(err)
+			}
+			for i := range pods.Items {
+				if pod := &pods.Items[i]; pod.DeletionTimestamp == nil && pod.Status.Phase != corev1.PodFailed && !runsCounter(pod) {
+					t.Errorf("squid.conf running the counter written while pod %s, which lacks it, reads it", pod.Name)
+				}
+			}
+		case *corev1.Pod:
+			if !runsCounter(o) {
+				t.Errorf("pod %s created without the counter", o.Name)
+			}
+		}
+	}
+	return fake.NewClientBuilder().WithScheme(clientgoscheme.Scheme).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			check(ctx, c, obj)
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			check(ctx, c, obj)
+			return c.Update(ctx, obj, opts...)
+		},
+	}).Build()
+}
+
+func getConfigMap(t *testing.T, c client.Client, m *provider.Machine) *corev1.ConfigMap {
+	t.Helper()
+	var cm corev1.ConfigMap
+	if err := c.Get(context.Background(), podKey(m), &cm); err != nil {
+		t.Fatal(err)
+	}
+	return &cm
+}
+
+// A new pod projects the counter from its ConfigMap, executable, at the
+// path its squid.conf runs; squid.conf and the cluster's ranges keep the
+// default mode, and the pod keeps the restricted level.
+func TestPodRunsTheUpstreamCounterFromItsConfigMap(t *testing.T) {
+	c := counterWatch(t)
+	m := statsMachine()
+	if _, err := newProvider(c).Create(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	cm := getConfigMap(t, c, m)
+	if cm.Data[CounterKey] != string(squid.UpstreamCounter) {
+		t.Errorf("ConfigMap key %s is not squid.UpstreamCounter", CounterKey)
+	}
+	conf := cm.Data[ConfigKey]
+	if !strings.Contains(conf, daemonLine) || !strings.Contains(conf, fmt.Sprintf("access_log daemon:/127.0.0.1:%d ", squid.UpstreamCountsPort(int(m.Port)))) {
+		t.Errorf("squid.conf does not run the counter at %s:\n%s", CounterPath, conf)
+	}
+
+	var pod corev1.Pod
+	if err := c.Get(context.Background(), podKey(m), &pod); err != nil {
+		t.Fatal(err)
+	}
+	podMeetsRestricted(t, &pod)
+	var mounted bool
+	for _, vm := range pod.Spec.Containers[0].VolumeMounts {
+		mounted = mounted || vm.Name == "config" && vm.MountPath == ConfigDir && vm.ReadOnly && vm.SubPath == ""
+	}
+	if !mounted {
+		t.Errorf("the config volume is not mounted read-only as the directory %s: %+v", ConfigDir, pod.Spec.Containers[0].VolumeMounts)
+	}
+	v := configMapVolume(t, &pod, "config")
+	if v.Name != podKey(m).Name || v.DefaultMode != nil || v.Optional != nil {
+		t.Errorf("config volume %+v: want ConfigMap %s, default mode, not optional", v, podKey(m).Name)
+	}
+	want := map[string]int32{ConfigKey: -1, ClusterRangesKey: -1, CounterKey: 0o755}
+	for _, item := range v.Items {
+		mode := int32(-1)
+		if item.Mode != nil {
+			mode = *item.Mode
+		}
+		if w, ok := want[item.Key]; !ok || item.Path != item.Key || mode != w {
+			t.Errorf("item %s -> %s mode %o; want each key at its own name, the counter 0755, the rest the default", item.Key, item.Path, mode)
+		}
+		delete(want, item.Key)
+	}
+	if len(want) > 0 {
+		t.Errorf("the pod does not project %v", want)
+	}
+	if ConfigDir+"/"+CounterKey != CounterPath {
+		t.Errorf("CounterPath %s is not where the volume projects %s", CounterPath, CounterKey)
+	}
+	if !runsCounter(&pod) || runsCounter(oldTemplate(&pod)) {
+		t.Error("runsCounter does not tell the pod from one of the old template")
+	}
+}
+
+// squid.conf runs the counter only once no live pod of the Proxy lacks
+// it: a pod of the old template (made before the operator delivered the
+// counter, which re-reads its ConfigMap in place) keeps a squid.conf
+// without it, as a Proxy whose squid cannot count; the pod replacing it
+// has the counter, and squid.conf runs it from then on. counterWatch fails
+// any write out of that order.
+func TestSquidConfRunsTheCounterOnlyOnceThePodsHaveIt(t *testing.T) {
+	ctx := context.Background()
+	m := statsMachine()
+	old := oldTemplate(newProvider(newFake(t)).pod(m, podKey(m), 0, true))
+	old.Status.Phase = corev1.PodRunning
+	c := counterWatch(t, old)
+	p := newProvider(c)
+	m.ProviderID = FormatProviderID(old.Namespace, old.Name)
+
+	for range 2 { // the second Create changes nothing
+		if _, err := p.Create(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		cm := getConfigMap(t, c, m)
+		if strings.Contains(cm.Data[ConfigKey], "logfile_daemon") || strings.Contains(cm.Data[ConfigKey], "upstream") {
+			t.Fatalf("squid.conf runs the counter while the old pod reads it:\n%s", cm.Data[ConfigKey])
+		}
+		if cm.Data[CounterKey] != string(squid.UpstreamCounter) {
+			t.Errorf("the ConfigMap lacks %s", CounterKey)
+		}
+	}
+
+	// The old pod is gone for good (evicted): Create replaces it.
+	old.Status.Phase = corev1.PodFailed
+	if err := c.Status().Update(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := p.Create(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.Name == old.Name {
+		t.Fatalf("Create kept the failed pod %s", old.Name)
+	}
+	if !strings.Contains(getConfigMap(t, c, m).Data[ConfigKey], daemonLine) {
+		t.Error("squid.conf does not run the counter once the pods have it")
+	}
+	var pod corev1.Pod
+	if err := c.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: inst.Name}, &pod); err != nil {
+		t.Fatal(err)
+	}
+	if !runsCounter(&pod) {
+		t.Error("the replacement pod has no counter")
+	}
+}
+
+// Without the Stats credential (an unmanaged Proxy, or one made before
+// the operator read counters) nothing reads the counter: squid.conf does
+// not run it, though the pod has it.
+func TestSquidConfRunsNoCounterWithoutTheStatsCredential(t *testing.T) {
+	noStats := statsMachine()
+	noStats.Squid.Stats = squid.Auth{}
+	for name, m := range map[string]*provider.Machine{"unmanaged": machine(), "managed without stats": noStats} {
+		t.Run(name, func(t *testing.T) {
+			c := counterWatch(t)
+			if _, err := newProvider(c).Create(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+			cm := getConfigMap(t, c, m)
+			if strings.Contains(cm.Data[ConfigKey], "logfile_daemon") || !bytes.Equal([]byte(cm.Data[CounterKey]), squid.UpstreamCounter) {
+				t.Errorf("squid.conf runs a counter nothing reads, or the ConfigMap lacks it:\n%s", cm.Data[ConfigKey])
+			}
+		})
+	}
+}
+
+// statusOrigin answers with the status its path names (/404: 404), on
+// addr in the test's network namespace.
+func statusOrigin(t *testing.T, addr string) (host string, port int) {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
+		if err != nil {
+			code = http.StatusBadRequest
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(code)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	a := l.Addr().(*net.TCPAddr)
+	return a.IP.String(), a.Port
+}
+
+// TestUpstreamCounterAsThePodRunsIt runs what Create stored for a managed
+// Proxy with the Stats credential, as the pod mounts and runs it
+// (runPod: the ConfigMap projected as the pod's volume says, ..data
+// symlinks, the counter's mode from the pod; uid 13 on a read-only root),
+// against Debian's squid: the target sites' answers are counted by class
+// and read with the operator's own reader (proxyprobe.HTTPStats, as the
+// Proxy controller reads them), squid's own refusals are not counted, and
+// only the Stats credential reads the counts. A counter the pod does not
+// project executable stops squid: the test fails then.
+func TestUpstreamCounterAsThePodRunsIt(t *testing.T) {
+	host, originPort := statusOrigin(t, "127.0.0.45:0")
+	c := newFake(t)
+	m := statsMachine()
+	m.Squid.AllowedSourceCIDRs = []string{squidClient + "/32"}
+	m.Squid.AllowedPorts = []int{80, 443, originPort}
+	m.Squid.AllowedDestinationExceptions = []string{host + "/32"}
+	if _, err := newProvider(c).Create(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	s := runPod(t, c, m)
+	if !strings.Contains(readFile(t, s, ConfigKey), daemonLine) {
+		t.Fatalf("the mounted squid.conf does not run the counter")
+	}
+
+	answers := map[int]int{200: 3, 204: 1, 302: 2, 404: 1, 403: 2, 429: 3, 503: 1}
+	var want squid.UpstreamCounts
+	for code, n := range answers {
+		for range n {
+			url := fmt.Sprintf("http://%s:%d/%d", host, originPort, code)
+			if r := s.Request(t, squidClient, http.MethodGet, url, squidUser+":"+squidPassword); r.Status != code {
+				t.Fatalf("GET %s through squid: %d", url, r.Status)
+			}
+			want.Add(code)
+		}
+	}
+	// squid's own answers are not the sites': no credential, a refused
+	// destination.
+	if r := s.Request(t, squidClient, http.MethodGet, fmt.Sprintf("http://%s:%d/200", host, originPort), ""); r.Status != http.StatusProxyAuthRequired {
+		t.Fatalf("without a credential: %d, want 407", r.Status)
+	}
+	if r := s.Request(t, squidClient, http.MethodGet, "http://10.1.2.3/200", squidUser+":"+squidPassword); r.Status != http.StatusForbidden {
+		t.Fatalf("to a denied destination: %d, want 403", r.Status)
+	}
+
+	target := proxyprobe.Target{Address: squidClient, Port: port(m), Username: statsCredential.Username, Password: statsCredential.Password}
+	reader := proxyprobe.HTTPStats{Timeout: 5 * time.Second}
+	var got squid.UpstreamCounts
+	var err error
+	// squid hands log lines to its daemon in batches.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if got, err = reader.ReadUpstream(context.Background(), target); err == nil && got == want {
+			break
+		}
+	}
+	if err != nil || got != want {
+		t.Fatalf("the operator read %v (err %v), want %v (classes %v)\n%s", got, err, want, squid.UpstreamClasses, s.Output())
+	}
+	if got.BanSignals() != 5 {
+		t.Errorf("ban signals %d, want 5", got.BanSignals())
+	}
+	counts := squid.UpstreamURL(squid.UpstreamCountsPort(int(port(m))))
+	for who, creds := range map[string]string{"a crawler": squidUser + ":" + squidPassword, "no credential": ""} {
+		if r := s.Request(t, squidClient, http.MethodGet, counts, creds); r.Status == http.StatusOK {
+			t.Errorf("%s read the upstream counts", who)
+		}
+	}
+	requireContainerContract(t, s)
+}
+
+// readFile reads a file of the pod's ConfigMap directory.
+func readFile(t *testing.T, s *podRun, key string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(s.config.Dir, key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
