@@ -23,6 +23,7 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 	"crawl.example.com/proxy-operator/pkg/squid"
+	"crawl.example.com/proxy-operator/pkg/squid/squidtest"
 )
 
 var statsCredential = squid.Auth{Type: squid.AuthBasic, Username: "proxy-operator-stats", Password: "stats-" + squidPassword}
@@ -329,4 +330,52 @@ func readFile(t *testing.T, s *podRun, key string) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// An image without perl (the squid image is the user's choice): squid
+// still starts and serves with the squid.conf that runs the counter, the
+// container's log says why nothing is counted, and the operator's read
+// fails (the classes stay unknown) rather than reading zeros. perl is
+// replaced, in the pod's view of the image, by one that fails as a
+// missing command does.
+func TestSquidWithoutPerlServesAndSaysWhy(t *testing.T) {
+	host, originPort := statusOrigin(t, "127.0.0.46:0")
+	c := newFake(t)
+	m := statsMachine()
+	m.Squid.AllowedSourceCIDRs = []string{squidClient + "/32"}
+	m.Squid.AllowedPorts = []int{80, 443, originPort}
+	m.Squid.AllowedDestinationExceptions = []string{host + "/32"}
+	if _, err := newProvider(c).Create(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	noPerl := filepath.Join(squidtest.TempDir(t), "perl")
+	if err := os.WriteFile(noPerl, []byte("#!/bin/sh\necho \"sh: perl: not found\" >&2\nexit 127\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := runPod(t, c, m, squidtest.Mount{Source: noPerl, Target: "/usr/bin/perl", ReadOnly: true})
+
+	url := fmt.Sprintf("http://%s:%d/429", host, originPort)
+	if r := s.Request(t, squidClient, http.MethodGet, url, squidUser+":"+squidPassword); r.Status != http.StatusTooManyRequests {
+		t.Fatalf("GET %s through squid: %d", url, r.Status)
+	}
+	const why = "upstream-counter: this image has no perl (perl-base) on PATH"
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(s.ReadStderr(), why) && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(s.ReadStderr(), why) {
+		t.Errorf("the container's log does not say why nothing is counted:\n%s", s.Output())
+	}
+	target := proxyprobe.Target{Address: squidClient, Port: port(m), Username: statsCredential.Username, Password: statsCredential.Password}
+	if u, err := (proxyprobe.HTTPStats{Timeout: 5 * time.Second}).ReadUpstream(context.Background(), target); err == nil {
+		t.Errorf("the operator read counts %v from a squid without its counter", u)
+	}
+	// Still serving after a reconfigure, which starts the daemon again.
+	if r := s.Request(t, squidClient, http.MethodGet, "http://10.1.2.3/200", squidUser+":"+squidPassword); r.Status != http.StatusForbidden {
+		t.Fatalf("to a denied destination: %d, want 403", r.Status)
+	}
+	s.Reconfigure(t, s.Stderr)
+	if r := s.Request(t, squidClient, http.MethodGet, url, squidUser+":"+squidPassword); r.Status != http.StatusTooManyRequests {
+		t.Fatalf("after a reconfigure: %d", r.Status)
+	}
+	requireContainerContract(t, s)
 }
