@@ -313,11 +313,22 @@ func TestUpstreamCounterAsThePodRunsIt(t *testing.T) {
 	if got.BanSignals() != 5 {
 		t.Errorf("ban signals %d, want 5", got.BanSignals())
 	}
-	counts := squid.UpstreamURL(squid.UpstreamCountsPort(int(port(m))))
-	for who, creds := range map[string]string{"a crawler": squidUser + ":" + squidPassword, "no credential": ""} {
-		if r := s.Request(t, squidClient, http.MethodGet, counts, creds); r.Status == http.StatusOK {
-			t.Errorf("%s read the upstream counts", who)
+	countsPort := squid.UpstreamCountsPort(int(port(m)))
+	for _, tc := range []struct {
+		who, creds string
+		want       int
+	}{
+		{"a crawler", squidUser + ":" + squidPassword, http.StatusForbidden},
+		{"no credential", "", http.StatusProxyAuthRequired},
+	} {
+		if r := s.Request(t, squidClient, http.MethodGet, squid.UpstreamURL(countsPort), tc.creds); r.Status != tc.want {
+			t.Errorf("%s reading the upstream counts: %d, want %d", tc.who, r.Status, tc.want)
 		}
+	}
+	// The counter listens on 127.0.0.1 alone, not on every address.
+	if conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.2", strconv.Itoa(countsPort)), time.Second); err == nil {
+		conn.Close()
+		t.Errorf("the counter accepts connections on 127.0.0.2:%d", countsPort)
 	}
 	requireContainerContract(t, s)
 }
