@@ -54,19 +54,26 @@ func readUpstream(t *testing.T, s *squidtest.Squid, countsPort int, want func(Up
 	}
 }
 
-// The rendered squid.conf with the counter: the target sites' answers are
-// counted exactly by class, squid's own answers (407, 403 for a refused
-// destination) and the counter's reads are not, only the operator's
-// credential reads the counts, and the access log still gets every line.
-func TestSquidCountsUpstreamAnswersByClass(t *testing.T) {
-	t.Parallel()
+// startCountingSquid runs the rendered squid.conf with the counter, for
+// clients on 127.0.0.1 of a statusOrigin there, on its own counts port.
+func startCountingSquid(t *testing.T) (*squidtest.Squid, Config, int) {
+	t.Helper()
 	originPort := statusOrigin(t)
 	c := loopbackConfig(originPort)
 	c.AllowedDestinationExceptions = []string{"127.0.0.1/32"}
 	c.Stats = statsAuth
 	c.Paths.UpstreamCounter = upstreamCounterFile(t)
 	c.UpstreamCountsPort = testutil.FreePort(t)
-	s := startSquid(t, c)
+	return startSquid(t, c), c, originPort
+}
+
+// The rendered squid.conf with the counter: the target sites' answers are
+// counted exactly by class, squid's own answers (407, 403 for a refused
+// destination) and the counter's reads are not, only the operator's
+// credential reads the counts, and the access log still gets every line.
+func TestSquidCountsUpstreamAnswersByClass(t *testing.T) {
+	t.Parallel()
+	s, c, originPort := startCountingSquid(t)
 
 	// Squid's own refusals: no credential, a denied destination.
 	if r := s.Request(t, client, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/200", originPort), ""); r.Status != http.StatusProxyAuthRequired {
@@ -125,13 +132,7 @@ func TestSquidCountsUpstreamAnswersByClass(t *testing.T) {
 // it.
 func TestUpstreamCounterSkipsConnectionsWithoutARequest(t *testing.T) {
 	t.Parallel()
-	originPort := statusOrigin(t)
-	c := loopbackConfig(originPort)
-	c.AllowedDestinationExceptions = []string{"127.0.0.1/32"}
-	c.Stats = statsAuth
-	c.Paths.UpstreamCounter = upstreamCounterFile(t)
-	c.UpstreamCountsPort = testutil.FreePort(t)
-	s := startSquid(t, c)
+	s, c, originPort := startCountingSquid(t)
 
 	for range 3 {
 		s.Dial(t, "127.0.0.1").Close()

@@ -231,26 +231,20 @@ func TestSquidConfRunsNoCounterWithoutTheStatsCredential(t *testing.T) {
 	}
 }
 
-// statusOrigin answers with the status its path names (/404: 404), on
-// addr in the test's network namespace.
-func statusOrigin(t *testing.T, addr string) (host string, port int) {
+// countingPod runs, as the pod does (runPod, with extra mounts), what
+// Create stored for a managed Proxy with the Stats credential whose
+// clients are 127.0.0.1 and whose allowed destination is an origin on
+// originAddr answering the status each path names.
+func countingPod(t *testing.T, originAddr string, extra ...squidtest.Mount) (*podRun, *provider.Machine, *squidtest.Origin) {
 	t.Helper()
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
+	origin := squidtest.NewOrigin(t, originAddr)
+	c := newFake(t)
+	m := managedMachine(origin)
+	m.Squid.Stats = statsCredential
+	if _, err := newProvider(c).Create(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		code, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
-		if err != nil {
-			code = http.StatusBadRequest
-		}
-		w.Header().Set("Cache-Control", "no-store")
-		w.WriteHeader(code)
-	})}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	a := l.Addr().(*net.TCPAddr)
-	return a.IP.String(), a.Port
+	return runPod(t, c, m, extra...), m, origin
 }
 
 // TestUpstreamCounterAsThePodRunsIt runs what Create stored for a managed
@@ -263,16 +257,7 @@ func statusOrigin(t *testing.T, addr string) (host string, port int) {
 // only the Stats credential reads the counts. A counter the pod does not
 // project executable stops squid: the test fails then.
 func TestUpstreamCounterAsThePodRunsIt(t *testing.T) {
-	host, originPort := statusOrigin(t, "127.0.0.45:0")
-	c := newFake(t)
-	m := statsMachine()
-	m.Squid.AllowedSourceCIDRs = []string{squidClient + "/32"}
-	m.Squid.AllowedPorts = []int{80, 443, originPort}
-	m.Squid.AllowedDestinationExceptions = []string{host + "/32"}
-	if _, err := newProvider(c).Create(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
-	s := runPod(t, c, m)
+	s, m, origin := countingPod(t, "127.0.0.45:0")
 	if !strings.Contains(readFile(t, s, ConfigKey), daemonLine) {
 		t.Fatalf("the mounted squid.conf does not run the counter")
 	}
@@ -281,7 +266,7 @@ func TestUpstreamCounterAsThePodRunsIt(t *testing.T) {
 	var want squid.UpstreamCounts
 	for code, n := range answers {
 		for range n {
-			url := fmt.Sprintf("http://%s:%d/%d", host, originPort, code)
+			url := fmt.Sprintf("http://%s/%d", origin.HostPort(), code)
 			if r := s.Request(t, squidClient, http.MethodGet, url, squidUser+":"+squidPassword); r.Status != code {
 				t.Fatalf("GET %s through squid: %d", url, r.Status)
 			}
@@ -290,7 +275,7 @@ func TestUpstreamCounterAsThePodRunsIt(t *testing.T) {
 	}
 	// squid's own answers are not the sites': no credential, a refused
 	// destination.
-	if r := s.Request(t, squidClient, http.MethodGet, fmt.Sprintf("http://%s:%d/200", host, originPort), ""); r.Status != http.StatusProxyAuthRequired {
+	if r := s.Request(t, squidClient, http.MethodGet, "http://"+origin.HostPort()+"/200", ""); r.Status != http.StatusProxyAuthRequired {
 		t.Fatalf("without a credential: %d, want 407", r.Status)
 	}
 	if r := s.Request(t, squidClient, http.MethodGet, "http://10.1.2.3/200", squidUser+":"+squidPassword); r.Status != http.StatusForbidden {
@@ -350,22 +335,13 @@ func readFile(t *testing.T, s *podRun, key string) string {
 // replaced, in the pod's view of the image, by one that fails as a
 // missing command does.
 func TestSquidWithoutPerlServesAndSaysWhy(t *testing.T) {
-	host, originPort := statusOrigin(t, "127.0.0.46:0")
-	c := newFake(t)
-	m := statsMachine()
-	m.Squid.AllowedSourceCIDRs = []string{squidClient + "/32"}
-	m.Squid.AllowedPorts = []int{80, 443, originPort}
-	m.Squid.AllowedDestinationExceptions = []string{host + "/32"}
-	if _, err := newProvider(c).Create(context.Background(), m); err != nil {
-		t.Fatal(err)
-	}
 	noPerl := filepath.Join(squidtest.TempDir(t), "perl")
 	if err := os.WriteFile(noPerl, []byte("#!/bin/sh\necho \"sh: perl: not found\" >&2\nexit 127\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	s := runPod(t, c, m, squidtest.Mount{Source: noPerl, Target: "/usr/bin/perl", ReadOnly: true})
+	s, m, origin := countingPod(t, "127.0.0.46:0", squidtest.Mount{Source: noPerl, Target: "/usr/bin/perl", ReadOnly: true})
 
-	url := fmt.Sprintf("http://%s:%d/429", host, originPort)
+	url := "http://" + origin.HostPort() + "/429"
 	if r := s.Request(t, squidClient, http.MethodGet, url, squidUser+":"+squidPassword); r.Status != http.StatusTooManyRequests {
 		t.Fatalf("GET %s through squid: %d", url, r.Status)
 	}
