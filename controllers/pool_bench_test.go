@@ -295,16 +295,19 @@ func updateBenchPool(b *testing.B, cl client.Client, pool *crawlv1.ProxyPool, ch
 // poolBenchWatch follows a pool's Proxies through a watch of their
 // namespace (not the manager's cache): when each first showed Ready, and,
 // while armed, the fewest Ready non-draining replicas and the most
-// replicas any event showed.
+// replicas any event showed. It keeps only what it reads of each replica,
+// not the object, since it shares the manager's process and its memory
+// figures.
 type poolBenchWatch struct {
 	pool   string
 	cancel context.CancelFunc
 	done   chan struct{}
 
 	mu      sync.Mutex
-	objs    map[string]*crawlv1.Proxy
+	objs    map[string]replicaSeen
 	seenAt  map[string]time.Time
 	readyAt map[string]time.Time
+	rotated map[string]bool // seen with the rotating-since annotation
 	armed   bool
 	minAv   int
 	maxEx   int
@@ -315,7 +318,7 @@ func startPoolBenchWatch(b *testing.B, restCfg *rest.Config, sch *kruntime.Schem
 	wc, err := client.NewWithWatch(restCfg, client.Options{Scheme: sch})
 	benchMust(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &poolBenchWatch{pool: pool, cancel: cancel, done: make(chan struct{}), objs: map[string]*crawlv1.Proxy{}, seenAt: map[string]time.Time{}, readyAt: map[string]time.Time{}}
+	w := &poolBenchWatch{pool: pool, cancel: cancel, done: make(chan struct{}), objs: map[string]replicaSeen{}, seenAt: map[string]time.Time{}, readyAt: map[string]time.Time{}, rotated: map[string]bool{}}
 	list := &crawlv1.ProxyList{}
 	benchMust(b, wc.List(ctx, list, client.InNamespace(ns)))
 	rv := list.ResourceVersion
@@ -353,15 +356,21 @@ func (w *poolBenchWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 	if w.armed && t == watch.Added {
 		w.made++
 	}
+	_, draining := p.Annotations[crawlv1.DrainingAnnotation]
+	_, rotating := p.Annotations[crawlv1.RotationAnnotation]
+	seen := replicaSeen{ready: conditions.IsTrue(p, crawlv1.ReadyCondition), draining: draining, rotating: rotating, deleting: !p.DeletionTimestamp.IsZero()}
 	if t == watch.Deleted {
 		delete(w.objs, p.Name)
 	} else {
-		w.objs[p.Name] = p
+		w.objs[p.Name] = seen
 	}
 	if _, seen := w.seenAt[p.Name]; !seen {
 		w.seenAt[p.Name] = time.Now()
 	}
-	if _, seen := w.readyAt[p.Name]; !seen && conditions.IsTrue(p, crawlv1.ReadyCondition) {
+	if rotating {
+		w.rotated[p.Name] = true
+	}
+	if _, ok := w.readyAt[p.Name]; !ok && seen.ready {
 		w.readyAt[p.Name] = time.Now()
 	}
 	if !w.armed {
@@ -369,7 +378,7 @@ func (w *poolBenchWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 	}
 	av := 0
 	for _, o := range w.objs {
-		if w.available(o) {
+		if o.available() {
 			av++
 		}
 	}
@@ -377,10 +386,11 @@ func (w *poolBenchWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 	w.maxEx = max(w.maxEx, len(w.objs))
 }
 
-func (w *poolBenchWatch) available(p *crawlv1.Proxy) bool {
-	_, draining := p.Annotations[crawlv1.DrainingAnnotation]
-	return !draining && p.DeletionTimestamp.IsZero() && conditions.IsTrue(p, crawlv1.ReadyCondition)
-}
+// replicaSeen is what the watch last saw of a replica.
+type replicaSeen struct{ ready, draining, rotating, deleting bool }
+
+// available: Ready, not draining, not being deleted.
+func (r replicaSeen) available() bool { return r.ready && !r.draining && !r.deleting }
 
 func (w *poolBenchWatch) arm(replicas int) {
 	w.mu.Lock()
@@ -400,7 +410,7 @@ func (w *poolBenchWatch) readyCount() int {
 	defer w.mu.Unlock()
 	n := 0
 	for _, o := range w.objs {
-		if w.available(o) {
+		if o.available() {
 			n++
 		}
 	}
@@ -415,6 +425,39 @@ func (w *poolBenchWatch) names() []string {
 		out = append(out, n)
 	}
 	return out
+}
+
+// count is how many replicas exist.
+func (w *poolBenchWatch) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.objs)
+}
+
+// rotatingOf counts names seen rotating at some point.
+func (w *poolBenchWatch) rotatingOf(names []string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, name := range names {
+		if w.rotated[name] {
+			n++
+		}
+	}
+	return n
+}
+
+// goneOf counts names that no longer exist.
+func (w *poolBenchWatch) goneOf(names []string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, name := range names {
+		if _, ok := w.objs[name]; !ok {
+			n++
+		}
+	}
+	return n
 }
 
 func (w *poolBenchWatch) noneOf(names []string) bool {
