@@ -294,21 +294,29 @@ func newBenchFleet(b *testing.B, cl client.Client, shape fleetShape, iter int, o
 				StoragePool: kvmtest.PoolName, Network: kvmtest.NetworkName},
 		}))
 	}
-	imgSrv := kvmtest.NewImageServer("debian", 256<<10)
 	imageName := "bench-debian-" + suffix
-	benchMust(b, cl.Create(ctx, &crawlv1.KVMImage{
-		ObjectMeta: metav1.ObjectMeta{Name: imageName},
-		Spec: crawlv1.KVMImageSpec{URL: imgSrv.Image.URL, Checksum: imgSrv.Image.Checksum,
-			Format: crawlv1.ImageFormatRaw, Firmware: crawlv1.FirmwareUEFI},
-	}))
+	imgSrv := newBenchImage(b, cl, imageName)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-fleet-"}}
 	benchMust(b, cl.Create(ctx, ns))
 	return &benchFleet{hv: hv, image: imageName, namespace: ns.Name, imgSrv: imgSrv}
 }
 
+// newBenchImage serves a 256 KiB raw image and creates the KVMImage name
+// for it. Close the server when done.
+func newBenchImage(b *testing.B, cl client.Client, name string) *kvmtest.ImageServer {
+	imgSrv := kvmtest.NewImageServer("debian", 256<<10)
+	benchMust(b, cl.Create(context.Background(), &crawlv1.KVMImage{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: crawlv1.KVMImageSpec{URL: imgSrv.Image.URL, Checksum: imgSrv.Image.Checksum,
+			Format: crawlv1.ImageFormatRaw, Firmware: crawlv1.FirmwareUEFI},
+	}))
+	return imgSrv
+}
+
 // waitImageCached waits until the fleet's KVMImage is verified on every host.
 func (f *benchFleet) waitImageCached(b *testing.B, cl client.Client) {
-	benchWait(b, 60*time.Second, "KVMImage verified on every host", func() bool {
+	within := max(time.Minute, time.Duration(f.hv.shape.hosts)*time.Second)
+	benchWait(b, within, "KVMImage verified on every host", func() bool {
 		img := &crawlv1.KVMImage{}
 		return cl.Get(context.Background(), client.ObjectKey{Name: f.image}, img) == nil &&
 			int(img.Status.ReadyHosts) == f.hv.shape.hosts && conditions.IsTrue(img, crawlv1.ReadyCondition)
@@ -818,7 +826,7 @@ func benchMust(b *testing.B, err error) {
 	}
 }
 
-func formatCounts(m map[string]int) string {
+func formatCounts[V int | float64](m map[string]V) string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -826,7 +834,7 @@ func formatCounts(m map[string]int) string {
 	sort.Strings(keys)
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+		parts = append(parts, fmt.Sprintf("%s=%v", k, m[k]))
 	}
 	return strings.Join(parts, " ")
 }

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,7 +28,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
@@ -135,7 +133,9 @@ func (s scaleShape) surgeCount(b *testing.B) int {
 //     libvirt RPCs per Proxy per hour, probes achieved against nominal.
 //
 // Memory: manager-vmhwm-MiB is this process's peak RSS (VmHWM, from
-// /proc/self/status), fakehv-vmhwm-MiB the hypervisors'. The kube-apiserver
+// /proc/self/status) from the apply to the end; setup-vmhwm-MiB the peak
+// before, while the image went to every host; fakehv-vmhwm-MiB the
+// hypervisors'. The kube-apiserver
 // writes come from its own apiserver_request_total (by verb, group,
 // resource, subresource), scraped from /metrics before and after each
 // phase, so they count what the server handled, not what a client meant
@@ -297,7 +297,7 @@ type scaleResult struct {
 	steadyRPCs, steadyProxyRPCs      float64 // per Proxy per hour
 	steadyProbesRatio                float64
 
-	managerHWM, fakeHVHWM float64
+	setupHWM, managerHWM, fakeHVHWM float64
 }
 
 func (r scaleResult) report(b *testing.B) {
@@ -333,6 +333,7 @@ func (r scaleResult) report(b *testing.B) {
 	b.ReportMetric(r.steadyRPCs, "steady-rpcs/proxy/h")
 	b.ReportMetric(r.steadyProxyRPCs, "steady-proxy-path-rpcs/proxy/h")
 	b.ReportMetric(r.steadyProbesRatio, "steady-probes-achieved/nominal")
+	b.ReportMetric(r.setupHWM/(1<<20), "setup-vmhwm-MiB")
 	b.ReportMetric(r.managerHWM/(1<<20), "manager-vmhwm-MiB")
 	b.ReportMetric(r.fakeHVHWM/(1<<20), "fakehv-vmhwm-MiB")
 }
@@ -369,7 +370,7 @@ func (s cpuSample) sub(o cpuSample) cpuSample {
 func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, cl client.Client, bin string, iter int, shape scaleShape) (scaleResult, func()) {
 	ctx := context.Background()
 	res := scaleResult{shape: shape, rotationSurge: shape.surgeCount(b)}
-	b.Logf("load average at start: %s", loadAverage())
+	b.Logf("load average at start: %s; VmRSS %.1f MiB (envtest and its clients started)", loadAverage(), procStatusBytes(b, "self", "VmRSS")/(1<<20))
 	b.Logf("with maxCreatesPerMinute at its default (%d), creating %d replicas would take at least %.0f minutes",
 		poolfleet.DefaultMaxCreatesPerMinute, shape.replicas, float64(shape.replicas)/poolfleet.DefaultMaxCreatesPerMinute)
 	cs, err := kubernetes.NewForConfig(restCfg)
@@ -396,13 +397,8 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 				StoragePool:     kvmtest.PoolName, Network: kvmtest.NetworkName},
 		}))
 	}
-	imgSrv := kvmtest.NewImageServer("debian", 256<<10)
 	imageName := "scale-debian-" + suffix
-	benchMust(b, cl.Create(ctx, &crawlv1.KVMImage{
-		ObjectMeta: metav1.ObjectMeta{Name: imageName},
-		Spec: crawlv1.KVMImageSpec{URL: imgSrv.Image.URL, Checksum: imgSrv.Image.Checksum,
-			Format: crawlv1.ImageFormatRaw, Firmware: crawlv1.FirmwareUEFI},
-	}))
+	imgSrv := newBenchImage(b, cl, imageName)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "scale-pool-"}}
 	benchMust(b, cl.Create(ctx, ns))
 	bf := &benchFleet{hv: hv, image: imageName, namespace: ns.Name, imgSrv: imgSrv}
@@ -411,23 +407,16 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 		d.Sweep.Interval = 5 * time.Minute // main.go's --gc-interval
 	})
 	bf.waitImageCached(b, cl)
-	benchWait(b, 5*time.Minute, "every KVMHost Ready", func() bool {
-		list := &crawlv1.KVMHostList{}
-		if cl.List(ctx, list, client.MatchingLabels(label)) != nil {
-			return false
-		}
-		n := 0
-		for i := range list.Items {
-			if conditions.IsTrue(&list.Items[i], crawlv1.ReadyCondition) {
-				n++
-			}
-		}
-		return n == shape.hosts
-	})
+	waitHostsReady(b, cl, label, shape.hosts, 5*time.Minute)
 
-	// 2. Apply → all Ready.
+	// 2. Apply → all Ready. The peak so far is the image's distribution to
+	// every host (each upload holds go-libvirt's 4 MiB stream buffer), which
+	// depends on the hosts, not the replicas: it is reported apart and the
+	// peak restarts here.
+	res.setupHWM = vmHWM(b)
+	resetHWM(b)
 	b.Logf("before the apply (envtest started, %d hosts connected, image cached): VmHWM %.1f MiB, VmRSS %.1f MiB",
-		shape.hosts, vmHWM(b)/(1<<20), procStatusBytes(b, "self", "VmRSS")/(1<<20))
+		shape.hosts, res.setupHWM/(1<<20), procStatusBytes(b, "self", "VmRSS")/(1<<20))
 	hv.proxyRPCs.Reset()
 	proxy0, pool0 := reconcilesOf(b, "proxy"), reconcilesOf(b, "proxypool")
 	writes0, cpu0 := apiWrites(b, cs), sampleCPU(b, hvProc)
@@ -454,14 +443,8 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 			Remediation: crawlv1.ProxyPoolRemediation{MaxCreatesPerMinute: math.MaxInt32},
 		},
 	}
-	b.StartTimer()
-	start := time.Now()
-	benchMust(b, cl.Create(ctx, pool))
-	w.waitReady(b, shape.replicas, 2*time.Hour)
-	res.applyToReady = time.Since(start)
-	b.StopTimer()
-	res.applyToCreated = w.lastSeen().Sub(start)
-	lat := w.readyLatencies(start)
+	var lat []time.Duration
+	res.applyToReady, res.applyToCreated, lat = applyBenchPool(b, cl, w, pool, 2*time.Hour)
 	res.readyP50, res.readyP99 = lat[len(lat)/2], lat[len(lat)*99/100]
 	n := float64(shape.replicas)
 	res.proxyReconciles = (reconcilesOf(b, "proxy") - proxy0) / n
@@ -483,7 +466,7 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	b.Logf("apply: %d replicas Ready in %s, last created at %s; fakehv holds %d domains (%d booted)",
 		shape.replicas, res.applyToReady.Round(time.Millisecond), res.applyToCreated.Round(time.Millisecond), st.Domains, st.Booted)
 	b.Logf("apply: libvirt RPCs by name (manager side, health checks included): %s", formatCounts(snap))
-	b.Logf("apply: kube-apiserver writes by resource: %s", formatFloatCounts(writes))
+	b.Logf("apply: kube-apiserver writes by resource: %s", formatCounts(writes))
 	b.Logf("apply: CPU manager %s, fakehv %s, kube-apiserver+etcd %s; manager VmHWM %.1f MiB, fakehv VmHWM %.1f MiB",
 		cpu.self.Round(time.Millisecond), cpu.fakeHV.Round(time.Millisecond), cpu.servers.Round(time.Millisecond),
 		vmHWM(b)/(1<<20), procStatusBytes(b, strconv.Itoa(hvProc.pid()), "VmHWM")/(1<<20))
@@ -535,7 +518,7 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	res.steadyProbesRatio = float64(hv.probes.Load()-probes0) / (n * shape.steady.Seconds() / productionTiming.probe.Seconds())
 	b.Logf("steady %s: CPU manager %s, fakehv %s, kube-apiserver+etcd %s; writes by resource %s; RPCs by name %s",
 		shape.steady, cpu.self.Round(time.Millisecond), cpu.fakeHV.Round(time.Millisecond), cpu.servers.Round(time.Millisecond),
-		formatFloatCounts(writes), formatCounts(ssnap))
+		formatCounts(writes), formatCounts(ssnap))
 	res.managerHWM = vmHWM(b)
 	res.fakeHVHWM = procStatusBytes(b, strconv.Itoa(hvProc.pid()), "VmHWM")
 	b.Logf("load average at end: %s", loadAverage())
@@ -548,6 +531,12 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 		bf.cleanup(b, cl)
 		_ = cl.Delete(ctx, secretNS)
 	}
+}
+
+// resetHWM restarts this process's VmHWM from its current resident set
+// (Linux: "5" to /proc/self/clear_refs).
+func resetHWM(b *testing.B) {
+	benchMust(b, os.WriteFile("/proc/self/clear_refs", []byte("5"), 0))
 }
 
 // loadAverage is /proc/loadavg's first three fields.
@@ -625,17 +614,4 @@ func sumCounts(m map[string]float64, prefix string) float64 {
 		}
 	}
 	return total
-}
-
-func formatFloatCounts(m map[string]float64) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	parts := make([]string, 0, len(keys))
-	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s=%.0f", k, m[k]))
-	}
-	return strings.Join(parts, " ")
 }
