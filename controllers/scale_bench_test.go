@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,7 +42,8 @@ import (
 // scaleShape is issue 30's: a pool of 5,000 replicas on 250 hosts, a
 // rotation of 1,000 of them with maxSurge 5%, then a steady-state window.
 // SCALE_BENCH_REPLICAS, _HOSTS, _ROTATE, _SURGE (a count or a percent) and
-// _STEADY (a duration) change it, e.g. 1000/50/200 for issue 15's size.
+// _STEADY (a duration) change it, e.g. 1000/50/200 for issue 15's size;
+// SCALE_BENCH_HEAPPROFILE=FILE writes the heap profile once all are Ready.
 type scaleShape struct {
 	replicas, hosts, rotate int
 	surge                   string
@@ -462,6 +464,14 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	res.liveHeap = float64(ms.HeapAlloc)
+	if path := os.Getenv("SCALE_BENCH_HEAPPROFILE"); path != "" {
+		// What the manager's live heap is made of with every replica
+		// Ready: go tool pprof -top -inuse_space <path>.
+		f, err := os.Create(path)
+		benchMust(b, err)
+		benchMust(b, pprof.WriteHeapProfile(f))
+		benchMust(b, f.Close())
+	}
 	st := hvProc.stats(b)
 	b.Logf("apply: %d replicas Ready in %s, last created at %s; fakehv holds %d domains (%d booted)",
 		shape.replicas, res.applyToReady.Round(time.Millisecond), res.applyToCreated.Round(time.Millisecond), st.Domains, st.Booted)
