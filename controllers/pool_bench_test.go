@@ -57,7 +57,7 @@ func poolBenchShapeFromEnv(b *testing.B) poolBenchShape {
 // making the Proxies. Per iteration (ns/op is step 1 only):
 //
 //  1. apply one ProxyPool of `replicas` (template hostSelector over every
-//     host, maxCreatesPerMinute out of the way) and wait until every
+//     host, creates at their defaults) and wait until every
 //     replica is Ready; a guest booter gives each new domain an address
 //     within 10ms. An independent watch of the namespace's Proxies notes
 //     when each replica first shows Ready: apply→Ready per replica
@@ -186,8 +186,7 @@ func runPoolIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, 
 					Port:              3128,
 				},
 			},
-			Rollout:     crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(0))},
-			Remediation: crawlv1.ProxyPoolRemediation{MaxCreatesPerMinute: 1 << 20},
+			Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(0))},
 		},
 	}
 	var lat []time.Duration

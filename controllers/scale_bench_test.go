@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"os"
@@ -114,9 +113,8 @@ func (s scaleShape) surgeCount(b *testing.B) int {
 //  1. KVMHosts, their SSH Secret and a KVMImage; wait until every host is
 //     Ready with the image cached;
 //  2. apply a ProxyPool of `replicas` spread over the hosts by
-//     spec.placement.hostSelector, everything at its default except
-//     maxCreatesPerMinute, set to the largest value the API takes
-//     (its default, 10, would take replicas/10 minutes: logged); until
+//     spec.placement.hostSelector, everything at its default (creates:
+//     maxConcurrentCreates per host, no pool-wide cap); until
 //     every replica is Ready, as an independent watch of the namespace sees
 //     it. Figures: apply → all created, → all Ready; Proxy and pool
 //     reconciles, libvirt RPCs (the Proxy path; host health checks apart)
@@ -373,8 +371,6 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	ctx := context.Background()
 	res := scaleResult{shape: shape, rotationSurge: shape.surgeCount(b)}
 	b.Logf("load average at start: %s; VmRSS %.1f MiB (envtest and its clients started)", loadAverage(), procStatusBytes(b, "self", "VmRSS")/(1<<20))
-	b.Logf("with maxCreatesPerMinute at its default (%d), creating %d replicas would take at least %.0f minutes",
-		poolfleet.DefaultMaxCreatesPerMinute, shape.replicas, float64(shape.replicas)/poolfleet.DefaultMaxCreatesPerMinute)
 	cs, err := kubernetes.NewForConfig(restCfg)
 	benchMust(b, err)
 
@@ -439,10 +435,9 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 					Port:              3128,
 				},
 			},
+			// Creates at their defaults: maxConcurrentCreates per host,
+			// no pool-wide per-minute cap.
 			Placement: crawlv1.ProxyPoolPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: label}},
-			// The largest a user can set: the default (10 a minute) would
-			// take replicas/10 minutes (logged above).
-			Remediation: crawlv1.ProxyPoolRemediation{MaxCreatesPerMinute: math.MaxInt32},
 		},
 	}
 	var lat []time.Duration
