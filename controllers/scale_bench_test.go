@@ -42,9 +42,12 @@ import (
 // rotation of 1,000 of them with maxSurge 5%, then a steady-state window.
 // SCALE_BENCH_REPLICAS, _HOSTS, _ROTATE, _SURGE (a count or a percent) and
 // _STEADY (a duration) change it, e.g. 1000/50/200 for issue 15's size;
+// SCALE_BENCH_MAX_CONCURRENT_CREATES sets spec.placement.maxConcurrentCreates
+// (unset: its default), e.g. the replicas for a baseline without the bound;
 // SCALE_BENCH_HEAPPROFILE=FILE writes the heap profile once all are Ready.
 type scaleShape struct {
 	replicas, hosts, rotate int
+	maxConcurrentCreates    int
 	surge                   string
 	steady                  time.Duration
 }
@@ -54,7 +57,8 @@ func scaleShapeFromEnv(b *testing.B) scaleShape {
 	for _, v := range []struct {
 		env string
 		to  *int
-	}{{"SCALE_BENCH_REPLICAS", &s.replicas}, {"SCALE_BENCH_HOSTS", &s.hosts}, {"SCALE_BENCH_ROTATE", &s.rotate}} {
+	}{{"SCALE_BENCH_REPLICAS", &s.replicas}, {"SCALE_BENCH_HOSTS", &s.hosts}, {"SCALE_BENCH_ROTATE", &s.rotate},
+		{"SCALE_BENCH_MAX_CONCURRENT_CREATES", &s.maxConcurrentCreates}} {
 		if e := os.Getenv(v.env); e != "" {
 			n, err := strconv.Atoi(e)
 			if err != nil || n <= 0 {
@@ -437,7 +441,8 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 			},
 			// Creates at their defaults: maxConcurrentCreates per host,
 			// no pool-wide per-minute cap.
-			Placement: crawlv1.ProxyPoolPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: label}},
+			Placement: crawlv1.ProxyPoolPlacement{HostSelector: &metav1.LabelSelector{MatchLabels: label},
+				MaxConcurrentCreates: int32(shape.maxConcurrentCreates)},
 		},
 	}
 	var lat []time.Duration
