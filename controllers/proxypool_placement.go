@@ -297,12 +297,13 @@ func (r *ProxyPoolReconciler) now() time.Time {
 }
 
 // creating says whether p's instance is being created, and so counts
-// against its placement domain's create concurrency: not Ready yet, not
-// being deleted, not failed for good, and younger than startupTimeout
-// (past it the pool counts it as failed to start). A replica placed in
-// this pass has no creation time yet: it is being created.
+// against its placement domain's create concurrency: not Ready yet, not on
+// its way out (deleted or drained), not failed for good, and younger than
+// startupTimeout (past it the pool counts it as failed to start). A
+// replica placed in this pass has no creation time yet: it is being
+// created.
 func creating(p *crawlv1.Proxy, startupTimeout time.Duration, now time.Time) bool {
-	if !p.DeletionTimestamp.IsZero() {
+	if !spreads(p) {
 		return false
 	}
 	if c := p.CreationTimestamp.Time; !c.IsZero() && now.Sub(c) >= startupTimeout {
