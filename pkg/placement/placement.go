@@ -175,37 +175,7 @@ func ChooseHost(req Request) (string, *Blocked) {
 	if len(req.Hosts) == 0 {
 		return "", &Blocked{InsufficientCapacity, "no eligible KVMHost"}
 	}
-	ratio := req.CPUOvercommit
-	if ratio <= 0 {
-		ratio = DefaultCPUOvercommit
-	}
-	byHost := map[string][]Replica{}
-	for _, r := range req.Replicas {
-		byHost[r.Host] = append(byHost[r.Host], r)
-	}
-	views := make([]hostView, 0, len(req.Hosts))
-	fewest := -1
-	for _, h := range req.Hosts {
-		v := hostView{name: h.Name}
-		for _, r := range byHost[h.Name] {
-			if r.Spreads {
-				v.replicas++
-			}
-			if r.Creating {
-				v.creating++
-			}
-		}
-		if h.Capacity == nil {
-			v.short = "capacity not reported yet"
-		} else {
-			v.room = Room(h, byHost[h.Name], ratio)
-			v.short = shortOf(v.room, req.Need, h.Capacity.CPUs*ratio)
-		}
-		if fewest < 0 || v.replicas < fewest {
-			fewest = v.replicas
-		}
-		views = append(views, v)
-	}
+	views, fewest := viewsOf(req)
 	busy := func(v hostView) bool { return req.MaxCreating > 0 && v.creating >= req.MaxCreating }
 	var candidates, busyAtFewest, fitElsewhere, full []hostView
 	for _, v := range views {
@@ -249,6 +219,43 @@ func ChooseHost(req Request) (string, *Blocked) {
 			fewest, need, shortList(fullAtFewest), names(fitElsewhere), hasHave(len(fitElsewhere)))}
 	}
 	return "", &Blocked{InsufficientCapacity, fmt.Sprintf("no KVMHost has room for a replica of %s: %s", need, shortList(full))}
+}
+
+// viewsOf is each eligible host as placement sees it, and the fewest of
+// the pool's replicas any of them holds.
+func viewsOf(req Request) ([]hostView, int) {
+	ratio := req.CPUOvercommit
+	if ratio <= 0 {
+		ratio = DefaultCPUOvercommit
+	}
+	byHost := map[string][]Replica{}
+	for _, r := range req.Replicas {
+		byHost[r.Host] = append(byHost[r.Host], r)
+	}
+	views := make([]hostView, 0, len(req.Hosts))
+	fewest := -1
+	for _, h := range req.Hosts {
+		v := hostView{name: h.Name}
+		for _, r := range byHost[h.Name] {
+			if r.Spreads {
+				v.replicas++
+			}
+			if r.Creating {
+				v.creating++
+			}
+		}
+		if h.Capacity == nil {
+			v.short = "capacity not reported yet"
+		} else {
+			v.room = Room(h, byHost[h.Name], ratio)
+			v.short = shortOf(v.room, req.Need, h.Capacity.CPUs*ratio)
+		}
+		if fewest < 0 || v.replicas < fewest {
+			fewest = v.replicas
+		}
+		views = append(views, v)
+	}
+	return views, fewest
 }
 
 // shortOf says what the host lacks for need, "" if nothing.

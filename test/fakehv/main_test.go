@@ -142,7 +142,7 @@ func TestOnlyLibvirtsSocketIsForwarded(t *testing.T) {
 	}
 	t.Cleanup(fl.close)
 	cl, err := ssh.Dial("tcp", fl.hosts[0].Address, &ssh.ClientConfig{User: "root", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)},
-		HostKeyCallback: ssh.InsecureIgnoreHostKey()}) // the host key check is conn.Pool's, tested above
+		HostKeyCallback: ssh.InsecureIgnoreHostKey()}) //nolint:gosec // the host key check is conn.Pool's, tested above
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -249,7 +249,9 @@ func conformanceScenario(t *testing.T, f *fake.Fake, connect func() client) []st
 	f.FailNext(virt.RPCDomainGetState, virt.NewError(libvirt.ErrOperationFailed, "injected"))
 	_, _, err = c.DomainGetState(h, 0)
 	r.add("DomainGetState injected failure", err)
-	f.Pause("a", libvirt.DomainPausedIoerror)
+	if err := f.Pause("a", libvirt.DomainPausedIoerror); err != nil {
+		t.Fatal(err)
+	}
 	r.add("DomainResume", c.DomainResume(h))
 
 	// A sentinel domain ends each event stream, so everything before it

@@ -36,7 +36,10 @@ func (d *testDaemon) Call(ctx context.Context, proc uint32, _ []byte) ([]byte, e
 	}
 	n := d.inFlight.Add(1)
 	defer d.inFlight.Add(-1)
-	for p := d.peak.Load(); n > p && !d.peak.CompareAndSwap(p, n); p = d.peak.Load() {
+	for p := d.peak.Load(); n > p; p = d.peak.Load() {
+		if d.peak.CompareAndSwap(p, n) {
+			break
+		}
 	}
 	select {
 	case <-d.gate:

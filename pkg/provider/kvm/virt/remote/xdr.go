@@ -54,6 +54,7 @@ func (e *encoder) opaque(p []byte) {
 	}
 }
 
+//nolint:gocyclo // one case per XDR kind
 func (e *encoder) encode(v reflect.Value) error {
 	for v.Kind() == reflect.Pointer {
 		if v.IsNil() {
@@ -181,6 +182,7 @@ func (d *decoder) count() (int, error) {
 	return int(n), nil
 }
 
+//nolint:gocyclo // one case per XDR kind
 func (d *decoder) decode(v reflect.Value) error {
 	if v.Kind() == reflect.Pointer {
 		if v.IsNil() {
