@@ -82,6 +82,10 @@ test-faults: build ## Fault suite on the real test hypervisor (root): thirteen f
 test-e2e-pool: build ## ProxyPool e2e on the real test hypervisor (root): scale, rollout and scale-down under a crawler-like client; failed requests counted.
 	E2E_SUITE=pool test/e2e/run.sh
 
+.PHONY: test-e2e-egress
+test-e2e-egress: build ## Egress e2e on the real test hypervisor (root): NAT and routed static addresses seen by an echo in a namespace of the test's own.
+	E2E_SUITE=egress test/e2e/run.sh
+
 .PHONY: test-integration-kvm
 test-integration-kvm: ## KVM provider alone against a real host (root; brings up the test hypervisor unless KVM_TEST_ADDRESS is set).
 	test/integration/run.sh
@@ -106,6 +110,7 @@ FUZZ_TARGETS = \
 	./internal/webhook/v1alpha1:FuzzKVMImageAdmission \
 	./pkg/squid:FuzzRender \
 	./pkg/squid:FuzzParseStats \
+	./pkg/squid:FuzzParseUpstream \
 	./pkg/proxyprobe:FuzzParseEgress \
 	./pkg/fleet:FuzzDecideKeepsTheBudget \
 	./controllers:FuzzPublishCredentialURL

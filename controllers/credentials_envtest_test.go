@@ -72,9 +72,11 @@ var _ = Describe("credentials", func() {
 
 		// A few probe intervals (1s here) of steady state, then the
 		// delete, all logged.
-		Eventually(func() int64 {
-			return getProxy(ns, "secure").Status.Probe.LastProbeTime.Unix()
-		}).WithTimeout(10 * time.Second).Should(BeNumerically(">=", p.Status.Probe.LastProbeTime.Unix()+2))
+		probes := func() float64 {
+			v, _ := probeMetric(GinkgoTB(), "proxy_operator_proxy_probes_total", client.ObjectKeyFromObject(p))
+			return v
+		}
+		Eventually(probes).WithTimeout(10 * time.Second).Should(BeNumerically(">=", probes()+2))
 		steady := getProxy(ns, "secure")
 		deleteProxy(ns, "secure")
 		waitProxyGone(ns, "secure", 20*time.Second)
@@ -175,10 +177,13 @@ var _ = Describe("credentials", func() {
 		waitProxyPhase(ns, "lost", crawlv1.ProxyReady, 30*time.Second)
 		// Quiet first: no reconcile (each probes) for two seconds, so
 		// what follows the deletion is the watch's doing.
+		lastProbe := func() float64 {
+			v, _ := probeMetric(GinkgoTB(), "proxy_operator_proxy_last_probe_timestamp_seconds", client.ObjectKeyFromObject(p))
+			return v
+		}
 		Eventually(func(g Gomega) {
-			before := getProxy(ns, "lost").Status.Probe.LastProbeTime
-			g.Consistently(func() *metav1.Time { return getProxy(ns, "lost").Status.Probe.LastProbeTime }).
-				WithTimeout(2 * time.Second).Should(Equal(before))
+			before := lastProbe()
+			g.Consistently(lastProbe).WithTimeout(2 * time.Second).Should(Equal(before))
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 
 		Expect(k8sClient.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lost-proxy-credentials"}})).To(Succeed())

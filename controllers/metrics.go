@@ -2,9 +2,11 @@ package controllers
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -38,8 +40,49 @@ var (
 	}, []string{"result"})
 )
 
+// Per-Proxy probe metrics: what status.probe no longer carries on every
+// probe (its time and latency), so that a steady Proxy's status is not
+// written each probe interval. One series per Proxy (two for probes_total),
+// labels namespace and proxy, removed when the Proxy goes
+// (forgetProbeMetrics).
+var (
+	probeLabels      = []string{"namespace", "proxy"}
+	proxyProbeLatest = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "proxy_operator_proxy_last_probe_timestamp_seconds",
+		Help: "Unix time when the Proxy's last probe finished.",
+	}, probeLabels)
+	proxyProbeLatency = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "proxy_operator_proxy_probe_latency_seconds",
+		Help: "Latency of the Proxy's last probe.",
+	}, probeLabels)
+	proxyProbes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "proxy_operator_proxy_probes_total",
+		Help: "Probes of the Proxy by outcome (ok or failed); a probe cut short by a provider event is not counted.",
+	}, append(slices.Clone(probeLabels), "outcome"))
+)
+
 func init() {
-	metrics.Registry.MustRegister(hostReady, hostUp, hostCheckDuration, imageUploadBytes, imageUploadDuration)
+	metrics.Registry.MustRegister(hostReady, hostUp, hostCheckDuration, imageUploadBytes, imageUploadDuration,
+		proxyProbeLatest, proxyProbeLatency, proxyProbes)
+}
+
+// recordProbe updates key's probe metrics after one probe that finished at
+// at.
+func recordProbe(key types.NamespacedName, at time.Time, latency time.Duration, ok bool) {
+	outcome := "failed"
+	if ok {
+		outcome = "ok"
+	}
+	proxyProbeLatest.WithLabelValues(key.Namespace, key.Name).Set(float64(at.UnixNano()) / 1e9)
+	proxyProbeLatency.WithLabelValues(key.Namespace, key.Name).Set(latency.Seconds())
+	proxyProbes.WithLabelValues(key.Namespace, key.Name, outcome).Inc()
+}
+
+// forgetProbeMetrics drops a deleted Proxy's probe series.
+func forgetProbeMetrics(key types.NamespacedName) {
+	proxyProbeLatest.DeleteLabelValues(key.Namespace, key.Name)
+	proxyProbeLatency.DeleteLabelValues(key.Namespace, key.Name)
+	proxyProbes.DeletePartialMatch(prometheus.Labels{"namespace": key.Namespace, "proxy": key.Name})
 }
 
 // recordHostCheck updates the host metrics after one health check.

@@ -68,6 +68,10 @@ type ProxyReconciler struct {
 
 	// ProbeInterval re-probes a Ready proxy.
 	ProbeInterval time.Duration
+	// ProbeHeartbeat: a probe that changes nothing else writes
+	// status.probe.lastProbeTime only once the written one is this old
+	// (DefaultProbeHeartbeat when zero).
+	ProbeHeartbeat time.Duration
 	// Echoer measures egress addresses (proxyprobe.HTTPEcho when nil).
 	Echoer proxyprobe.Echoer
 	// Egress configures the measurement of egress addresses.
@@ -168,6 +172,9 @@ func (r *ProxyReconciler) complete() error {
 	if r.ProbeInterval == 0 {
 		r.ProbeInterval = 30 * time.Second
 	}
+	if r.ProbeHeartbeat == 0 {
+		r.ProbeHeartbeat = DefaultProbeHeartbeat
+	}
 	if r.ProbeFailureThreshold == 0 {
 		r.ProbeFailureThreshold = 3
 	}
@@ -232,6 +239,7 @@ func (r *ProxyReconciler) forget(key types.NamespacedName) {
 	r.mem.forget(key)
 	r.forgetPort(key)
 	r.Traffic.Forget(key)
+	forgetProbeMetrics(key)
 }
 
 func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
@@ -261,6 +269,7 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res 
 			r.Recorder.Eventf(p, eventType(p.Status.Phase), "Phase"+string(p.Status.Phase), "%s", phaseMessage(p))
 		}
 		p.Status.ObservedGeneration = p.Generation
+		holdHeartbeat(s.patcher.before.(*crawlv1.Proxy), p, r.ProbeHeartbeat)
 		// Also writes a released finalizer.
 		s.patcher.finish(ctx, p, &res, &reterr)
 	}()

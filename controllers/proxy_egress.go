@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"context"
+	"net/http"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -66,14 +68,27 @@ func (r *ProxyReconciler) measureEgress(ctx context.Context, s *proxyScope, targ
 		if r.mem.echoDue(s.key, instance, now, r.Egress.Interval, r.Egress.retry()) {
 			addr, err := r.Echoer.Echo(ctx, url, target)
 			// A request squid counts (the probe just passed, so not
-			// one it refuses).
-			r.Traffic.Sent(s.key, poolOf(p), false)
-			r.mem.echoed(s.key, instance, now, err == nil)
+			// one it refuses); a read echo is the origin's 200, which
+			// the upstream counter sees unless it went through a tunnel.
+			upstream := 0
+			if err == nil && strings.HasPrefix(url, "http://") {
+				upstream = http.StatusOK
+			}
+			r.Traffic.Sent(s.key, poolOf(p), false, upstream)
 			if err == nil {
+				r.mem.echoed(s.key, instance, now, addr.String())
 				r.recordEgress(p, addr.String(), now)
 				return
 			}
+			r.mem.echoed(s.key, instance, now, "")
 			s.log.Info("egress echo failed; the last measurement stands until it is stale", "err", err.Error())
+		}
+		if addr, at := r.mem.lastEcho(s.key, instance); addr != "" && (p.Status.EgressMeasuredAt == nil || p.Status.EgressMeasuredAt.Time.Before(at)) {
+			// The status write of that measurement was lost (a
+			// conflict with another writer, say): write it again
+			// rather than leave the egress unknown until the next echo
+			// is due.
+			r.recordEgress(p, addr, at)
 		}
 	}
 	if p.Status.EgressSource == crawlv1.EgressSourceStatic {

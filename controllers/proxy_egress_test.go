@@ -9,9 +9,13 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
@@ -137,5 +141,54 @@ func TestNoEchoURLNoMeasurement(t *testing.T) {
 	p := e.reconcileFast()
 	if echo.calls() != 0 || p.Status.EgressAddress != "" || p.Status.EgressSource != crawlv1.EgressSourceUnknown {
 		t.Fatalf("%d echoes, egress %q (%s); want none, unknown", echo.calls(), p.Status.EgressAddress, p.Status.EgressSource)
+	}
+}
+
+// TestEgressSurvivesALostStatusWrite: the write of a measurement meets a
+// conflict (another writer got there first); the next reconcile writes
+// the remembered measurement instead of leaving the egress unknown until
+// the next echo is due (the e2e saw a Ready NAT replica unmeasured for
+// five minutes after its EgressAddressChanged event).
+func TestEgressSurvivesALostStatusWrite(t *testing.T) {
+	echo := &fakeEchoer{addr: "203.0.113.7"}
+	e := newSecureEnv(t, secureProxy(managedAccess()), nil)
+	e.r.Echoer = echo
+	e.r.Egress = EgressOptions{EchoURL: "http://echo.example/ip", Interval: 10 * time.Minute, StaleAfter: 30 * time.Minute}
+	clk := e.r.Clock.(*clocktesting.FakePassiveClock)
+	e.reconcileFast() // Ready, measured
+	if echo.calls() != 1 || e.proxy().Status.EgressAddress != "203.0.113.7" {
+		t.Fatalf("setup: %d echoes, egress %q", echo.calls(), e.proxy().Status.EgressAddress)
+	}
+	// As if that write had been lost: the stored status has no egress.
+	p := e.proxy()
+	p.Status.EgressAddress, p.Status.EgressSource, p.Status.EgressMeasuredAt = "", crawlv1.EgressSourceUnknown, nil
+	if err := e.r.Client.Status().Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	// The real thing, once: the next probe's write conflicts.
+	stored, conflicts := e.r.Client, 0
+	e.r.Client = interceptor.NewClient(stored.(client.WithWatch), interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if conflicts == 0 {
+				conflicts++
+				return apierrors.NewConflict(crawlv1.GroupVersion.WithResource("proxies").GroupResource(), obj.GetName(), errors.New("the object has been modified"))
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	})
+	echo.addr = "203.0.113.9"
+	clk.SetTime(clk.Now().Add(10 * time.Minute)) // an echo is due
+	// A conflict is retried soon (conflictRetry), not returned.
+	if _, err := e.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: e.key}); err != nil || conflicts != 1 {
+		t.Fatalf("Reconcile = %v after %d conflicts, want one conflict", err, conflicts)
+	}
+	if echo.calls() != 2 || e.proxy().Status.EgressAddress != "" {
+		t.Fatalf("%d echoes, stored egress %q; want the second echo's write lost", echo.calls(), e.proxy().Status.EgressAddress)
+	}
+	clk.SetTime(clk.Now().Add(2 * time.Second)) // the next probe, no echo due
+	p = e.reconcileFast()
+	if echo.calls() != 2 || p.Status.EgressAddress != "203.0.113.9" || p.Status.EgressSource != crawlv1.EgressSourceEcho || p.Status.EgressMeasuredAt == nil {
+		t.Fatalf("after the lost write: %d echoes, egress %q (%s) at %v; want 2 echoes, 203.0.113.9 (echo) written from memory",
+			echo.calls(), p.Status.EgressAddress, p.Status.EgressSource, p.Status.EgressMeasuredAt)
 	}
 }

@@ -54,7 +54,7 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 	probeCtx, probed := r.mem.startProbe(ctx, s.key)
 	defer probed()
 	res := r.Prober.Probe(probeCtx, target)
-	r.sentThrough(s.key, p, res.StatusCode)
+	r.sentThrough(s.key, p, res)
 	if probeCtx.Err() != nil && ctx.Err() == nil {
 		// A provider event about the instance came during the probe
 		// (stopped, gone, started): whatever the probe got is about the
@@ -67,11 +67,12 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 	}
 	s.log.V(1).Info("probed", "ok", res.OK, "latency", res.Latency, "status", res.StatusCode, "err", res.Err)
 	now := metav1.NewTime(r.Clock.Now())
+	recordProbe(s.key, now.Time, res.Latency, res.OK)
 	if p.Status.Probe == nil {
 		p.Status.Probe = &crawlv1.ProxyProbeStatus{}
 	}
+	// Written only with another change or as a heartbeat (holdHeartbeat).
 	p.Status.Probe.LastProbeTime = &now
-	p.Status.Probe.LatencyMilliseconds = res.Latency.Milliseconds()
 	if p.Status.EgressSource == "" {
 		p.Status.EgressSource = crawlv1.EgressSourceUnknown
 	}
@@ -82,15 +83,42 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 	return r.probeFailed(ctx, s, target, res, startsBackoff)
 }
 
+// DefaultProbeHeartbeat is how old the written status.probe.lastProbeTime
+// of a Proxy whose probes find nothing new may get before a probe writes
+// it again. An hour keeps a steady Proxy at most one status write an hour
+// (issue 30's goal; the probe metrics have every probe's time), while
+// `kubectl get` still shows that the probe is alive.
+const DefaultProbeHeartbeat = time.Hour
+
+// holdHeartbeat puts before's lastProbeTime back into after when it is all
+// that changed in status and is younger than heartbeat, so that a probe
+// that found nothing new writes nothing. With any other change the fresh
+// time is written along.
+func holdHeartbeat(before, after *crawlv1.Proxy, heartbeat time.Duration) {
+	bp, ap := before.Status.Probe, after.Status.Probe
+	if bp == nil || ap == nil || bp.LastProbeTime == nil || ap.LastProbeTime == nil ||
+		!ap.LastProbeTime.Time.Before(bp.LastProbeTime.Add(heartbeat)) {
+		return
+	}
+	probed := ap.LastProbeTime
+	ap.LastProbeTime = bp.LastProbeTime
+	// The patcher's own comparison, so "changed" means "would be written".
+	if _, changed, err := changes(before, after); err != nil || changed {
+		ap.LastProbeTime = probed
+	}
+}
+
 // probeSucceeded makes the proxy healthy, records its egress address and
 // checks Secure.
 func (r *ProxyReconciler) probeSucceeded(ctx context.Context, s *proxyScope, target proxyprobe.Target, res proxyprobe.Result) {
 	p := s.proxy
 	r.endProbeBackoff(s.key)
 	p.Status.Probe.ConsecutiveFailures, p.Status.Probe.LastError = 0, ""
-	reason, msg := crawlv1.ProxyProbeSucceededReason, fmt.Sprintf("request through the proxy succeeded in %s", res.Latency.Round(time.Millisecond))
+	// No latency in the message: it would change it, and so write status,
+	// on every probe (the latency is a metric, recordProbe).
+	reason, msg := crawlv1.ProxyProbeSucceededReason, "a request through the proxy succeeded"
 	if !res.Through {
-		reason, msg = crawlv1.ProxyNotProbedReason, fmt.Sprintf("port %d accepts connections (%s); the proxy itself was not probed: set --proxy-probe-url", p.Spec.Port, res.Latency.Round(time.Millisecond))
+		reason, msg = crawlv1.ProxyNotProbedReason, fmt.Sprintf("port %d accepts connections; the proxy itself was not probed: set --proxy-probe-url", p.Spec.Port)
 	}
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
 	r.measureEgress(ctx, s, target, res.EgressAddress)
@@ -209,7 +237,7 @@ func (r *ProxyReconciler) checkSecure(ctx context.Context, s *proxyScope, target
 	}
 	target.Username, target.Password = "", ""
 	res := r.Prober.ProbeWithoutCredentials(ctx, target)
-	r.sentThrough(s.key, p, res.StatusCode)
+	r.sentThrough(s.key, p, res)
 	switch res.StatusCode {
 	case http.StatusProxyAuthRequired:
 		set(metav1.ConditionTrue, crawlv1.ProxyAuthRequiredReason, "a request without credentials was refused with 407")

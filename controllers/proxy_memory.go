@@ -36,11 +36,15 @@ type proxyMemory struct {
 }
 
 // echoAttempt is when an echo last measured a Proxy's egress, of which
-// instance (address and provider id), and whether it worked.
+// instance (address and provider id), whether it worked, and the address
+// it measured (the last one that worked).
 type echoAttempt struct {
 	at       time.Time
 	instance string
 	ok       bool
+	measured string
+	// measuredAt: when measured was.
+	measuredAt time.Time
 }
 
 // lock takes the lock, making the maps on first use.
@@ -208,9 +212,29 @@ func (m *proxyMemory) echoDue(key types.NamespacedName, instance string, now tim
 	return !now.Before(a.at.Add(retry))
 }
 
-// echoed records an echo attempt on key's instance.
-func (m *proxyMemory) echoed(key types.NamespacedName, instance string, now time.Time, ok bool) {
+// echoed records an echo attempt on key's instance and, when it worked,
+// the address it measured.
+func (m *proxyMemory) echoed(key types.NamespacedName, instance string, now time.Time, measured string) {
 	m.lock()
 	defer m.mu.Unlock()
-	m.echoes[key] = echoAttempt{at: now, instance: instance, ok: ok}
+	a := echoAttempt{at: now, instance: instance, ok: measured != ""}
+	if old, same := m.echoes[key]; same && old.instance == instance {
+		a.measured, a.measuredAt = old.measured, old.measuredAt
+	}
+	if a.ok {
+		a.measured, a.measuredAt = measured, now
+	}
+	m.echoes[key] = a
+}
+
+// lastEcho is the last address an echo measured on key's instance, and
+// when ("" if none did).
+func (m *proxyMemory) lastEcho(key types.NamespacedName, instance string) (string, time.Time) {
+	m.lock()
+	defer m.mu.Unlock()
+	a, ok := m.echoes[key]
+	if !ok || a.instance != instance {
+		return "", time.Time{}
+	}
+	return a.measured, a.measuredAt
 }

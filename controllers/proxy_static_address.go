@@ -313,13 +313,23 @@ func (r *ProxyReconciler) releaseAddressClaims(ctx context.Context, p *crawlv1.P
 		case !metav1.IsControlledBy(claim, p):
 			continue // not ours: never deleted
 		}
-		if holder := holdingPool(claim); holder != nil && claim.DeletionTimestamp.IsZero() {
+		if claim.DeletionTimestamp.IsZero() {
 			// Its address is quarantined: the pool keeps it out of the
-			// IPAM pool (proxypool_held_claims.go).
-			if err := r.handOverClaim(ctx, p, claim, *holder); err != nil {
-				return false, provider.Transient(err)
+			// IPAM pool (proxypool_held_claims.go), whether the pool
+			// marked it before deleting p or p was deleted otherwise.
+			addr, holder := claim.Annotations[crawlv1.QuarantinedAddressAnnotation], holdingPool(claim)
+			if holder == nil {
+				if holder, err = r.quarantiningPool(ctx, p); err != nil {
+					return false, provider.Transient(err)
+				}
+				addr = assignedAddress(p)
 			}
-			continue
+			if holder != nil {
+				if err := r.handOverClaim(ctx, p, claim, *holder, addr); err != nil {
+					return false, provider.Transient(err)
+				}
+				continue
+			}
 		}
 		gone = false
 		if claim.DeletionTimestamp.IsZero() {

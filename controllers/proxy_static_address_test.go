@@ -6,8 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -148,6 +150,64 @@ func TestHoldingPoolOfAClaim(t *testing.T) {
 			}
 			if got != nil && got.UID != uid {
 				t.Fatalf("holdingPool names %s, want %s", got.UID, uid)
+			}
+		})
+	}
+}
+
+// What a pool's releaseHeldClaims does to each claim marked as held for
+// it, while it runs and when it is deleted (quarantine nil). A claim the
+// garbage collector orphaned (propagation Orphan stripped the pool's
+// reference before the pool's finalizer ran) has no controller left: only
+// the pool's deletion can release it.
+func TestReleaseHeldClaims(t *testing.T) {
+	pool := &crawlv1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "crawl-a", UID: "pool-uid"}}
+	poolRef := holdBy(pool)
+	poolRef.Controller = ptr.To(true)
+	proxyRef := metav1.OwnerReference{APIVersion: crawlv1.GroupVersion.String(), Kind: "Proxy", Name: "crawl-a-x", UID: "proxy-uid", Controller: ptr.To(true)}
+	const addr = "203.0.113.5"
+	quarantined := map[string]crawlv1.QuarantinedAddress{addr: {Address: addr}}
+	cases := []struct {
+		name       string
+		owners     []metav1.OwnerReference
+		quarantine map[string]crawlv1.QuarantinedAddress
+		want       string // deleted, kept (marks intact), unmarked
+	}{
+		{"held, still quarantined", []metav1.OwnerReference{poolRef}, quarantined, "kept"},
+		{"held, quarantine over", []metav1.OwnerReference{poolRef}, map[string]crawlv1.QuarantinedAddress{}, "deleted"},
+		{"held, pool deleted", []metav1.OwnerReference{poolRef}, nil, "deleted"},
+		{"orphaned by the garbage collector, pool deleted", nil, nil, "deleted"},
+		{"orphaned by the garbage collector, pool running", nil, quarantined, "kept"},
+		{"marked, its replica not gone yet, pool deleted", []metav1.OwnerReference{proxyRef, holdBy(pool)}, nil, "unmarked"},
+		{"marked, its replica not gone yet, quarantine over", []metav1.OwnerReference{proxyRef, holdBy(pool)}, map[string]crawlv1.QuarantinedAddress{}, "unmarked"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			claim := &ipamv1.IPAddressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: "crawl-a-x-0", OwnerReferences: c.owners,
+				Labels:      map[string]string{crawlv1.QuarantineHoldLabel: string(pool.UID)},
+				Annotations: map[string]string{crawlv1.QuarantinedAddressAnnotation: addr}}}
+			api := clientfake.NewClientBuilder().WithScheme(envtestutil.Scheme()).WithObjects(claim).Build()
+			r := &ProxyPoolReconciler{Client: api, IPAM: true, Recorder: record.NewFakeRecorder(10)}
+			if err := r.releaseHeldClaims(context.Background(), api, pool, c.quarantine); err != nil {
+				t.Fatal(err)
+			}
+			got := &ipamv1.IPAddressClaim{}
+			err := api.Get(context.Background(), client.ObjectKeyFromObject(claim), got)
+			switch {
+			case apierrors.IsNotFound(err):
+				if c.want != "deleted" {
+					t.Fatalf("claim deleted, want %s", c.want)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case c.want == "deleted":
+				t.Fatalf("claim kept (owners %v), want it deleted", got.OwnerReferences)
+			case c.want == "unmarked":
+				if _, ok := got.Labels[crawlv1.QuarantineHoldLabel]; ok || holdingPool(got) != nil || !metav1.IsControlledBy(got, &metav1.ObjectMeta{UID: proxyRef.UID}) {
+					t.Fatalf("claim not handed back to its replica alone: labels %v, owners %v", got.Labels, got.OwnerReferences)
+				}
+			case got.Labels[crawlv1.QuarantineHoldLabel] != string(pool.UID):
+				t.Fatalf("claim lost its hold: labels %v", got.Labels)
 			}
 		})
 	}

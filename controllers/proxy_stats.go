@@ -88,8 +88,12 @@ func poolOf(p *crawlv1.Proxy) string {
 	return ""
 }
 
-// statsReads is how many requests one reading of the counters takes.
-const statsReads = 2
+// statsReads is how many requests one reading of squid's counters takes,
+// upstreamReads one of the upstream counter.
+const (
+	statsReads    = 2
+	upstreamReads = 1
+)
 
 // readTraffic reads the counters of a healthy managed squid, on the
 // probe's schedule (one reading per probe interval at most).
@@ -105,15 +109,27 @@ func (r *ProxyReconciler) readTraffic(ctx context.Context, s *proxyScope, target
 		s.log.V(1).Info("traffic counters not read", "err", err.Error())
 		return
 	}
-	r.Traffic.Observe(s.key, poolOf(s.proxy), c, statsReads, r.Clock.Now())
+	// Instances made before the counter have none: a failed read leaves
+	// the classes unknown, never the rest.
+	u, err := r.Stats.ReadUpstream(ctx, target)
+	if err != nil {
+		s.log.V(1).Info("upstream counts not read", "err", err.Error())
+	} else {
+		c.Upstream = &u
+	}
+	r.Traffic.Observe(s.key, poolOf(s.proxy), c, statsReads+upstreamReads, r.Clock.Now())
 }
 
 // sentThrough records a request the operator sent through p's proxy (a
-// probe, a check, an echo) that squid answered with status (0: none), so
-// that the counters leave it out.
-func (r *ProxyReconciler) sentThrough(key types.NamespacedName, p *crawlv1.Proxy, status int) {
-	if status == 0 {
+// probe, a check, an echo) and what came back (StatusCode 0: no answer),
+// so that the counters leave it out.
+func (r *ProxyReconciler) sentThrough(key types.NamespacedName, p *crawlv1.Proxy, res proxyprobe.Result) {
+	if res.StatusCode == 0 {
 		return
 	}
-	r.Traffic.Sent(key, poolOf(p), status == http.StatusProxyAuthRequired || status == http.StatusForbidden)
+	upstream := 0
+	if res.Upstream {
+		upstream = res.StatusCode
+	}
+	r.Traffic.Sent(key, poolOf(p), res.StatusCode == http.StatusProxyAuthRequired || res.StatusCode == http.StatusForbidden, upstream)
 }

@@ -260,7 +260,8 @@ func (r *ProxyPoolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 // Deleted with propagationPolicy Orphan (kubectl delete --cascade=orphan),
 // the pool leaves its replicas and published objects as they are, as the
 // garbage collector does (it holds the pool with the orphan finalizer
-// while it removes their owner references).
+// while it removes their owner references); only the claims it holds for
+// quarantined addresses are released, as they would otherwise leak.
 func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1.ProxyPool) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(pool, crawlv1.ProxyPoolFinalizer) {
 		r.forget(client.ObjectKeyFromObject(pool))
@@ -269,6 +270,11 @@ func (r *ProxyPoolReconciler) reconcileDelete(ctx context.Context, pool *crawlv1
 	if controllerutil.ContainsFinalizer(pool, metav1.FinalizerOrphanDependents) {
 		logf.FromContext(ctx).Info("deleted with its dependents orphaned: replicas and published objects are left as they are")
 		r.Recorder.Event(pool, "Normal", "Orphaned", "deleted with propagation policy Orphan: its replicas and published objects stay")
+		// Except the claims it holds for quarantined addresses: orphaned,
+		// nothing would ever release them.
+		if err := r.releaseHeldClaims(ctx, r.APIReader, pool, nil); err != nil {
+			return ctrl.Result{}, err
+		}
 		r.forget(client.ObjectKeyFromObject(pool))
 		controllerutil.RemoveFinalizer(pool, crawlv1.ProxyPoolFinalizer)
 		return ctrl.Result{}, nil

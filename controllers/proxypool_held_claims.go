@@ -63,10 +63,7 @@ func (r *ProxyPoolReconciler) holdClaims(ctx context.Context, pool *crawlv1.Prox
 			continue
 		}
 		orig := claim.DeepCopy()
-		metav1.SetMetaDataLabel(&claim.ObjectMeta, crawlv1.QuarantineHoldLabel, string(pool.UID))
-		metav1.SetMetaDataAnnotation(&claim.ObjectMeta, crawlv1.QuarantinedAddressAnnotation, addr)
-		claim.OwnerReferences = append(withoutOwner(claim.OwnerReferences, pool.UID), metav1.OwnerReference{
-			APIVersion: crawlv1.GroupVersion.String(), Kind: "ProxyPool", Name: pool.Name, UID: pool.UID, BlockOwnerDeletion: ptr.To(true)})
+		markHeld(claim, holdBy(pool), addr)
 		if err := r.Client.Patch(ctx, claim, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 			return fmt.Errorf("hold IPAddressClaim %s of quarantined address %s: %w", claim.Name, addr, err)
 		}
@@ -75,10 +72,27 @@ func (r *ProxyPoolReconciler) holdClaims(ctx context.Context, pool *crawlv1.Prox
 	return nil
 }
 
+// holdBy is the owner reference a held claim carries for pool.
+func holdBy(pool *crawlv1.ProxyPool) metav1.OwnerReference {
+	return metav1.OwnerReference{APIVersion: crawlv1.GroupVersion.String(), Kind: "ProxyPool", Name: pool.Name, UID: pool.UID, BlockOwnerDeletion: ptr.To(true)}
+}
+
+// markHeld puts the marks of a hold by holder on claim for addr; the
+// holder is not its controller until the replica hands it over.
+func markHeld(claim *ipamv1.IPAddressClaim, holder metav1.OwnerReference, addr string) {
+	metav1.SetMetaDataLabel(&claim.ObjectMeta, crawlv1.QuarantineHoldLabel, string(holder.UID))
+	metav1.SetMetaDataAnnotation(&claim.ObjectMeta, crawlv1.QuarantinedAddressAnnotation, addr)
+	holder.Controller = nil
+	claim.OwnerReferences = append(withoutOwner(claim.OwnerReferences, holder.UID), holder)
+}
+
 // releaseHeldClaims deletes the claims pool holds whose address is not in
 // quarantine (nil: every one, the pool being deleted). One still
 // controlled by its replica (the quarantine ended before the replica
-// went) is unmarked instead: the replica's deletion releases it.
+// went) is unmarked instead: the replica's deletion releases it. When the
+// pool goes, a marked claim with no controller at all is one the garbage
+// collector orphaned (propagation Orphan strips the pool's reference): it
+// is deleted too, since nothing else would ever release its address.
 func (r *ProxyPoolReconciler) releaseHeldClaims(ctx context.Context, reader client.Reader, pool *crawlv1.ProxyPool, quarantine map[string]crawlv1.QuarantinedAddress) error {
 	if !r.IPAM {
 		return nil
@@ -94,7 +108,8 @@ func (r *ProxyPoolReconciler) releaseHeldClaims(ctx context.Context, reader clie
 		if _, quarantined := quarantine[addr]; quarantined || !claim.DeletionTimestamp.IsZero() {
 			continue
 		}
-		if metav1.IsControlledBy(claim, pool) {
+		orphaned := quarantine == nil && metav1.GetControllerOf(claim) == nil
+		if metav1.IsControlledBy(claim, pool) || orphaned {
 			if err := r.Client.Delete(ctx, claim, client.Preconditions{UID: &claim.UID}); client.IgnoreNotFound(err) != nil {
 				errs = append(errs, fmt.Errorf("release held IPAddressClaim %s: %w", claim.Name, err))
 				continue
@@ -130,10 +145,39 @@ func holdingPool(claim *ipamv1.IPAddressClaim) *metav1.OwnerReference {
 	return &claim.OwnerReferences[i]
 }
 
+// quarantiningPool is the hold of the pool that controls p and quarantines
+// its assigned address (nil if there is none): a replica deleted by hand,
+// or by anything but its pool, must not release a banned address either.
+// Read live: the quarantine may have been written a moment ago. A pool
+// being deleted holds nothing; it releases what it held.
+func (r *ProxyReconciler) quarantiningPool(ctx context.Context, p *crawlv1.Proxy) (*metav1.OwnerReference, error) {
+	ref, addr := metav1.GetControllerOf(p), assignedAddress(p)
+	if ref == nil || ref.Kind != "ProxyPool" || ref.APIVersion != crawlv1.GroupVersion.String() || addr == "" {
+		return nil, nil
+	}
+	pool := &crawlv1.ProxyPool{}
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: p.Namespace, Name: ref.Name}, pool); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if pool.UID != ref.UID || !pool.DeletionTimestamp.IsZero() {
+		return nil, nil
+	}
+	now := r.Clock.Now()
+	for _, q := range pool.Status.Quarantine {
+		if q.Address == addr && q.ExpiresAt.After(now) {
+			holder := holdBy(pool)
+			return &holder, nil
+		}
+	}
+	return nil, nil
+}
+
 // handOverClaim makes the pool that holds claim its controller in place
-// of p, whose deletion would otherwise release the quarantined address.
-func (r *ProxyReconciler) handOverClaim(ctx context.Context, p *crawlv1.Proxy, claim *ipamv1.IPAddressClaim, holder metav1.OwnerReference) error {
+// of p, whose deletion would otherwise release the quarantined address
+// addr.
+func (r *ProxyReconciler) handOverClaim(ctx context.Context, p *crawlv1.Proxy, claim *ipamv1.IPAddressClaim, holder metav1.OwnerReference, addr string) error {
 	orig := claim.DeepCopy()
+	markHeld(claim, holder, addr)
 	holder.Controller = ptr.To(true)
 	claim.OwnerReferences = append(withoutOwner(withoutOwner(claim.OwnerReferences, p.UID), holder.UID), holder)
 	if err := r.Client.Patch(ctx, claim, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {

@@ -130,7 +130,11 @@ type Deps struct {
 
 // ProxyOptions are the Proxy controller's timings and workers.
 type ProxyOptions struct {
-	ProbeInterval         time.Duration
+	ProbeInterval time.Duration
+	// ProbeHeartbeat: how old the written status.probe.lastProbeTime of a
+	// steady Proxy gets before a probe writes it again
+	// (DefaultProbeHeartbeat when zero).
+	ProbeHeartbeat        time.Duration
 	ProbeFailureThreshold int32
 	ProvisionPollInterval time.Duration
 	AddressTimeout        time.Duration
@@ -322,6 +326,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		Prober:                     d.Prober,
 		Tag:                        d.Tag,
 		ProbeInterval:              d.Proxy.ProbeInterval,
+		ProbeHeartbeat:             d.Proxy.ProbeHeartbeat,
 		ProbeFailureThreshold:      d.Proxy.ProbeFailureThreshold,
 		ProvisionPollInterval:      d.Proxy.ProvisionPollInterval,
 		AddressTimeout:             d.Proxy.AddressTimeout,

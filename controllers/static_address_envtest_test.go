@@ -32,6 +32,7 @@ const (
 	overlapPoolA   = "overlap-a"
 	overlapPoolB   = "overlap-b"
 	heldPool       = "held"
+	handPool       = "held-by-hand"
 	staticDNS      = "192.0.2.53"
 )
 
@@ -47,6 +48,8 @@ func ipamPools() map[string]ipamtest.Pool {
 		// one is what it checks.
 		heldPool: {Addresses: []ipamtest.Address{{IP: "203.0.113.34"}, {IP: "203.0.113.35"}, {IP: "203.0.113.36"}, {IP: "203.0.113.37"},
 			{IP: "203.0.113.38"}, {IP: "203.0.113.39"}}, Prefix: 28, Gateway: "203.0.113.33"},
+		handPool: {Addresses: []ipamtest.Address{{IP: "203.0.113.50"}, {IP: "203.0.113.51"}, {IP: "203.0.113.52"}, {IP: "203.0.113.53"}},
+			Prefix: 28, Gateway: "203.0.113.49"},
 	}
 }
 
@@ -311,5 +314,69 @@ var _ = Describe("A pool's quarantined static address", func() {
 			g.Expect(k8sClient.List(ctx, addrs, client.InNamespace(ns))).To(Succeed())
 			g.Expect(addrs.Items).To(BeEmpty())
 		}).WithTimeout(20*time.Second).Should(Succeed(), "claims or addresses left behind by the pool's deletion")
+	})
+
+	It("holds it when the banned replica is deleted by hand, and releases it when the pool is deleted orphaning its replicas", func() {
+		ns, image := newNamespace(), servedImage()
+		label := map[string]string{"held-hosts": uniqueName("hv")}
+		h := hosts.add(uniqueName("hvhand"))
+		createSecret(h)
+		createKVMHost(h.name, h.ssh.Addr(), label, func(s *crawlv1.KVMHostSpec) {
+			s.NetworkMode, s.Network, s.Nameservers = crawlv1.NetworkModeBridge, "br0", []string{staticDNS}
+		})
+		waitHostReason(h.name, crawlv1.HostReadyReason, 20*time.Second)
+		booter := startPoolBooter([]*testHost{h}, ns)
+		pool := poolOnHosts(ns, "hand", 2, label, image, func(p *crawlv1.ProxyPool) {
+			p.Spec.Template.Spec.Network = &crawlv1.ProxyNetwork{AddressesFromPools: []ipamv1.IPPoolReference{ipamtest.Ref(handPool)}}
+			p.Spec.Bans.MaxBanned = ptr.To(intstr.FromString("100%"))
+		})
+		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
+		pool = getPool(pool)
+		names := waitPoolReady(pool, 2)
+		banned, kept := names[0], names[1]
+		addr := assignedAddress(getProxy(ns, banned))
+		Expect(addr).NotTo(BeEmpty())
+
+		// The replacement never boots, so the pool keeps the banned
+		// replica (drain before delete) with its address quarantined; the
+		// user deletes it first.
+		booter.neverBoot(pool.Name)
+		Expect(k8sClient.Create(ctx, &crawlv1.ProxyBan{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: banned + "-ban"},
+			Spec: crawlv1.ProxyBanSpec{Pool: pool.Name, Proxy: banned, Replace: true, Reason: "HTTP 403"}})).To(Succeed())
+		Eventually(func() []crawlv1.QuarantinedAddress { return getPool(pool).Status.Quarantine }).
+			WithTimeout(20 * time.Second).Should(ConsistOf(HaveField("Address", addr)))
+		Expect(getProxy(ns, banned).DeletionTimestamp).To(BeNil(), "the pool deleted the banned replica before its replacement served")
+		Expect(k8sClient.Delete(ctx, getProxy(ns, banned))).To(Succeed())
+		waitProxyGone(ns, banned, 30*time.Second)
+		claim, err := getClaim(ns, banned+"-0")
+		Expect(err).NotTo(HaveOccurred(), "the hand-deleted replica released its quarantined address")
+		Expect(metav1.IsControlledBy(claim, pool)).To(BeTrue(), "owners: %v", claim.OwnerReferences)
+		Expect(claim.Labels).To(HaveKeyWithValue(crawlv1.QuarantineHoldLabel, string(pool.UID)))
+		Expect(claim.Annotations).To(HaveKeyWithValue(crawlv1.QuarantinedAddressAnnotation, addr))
+
+		// Orphaned, the replicas stay with their addresses; the held
+		// claim has no one left to release it but the pool.
+		Expect(k8sClient.Delete(ctx, getPool(pool), client.PropagationPolicy(metav1.DeletePropagationOrphan))).To(Succeed())
+		Eventually(func() bool {
+			_, err := getClaim(ns, banned+"-0")
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(20*time.Second).Should(BeTrue(), "the held claim outlived its pool deleted with propagation Orphan")
+		Expect(getProxy(ns, kept).DeletionTimestamp).To(BeNil())
+		_, err = getClaim(ns, kept+"-0")
+		Expect(err).NotTo(HaveOccurred(), "an orphaned replica's own claim was released")
+
+		// Act as the garbage collector would, then clean up.
+		Eventually(func(g Gomega) {
+			p := getPool(pool)
+			g.Expect(p.Finalizers).To(Equal([]string{metav1.FinalizerOrphanDependents}))
+			p.Finalizers = nil
+			g.Expect(k8sClient.Update(ctx, p)).To(Succeed())
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		left := &crawlv1.ProxyList{}
+		Expect(k8sClient.List(ctx, left, client.InNamespace(ns))).To(Succeed())
+		for i := range left.Items {
+			Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, &left.Items[i]))).To(Succeed())
+			waitProxyGone(ns, left.Items[i].Name, 30*time.Second)
+		}
 	})
 })

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -27,10 +29,13 @@ var (
 	proxyBytesIn    = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_proxy_client_received_bytes_total", Help: "Bytes the Proxy's squid received from its clients (whole KiB)."}, trafficLabels)
 	proxyBytesOut   = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_proxy_client_sent_bytes_total", Help: "Bytes the Proxy's squid sent to its clients (whole KiB)."}, trafficLabels)
 	trafficCounters = []*prometheus.CounterVec{proxyRequests, proxyDenied, proxyBytesIn, proxyBytesOut}
+	// proxyUpstream has one series more per Proxy for each class in
+	// squid.UpstreamClasses, a fixed set.
+	proxyUpstream = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "proxy_operator_proxy_upstream_responses_total", Help: "Target sites' answers through the Proxy's squid by class (2xx, 3xx, 4xx, 5xx; 403 and 429, the usual ban signals, also in 4xx), plain HTTP only: answers inside an HTTPS tunnel never reach squid. The operator's own probes are left out."}, append(slices.Clone(trafficLabels), "class"))
 )
 
 func init() {
-	metrics.Registry.MustRegister(proxyRequests, proxyDenied, proxyBytesIn, proxyBytesOut)
+	metrics.Registry.MustRegister(proxyRequests, proxyDenied, proxyBytesIn, proxyBytesOut, proxyUpstream)
 }
 
 // countsSince is what a squid counted between two readings of its
@@ -44,6 +49,33 @@ func countsSince(prev, cur squid.Counters) (d squid.Counters, restarted bool) {
 	}
 	return squid.Counters{Requests: cur.Requests - prev.Requests, Denied: cur.Denied - prev.Denied,
 		BytesIn: cur.BytesIn - prev.BytesIn, BytesOut: cur.BytesOut - prev.BytesOut}, false
+}
+
+// upstreamSince is what the counter beside a squid counted between two
+// readings; ok is false without both. The counter starts at zero whenever
+// squid starts it, on a reconfigure too (when squid's own counters go
+// on): any count lower than before means it started again, and
+// everything it counted is new.
+func upstreamSince(prev, cur *squid.UpstreamCounts) (d squid.UpstreamCounts, ok bool) {
+	if prev == nil || cur == nil {
+		return d, false
+	}
+	for i := range cur {
+		if cur[i] < prev[i] {
+			return *cur, true
+		}
+		d[i] = cur[i] - prev[i]
+	}
+	return d, true
+}
+
+// upstreamWithoutOwn removes the operator's own answers from d, per class
+// and never below zero.
+func upstreamWithoutOwn(d, own squid.UpstreamCounts) squid.UpstreamCounts {
+	for i := range d {
+		d[i] -= min(d[i], own[i])
+	}
+	return d
 }
 
 // withoutOwn removes the operator's own requests (probes, checks without
@@ -63,6 +95,10 @@ func withoutOwn(d, own squid.Counters) squid.Counters {
 type Rate struct {
 	RequestsPerSecond float64
 	DeniedPerMinute   float64
+	// BanSignalsPerMinute are upstream 403 and 429 answers; counted by
+	// BanSignalsKnown replicas (none: unknown, not zero).
+	BanSignalsPerMinute float64
+	BanSignalsKnown     int32
 }
 
 func rateOf(d squid.Counters, elapsed time.Duration) Rate {
@@ -74,7 +110,8 @@ func rateOf(d squid.Counters, elapsed time.Duration) Rate {
 }
 
 func (a Rate) add(b Rate) Rate {
-	return Rate{RequestsPerSecond: a.RequestsPerSecond + b.RequestsPerSecond, DeniedPerMinute: a.DeniedPerMinute + b.DeniedPerMinute}
+	return Rate{RequestsPerSecond: a.RequestsPerSecond + b.RequestsPerSecond, DeniedPerMinute: a.DeniedPerMinute + b.DeniedPerMinute,
+		BanSignalsPerMinute: a.BanSignalsPerMinute + b.BanSignalsPerMinute, BanSignalsKnown: a.BanSignalsKnown + b.BanSignalsKnown}
 }
 
 // Changes below these are noise, not news: a pool's status is rewritten
@@ -83,6 +120,7 @@ const (
 	materialFraction        = 0.1
 	materialRequestsPerSec  = 0.5
 	materialDeniedPerMinute = 1
+	materialBansPerMinute   = 1
 )
 
 // materially reports whether a pool's traffic moved enough to write.
@@ -91,8 +129,10 @@ func materially(old, cur Rate, oldReporting, curReporting int32) bool {
 		d := math.Abs(a - b)
 		return d >= floor && d >= materialFraction*math.Max(a, b)
 	}
-	return oldReporting != curReporting || moved(old.RequestsPerSecond, cur.RequestsPerSecond, materialRequestsPerSec) ||
-		moved(old.DeniedPerMinute, cur.DeniedPerMinute, materialDeniedPerMinute)
+	return oldReporting != curReporting || (old.BanSignalsKnown > 0) != (cur.BanSignalsKnown > 0) ||
+		moved(old.RequestsPerSecond, cur.RequestsPerSecond, materialRequestsPerSec) ||
+		moved(old.DeniedPerMinute, cur.DeniedPerMinute, materialDeniedPerMinute) ||
+		moved(old.BanSignalsPerMinute, cur.BanSignalsPerMinute, materialBansPerMinute)
 }
 
 // proxyTraffic is what the operator remembers of one Proxy's counters.
@@ -103,8 +143,10 @@ type proxyTraffic struct {
 	at   time.Time
 	rate Rate
 	// own are the operator's requests through the proxy since the last
-	// reading (they are in the next one).
-	own squid.Counters
+	// reading (they are in the next one), ownUpstream their answers from
+	// the origin.
+	own         squid.Counters
+	ownUpstream squid.UpstreamCounts
 }
 
 // Traffic keeps each Proxy's last counters, feeds the Prometheus counters
@@ -143,9 +185,10 @@ func (t *Traffic) entry(key types.NamespacedName, pool string) *proxyTraffic {
 }
 
 // Sent records one request the operator sent through the proxy of key,
-// denied when squid refused it (407 or 403), so that it is not counted as
-// a client's.
-func (t *Traffic) Sent(key types.NamespacedName, pool string, denied bool) {
+// denied when squid refused it (407 or 403), with upstream the status of
+// the origin's answer squid forwarded (0: none), so that it is not
+// counted as a client's.
+func (t *Traffic) Sent(key types.NamespacedName, pool string, denied bool, upstream int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entry(key, pool)
@@ -153,6 +196,7 @@ func (t *Traffic) Sent(key types.NamespacedName, pool string, denied bool) {
 	if denied {
 		e.own.Denied++
 	}
+	e.ownUpstream.Add(upstream)
 }
 
 // Observe records a reading of key's counters taken at now (reads is how
@@ -175,9 +219,19 @@ func (t *Traffic) Observe(key types.NamespacedName, pool string, c squid.Counter
 		proxyBytesIn.WithLabelValues(labels...).Add(float64(d.BytesIn))
 		proxyBytesOut.WithLabelValues(labels...).Add(float64(d.BytesOut))
 		e.rate = rateOf(d, now.Sub(e.at))
+		if u, ok := upstreamSince(e.last.Upstream, c.Upstream); ok {
+			u = upstreamWithoutOwn(u, e.ownUpstream)
+			for i, class := range squid.UpstreamClasses {
+				proxyUpstream.WithLabelValues(key.Namespace, pool, key.Name, class).Add(float64(u[i]))
+			}
+			if s := now.Sub(e.at).Seconds(); s > 0 {
+				e.rate.BanSignalsPerMinute, e.rate.BanSignalsKnown = float64(u.BanSignals())*60/s, 1
+			}
+		}
 	}
 	e.last, e.at = c, now
-	e.own = squid.Counters{Requests: uint64(reads)}
+	// The counter's reads are not in its counts.
+	e.own, e.ownUpstream = squid.Counters{Requests: uint64(reads)}, squid.UpstreamCounts{}
 	t.wakeLocked(key.Namespace, pool, now)
 }
 
@@ -197,6 +251,9 @@ func (t *Traffic) forgetLocked(key types.NamespacedName) {
 	delete(t.proxies, key)
 	for _, c := range trafficCounters {
 		c.DeleteLabelValues(key.Namespace, e.pool, key.Name)
+	}
+	for _, class := range squid.UpstreamClasses {
+		proxyUpstream.DeleteLabelValues(key.Namespace, e.pool, key.Name, class)
 	}
 	pool := types.NamespacedName{Namespace: key.Namespace, Name: e.pool}
 	for _, other := range t.proxies {
@@ -260,15 +317,22 @@ func (r *ProxyPoolReconciler) setTraffic(pool *crawlv1.ProxyPool, now time.Time)
 		// manage): no summary rather than a zero one.
 		return
 	}
-	if old := pool.Status.Traffic; old != nil && !materially(Rate{
-		RequestsPerSecond: old.RequestsPerSecond.AsApproximateFloat64(), DeniedPerMinute: old.DeniedPerMinute.AsApproximateFloat64(),
-	}, rate, old.ReplicasReporting, reporting) {
-		return
+	if old := pool.Status.Traffic; old != nil {
+		was := Rate{RequestsPerSecond: old.RequestsPerSecond.AsApproximateFloat64(), DeniedPerMinute: old.DeniedPerMinute.AsApproximateFloat64()}
+		if old.BanSignalsPerMinute != nil {
+			was.BanSignalsPerMinute, was.BanSignalsKnown = old.BanSignalsPerMinute.AsApproximateFloat64(), 1
+		}
+		if !materially(was, rate, old.ReplicasReporting, reporting) {
+			return
+		}
 	}
 	pool.Status.Traffic = &crawlv1.ProxyPoolTraffic{
 		RequestsPerSecond: milli(rate.RequestsPerSecond),
 		DeniedPerMinute:   milli(rate.DeniedPerMinute),
 		ReplicasReporting: reporting,
+	}
+	if rate.BanSignalsKnown > 0 {
+		pool.Status.Traffic.BanSignalsPerMinute = ptr.To(milli(rate.BanSignalsPerMinute))
 	}
 }
 

@@ -22,7 +22,7 @@ import (
 )
 
 // trafficSeries returns the value of each series of c in namespace ns, by
-// "pool/proxy".
+// "pool/proxy" ("pool/proxy/class" for the upstream answers).
 func trafficSeries(c *prometheus.CounterVec, ns string) map[string]float64 {
 	ch := make(chan prometheus.Metric, 256)
 	go func() { c.Collect(ch); close(ch) }()
@@ -35,7 +35,11 @@ func trafficSeries(c *prometheus.CounterVec, ns string) map[string]float64 {
 			labels[l.GetName()] = l.GetValue()
 		}
 		if labels["namespace"] == ns {
-			out[labels["pool"]+"/"+labels["proxy"]] = d.GetCounter().GetValue()
+			key := labels["pool"] + "/" + labels["proxy"]
+			if class, ok := labels["class"]; ok {
+				key += "/" + class
+			}
+			out[key] = d.GetCounter().GetValue()
 		}
 	}
 	return out
@@ -55,6 +59,13 @@ func (s *steadyTraffic) counters(string) squid.Counters {
 	defer s.mu.Unlock()
 	n := s.base + s.perSecond*time.Since(s.start).Seconds()
 	return squid.Counters{Requests: uint64(n), Denied: uint64(n / 10), BytesOut: uint64(n) * 1024}
+}
+
+// upstream: half the requests get a 2xx from their target site, a
+// quarter a 4xx, of which 403 for a fifth of all (the ban signals).
+func (s *steadyTraffic) upstream(addr string) squid.UpstreamCounts {
+	n := float64(s.counters(addr).Requests)
+	return squid.UpstreamCounts{uint64(n / 2), 0, uint64(n / 4), 0, uint64(n / 5), 0}
 }
 
 // set changes the rate from now on, the counts going on from where they are.
@@ -98,7 +109,8 @@ var _ = Describe("Traffic read from each replica's squid", Ordered, func() {
 		DeferCleanup(booter.stop)
 		traffic := &steadyTraffic{start: time.Now(), perSecond: 100}
 		prober.SetStats(traffic.counters)
-		DeferCleanup(func() { prober.SetStats(nil) })
+		prober.SetUpstream(traffic.upstream)
+		DeferCleanup(func() { prober.SetStats(nil); prober.SetUpstream(nil) })
 
 		pool := managedPool(ns, "busy", 2, crawlv1.ProxyPlacement{Host: h.name, Image: servedImage()})
 		Expect(k8sClient.Create(ctx, pool)).To(Succeed())
@@ -112,6 +124,8 @@ var _ = Describe("Traffic read from each replica's squid", Ordered, func() {
 			g.Expect(t.ReplicasReporting).To(BeEquivalentTo(2))
 			g.Expect(t.RequestsPerSecond.AsApproximateFloat64()).To(BeNumerically("~", 200, 30))
 			g.Expect(t.DeniedPerMinute.AsApproximateFloat64()).To(BeNumerically("~", 1200, 200))
+			g.Expect(t.BanSignalsPerMinute).NotTo(BeNil())
+			g.Expect(t.BanSignalsPerMinute.AsApproximateFloat64()).To(BeNumerically("~", 2400, 400))
 			first = *t
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 
@@ -151,6 +165,12 @@ var _ = Describe("Traffic read from each replica's squid", Ordered, func() {
 			}
 			g.Expect(trafficSeries(proxyDenied, ns)).To(HaveLen(2))
 			g.Expect(trafficSeries(proxyBytesOut, ns)).To(HaveLen(2))
+			upstream := trafficSeries(proxyUpstream, ns)
+			g.Expect(upstream).To(HaveLen(2 * len(squid.UpstreamClasses)))
+			for _, name := range names {
+				g.Expect(upstream["busy/"+name+"/403"]).To(BeNumerically(">", 20))
+				g.Expect(upstream["busy/"+name+"/4xx"]).To(BeNumerically(">", upstream["busy/"+name+"/403"]))
+			}
 		}).WithTimeout(10 * time.Second).Should(Succeed())
 
 		By("steady traffic rewrites nothing: readings every second, the status as first written")
@@ -169,6 +189,7 @@ var _ = Describe("Traffic read from each replica's squid", Ordered, func() {
 		Eventually(func(g Gomega) {
 			g.Expect(trafficSeries(proxyRequests, ns)).To(HaveLen(1))
 			g.Expect(trafficSeries(proxyBytesIn, ns)).To(HaveLen(1))
+			g.Expect(trafficSeries(proxyUpstream, ns)).To(HaveLen(len(squid.UpstreamClasses)))
 			t := getPool(pool).Status.Traffic
 			g.Expect(t.ReplicasReporting).To(BeEquivalentTo(1))
 			g.Expect(t.RequestsPerSecond.AsApproximateFloat64()).To(BeNumerically("~", 300, 50))
@@ -176,6 +197,7 @@ var _ = Describe("Traffic read from each replica's squid", Ordered, func() {
 
 		Expect(k8sClient.Delete(ctx, pool)).To(Succeed())
 		Eventually(func() map[string]float64 { return trafficSeries(proxyRequests, ns) }).WithTimeout(30 * time.Second).Should(BeEmpty())
+		Expect(trafficSeries(proxyUpstream, ns)).To(BeEmpty())
 	})
 
 	It("accepts the documented HPA for a pool through its scale subresource, on the adapter rule's metric", func() {

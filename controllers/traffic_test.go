@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"math"
+	"net/http"
 	"testing"
 	"time"
 
@@ -79,14 +80,18 @@ func TestMaterially(t *testing.T) {
 		curN     int32
 		want     bool
 	}{
-		{"unchanged", Rate{10, 5}, Rate{10, 5}, 2, 2, false},
-		{"5% more requests", Rate{10, 5}, Rate{10.5, 5}, 2, 2, false},
-		{"20% more requests", Rate{10, 5}, Rate{12, 5}, 2, 2, true},
-		{"a tenth but under the floor", Rate{1, 0}, Rate{1.4, 0}, 1, 1, false},
-		{"from zero, over the floor", Rate{0, 0}, Rate{0.6, 0}, 1, 1, true},
-		{"denials doubled but under one per minute", Rate{10, 0.4}, Rate{10, 0.8}, 1, 1, false},
-		{"denials up by 3 per minute", Rate{10, 2}, Rate{10, 5}, 1, 1, true},
-		{"a replica more reporting", Rate{10, 5}, Rate{10, 5}, 2, 3, true},
+		{"unchanged", Rate{10, 5, 0, 0}, Rate{10, 5, 0, 0}, 2, 2, false},
+		{"5% more requests", Rate{10, 5, 0, 0}, Rate{10.5, 5, 0, 0}, 2, 2, false},
+		{"20% more requests", Rate{10, 5, 0, 0}, Rate{12, 5, 0, 0}, 2, 2, true},
+		{"a tenth but under the floor", Rate{1, 0, 0, 0}, Rate{1.4, 0, 0, 0}, 1, 1, false},
+		{"from zero, over the floor", Rate{0, 0, 0, 0}, Rate{0.6, 0, 0, 0}, 1, 1, true},
+		{"denials doubled but under one per minute", Rate{10, 0.4, 0, 0}, Rate{10, 0.8, 0, 0}, 1, 1, false},
+		{"denials up by 3 per minute", Rate{10, 2, 0, 0}, Rate{10, 5, 0, 0}, 1, 1, true},
+		{"a replica more reporting", Rate{10, 5, 0, 0}, Rate{10, 5, 0, 0}, 2, 3, true},
+		{"ban signals up by 3 per minute", Rate{10, 5, 2, 1}, Rate{10, 5, 5, 1}, 1, 1, true},
+		{"ban signals up under one per minute", Rate{10, 5, 0.2, 1}, Rate{10, 5, 0.9, 1}, 1, 1, false},
+		{"ban signals known now", Rate{10, 5, 0, 0}, Rate{10, 5, 0, 1}, 1, 1, true},
+		{"ban signals unknown now", Rate{10, 5, 0, 2}, Rate{10, 5, 0, 0}, 2, 2, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := materially(tc.old, tc.cur, tc.oldN, tc.curN); got != tc.want {
@@ -132,8 +137,8 @@ func TestTrafficFeedsCountersAndPools(t *testing.T) {
 
 	// 30 s later: 300 more, of which the operator's probe, its 407 check
 	// and the two reads of the base.
-	tr.Sent(a, pool.Name, false)
-	tr.Sent(a, pool.Name, true)
+	tr.Sent(a, pool.Name, false, 0)
+	tr.Sent(a, pool.Name, true, 0)
 	tr.Observe(a, pool.Name, squid.Counters{Requests: 1300, Denied: 80, BytesOut: 2048}, statsReads, t0.Add(30*time.Second))
 	if got, want := requests(a), 300.0-4; got != want {
 		t.Errorf("requests %v, want %v", got, want)
@@ -184,14 +189,21 @@ func TestTrafficFeedsCountersAndPools(t *testing.T) {
 	}
 }
 
-func TestSetTrafficWritesOnlyMaterialChanges(t *testing.T) {
+// statusFixture is the pool name of traffic-unit and its replica
+// name-x, read by a Traffic of their own that forgets the replica at the
+// end.
+func statusFixture(t *testing.T, name string) (*Traffic, *ProxyPoolReconciler, *crawlv1.ProxyPool, types.NamespacedName) {
 	tr := newTraffic(time.Hour)
-	r := &ProxyPoolReconciler{Traffic: tr}
 	pool := &crawlv1.ProxyPool{}
-	pool.Namespace, pool.Name = "traffic-unit", "status"
-	replica := types.NamespacedName{Namespace: pool.Namespace, Name: "status-x"}
+	pool.Namespace, pool.Name = "traffic-unit", name
+	replica := types.NamespacedName{Namespace: pool.Namespace, Name: name + "-x"}
+	t.Cleanup(func() { tr.Forget(replica) })
+	return tr, &ProxyPoolReconciler{Traffic: tr}, pool, replica
+}
+
+func TestSetTrafficWritesOnlyMaterialChanges(t *testing.T) {
+	tr, r, pool, replica := statusFixture(t, "status")
 	t0 := time.Unix(2_000_000, 0)
-	defer tr.Forget(replica)
 
 	r.setTraffic(pool, t0)
 	if pool.Status.Traffic != nil {
@@ -243,4 +255,126 @@ func seriesOf(c *prometheus.CounterVec) int {
 		}
 	}
 	return n
+}
+
+func TestUpstreamSince(t *testing.T) {
+	counts := func(u ...uint64) *squid.UpstreamCounts {
+		var c squid.UpstreamCounts
+		copy(c[:], u)
+		return &c
+	}
+	prev := counts(100, 10, 20, 5, 8, 2)
+	for _, tc := range []struct {
+		name      string
+		prev, cur *squid.UpstreamCounts
+		want      squid.UpstreamCounts
+		ok        bool
+	}{
+		{"growth", prev, counts(150, 10, 26, 6, 11, 3), *counts(50, 0, 6, 1, 3, 1), true},
+		{"nothing", prev, prev, squid.UpstreamCounts{}, true},
+		{"the counter started again (a reconfigure): everything since counts", prev, counts(120, 11, 3, 9, 1, 2), *counts(120, 11, 3, 9, 1, 2), true},
+		{"first reading: a base", nil, prev, squid.UpstreamCounts{}, false},
+		{"no counter answered", prev, nil, squid.UpstreamCounts{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := upstreamSince(tc.prev, tc.cur)
+			if ok != tc.ok || (ok && got != tc.want) {
+				t.Fatalf("got %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+	if got := upstreamWithoutOwn(*counts(5, 1, 0, 0, 0, 0), *counts(2, 3, 0, 0, 0, 0)); got != *counts(3) {
+		t.Errorf("without own: %v, want 3 2xx and never below zero", got)
+	}
+}
+
+// The target sites' answers by class: the first reading a base, the
+// operator's own probes left out per class, a restarted counter counted
+// from zero, an instance without a counter unknown rather than zero, and
+// the series gone with the Proxy.
+func TestTrafficCountsUpstreamAnswers(t *testing.T) {
+	tr := newTraffic(90 * time.Second)
+	t0 := time.Unix(3_000_000, 0)
+	pool := types.NamespacedName{Namespace: "traffic-unit", Name: "bans"}
+	a := types.NamespacedName{Namespace: pool.Namespace, Name: "bans-a"}
+	b := types.NamespacedName{Namespace: pool.Namespace, Name: "bans-b"}
+	class := func(key types.NamespacedName, c string) float64 {
+		return counterValue(t, proxyUpstream.WithLabelValues(key.Namespace, pool.Name, key.Name, c))
+	}
+	reading := func(u ...uint64) squid.Counters {
+		var c squid.UpstreamCounts
+		copy(c[:], u)
+		return squid.Counters{Upstream: &c}
+	}
+
+	tr.Observe(a, pool.Name, reading(500, 0, 40, 0, 30, 10), statsReads+upstreamReads, t0)
+	// The operator's probe (the origin's 200), its 407 check (squid's own).
+	tr.Sent(a, pool.Name, false, http.StatusOK)
+	tr.Sent(a, pool.Name, true, 0)
+	tr.Observe(a, pool.Name, reading(601, 2, 52, 3, 38, 2+10), statsReads+upstreamReads, t0.Add(time.Minute))
+	want := map[string]float64{"2xx": 100, "3xx": 2, "4xx": 12, "5xx": 3, "403": 8, "429": 2}
+	for c, n := range want {
+		if got := class(a, c); got != n {
+			t.Errorf("class %s: %v, want %v", c, got, n)
+		}
+	}
+	rate, _ := tr.Pool(pool, t0.Add(time.Minute))
+	if rate.BanSignalsPerMinute != 10 || rate.BanSignalsKnown != 1 {
+		t.Errorf("pool: %+v, want 10 ban signals per minute from 1 replica", rate)
+	}
+
+	// squid reconfigured: its counter starts from zero.
+	tr.Observe(a, pool.Name, reading(7, 0, 1, 0, 1, 0), statsReads+upstreamReads, t0.Add(2*time.Minute))
+	if got := class(a, "2xx"); got != 107 {
+		t.Errorf("after the counter started again: 2xx %v, want 107", got)
+	}
+	if got := class(a, "403"); got != 9 {
+		t.Errorf("after the counter started again: 403 %v, want 9", got)
+	}
+
+	// b has no counter: its requests count, its classes are unknown.
+	tr.Observe(b, pool.Name, squid.Counters{Requests: 10}, statsReads, t0.Add(time.Minute))
+	tr.Observe(b, pool.Name, squid.Counters{Requests: 70}, statsReads, t0.Add(2*time.Minute))
+	rate, n := tr.Pool(pool, t0.Add(2*time.Minute))
+	if n != 2 || rate.BanSignalsKnown != 1 || rate.BanSignalsPerMinute != 1 {
+		t.Errorf("pool: %+v from %d, want 1 ban signal per minute known from a alone", rate, n)
+	}
+
+	tr.Forget(a)
+	tr.Forget(b)
+	if got := seriesOf(proxyUpstream); got != 0 {
+		t.Errorf("%d upstream series after both were forgotten", got)
+	}
+}
+
+func TestSetTrafficWritesBanSignals(t *testing.T) {
+	tr, r, pool, replica := statusFixture(t, "bans-status")
+	t0 := time.Unix(4_000_000, 0)
+	at := func(minute int, requests uint64, u *squid.UpstreamCounts) {
+		tr.Observe(replica, pool.Name, squid.Counters{Requests: requests, Upstream: u}, 0, t0.Add(time.Duration(minute)*time.Minute))
+		r.setTraffic(pool, t0.Add(time.Duration(minute)*time.Minute))
+	}
+
+	// No counter: no ban signals in status, not a zero.
+	at(0, 0, nil)
+	at(1, 600, nil)
+	if got := pool.Status.Traffic; got == nil || got.BanSignalsPerMinute != nil {
+		t.Fatalf("without a counter: %+v, want traffic without ban signals", got)
+	}
+	// The counter appears (a new instance): a base, then 30 per minute.
+	at(2, 1200, &squid.UpstreamCounts{})
+	at(3, 1800, &squid.UpstreamCounts{2: 30, 4: 20, 5: 10})
+	if got := pool.Status.Traffic.BanSignalsPerMinute; got == nil || got.String() != "30" {
+		t.Fatalf("ban signals %v, want 30 per minute", got)
+	}
+	// 31: not material.
+	at(4, 2400, &squid.UpstreamCounts{2: 61, 4: 41, 5: 20})
+	if got := pool.Status.Traffic.BanSignalsPerMinute; got.String() != "30" {
+		t.Errorf("a 3%% change was written: %s", got.String())
+	}
+	// None: written.
+	at(5, 3000, &squid.UpstreamCounts{2: 61, 4: 41, 5: 20})
+	if got := pool.Status.Traffic.BanSignalsPerMinute; got == nil || !got.IsZero() {
+		t.Errorf("ban signals %v, want 0", got)
+	}
 }

@@ -347,14 +347,17 @@ type ProxySpec struct {
 	Network *ProxyNetwork `json:"network,omitempty"`
 }
 
-// ProxyProbeStatus is the last health probe of the proxy.
+// ProxyProbeStatus is the last health probe of the proxy. A probe that
+// changes nothing here, nor anything else in status, writes nothing: every
+// probe's time, latency and outcome are the manager's metrics
+// (proxy_operator_proxy_last_probe_timestamp_seconds,
+// proxy_operator_proxy_probe_latency_seconds, proxy_operator_proxy_probes_total).
 type ProxyProbeStatus struct {
-	// LastProbeTime is when the last probe finished.
+	// LastProbeTime is when a probe finished, as a heartbeat: written with
+	// any other change of status, else once the written one is an hour old
+	// (so at most about an hour behind while the probe runs).
 	// +optional
 	LastProbeTime *metav1.Time `json:"lastProbeTime,omitempty"`
-	// LatencyMilliseconds of the last probe.
-	// +optional
-	LatencyMilliseconds int64 `json:"latencyMilliseconds,omitempty"`
 	// ConsecutiveFailures since the last success.
 	// +optional
 	ConsecutiveFailures int32 `json:"consecutiveFailures,omitempty"`

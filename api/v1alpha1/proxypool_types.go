@@ -527,8 +527,9 @@ type ProxyPoolStatus struct {
 	Quarantine []QuarantinedAddress `json:"quarantine,omitempty"`
 	// Traffic sums what the replicas' squids counted (docs/pools.md,
 	// "Traffic"). It is rewritten only when it moves materially: by a
-	// tenth, and by at least 0.5 requests per second or 1 denial per
-	// minute, or when another replica starts or stops reporting.
+	// tenth, and by at least 0.5 requests per second, 1 denial or 1 ban
+	// signal per minute, or when another replica starts or stops
+	// reporting.
 	// +optional
 	Traffic *ProxyPoolTraffic `json:"traffic,omitempty"`
 	// +optional
@@ -546,11 +547,18 @@ type ProxyPoolTraffic struct {
 	RequestsPerSecond resource.Quantity `json:"requestsPerSecond"`
 	// DeniedPerMinute are client requests the squids refused: 407 (no or
 	// a wrong credential) and 403 (a destination or port the access
-	// policy refuses). Answers of target sites (their 403 or 429, the
-	// usual ban signals) are not among them: squid's counters do not
-	// classify upstream status codes.
+	// policy refuses). Answers of target sites are not among them: see
+	// BanSignalsPerMinute.
 	// +required
 	DeniedPerMinute resource.Quantity `json:"deniedPerMinute"`
+	// BanSignalsPerMinute are the target sites' 403 and 429 answers
+	// through the squids, the usual signs that a site bans a proxy, over
+	// the replicas whose squid counts them. Plain HTTP only: an answer
+	// inside a CONNECT tunnel (HTTPS) never reaches squid; there the
+	// crawler's own ban reports are the source. Absent when no replica
+	// counts them.
+	// +optional
+	BanSignalsPerMinute *resource.Quantity `json:"banSignalsPerMinute,omitempty"`
 	// ReplicasReporting are the replicas whose counters count here.
 	// +kubebuilder:validation:Minimum=0
 	// +required

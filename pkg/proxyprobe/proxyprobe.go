@@ -44,6 +44,12 @@ type Result struct {
 	// StatusCode is the proxy's (or the origin's) answer; 0 when there was
 	// no HTTP answer (TCP probe, connection failed).
 	StatusCode int
+	// Upstream is true when the answer is the origin's as squid forwarded
+	// it: plain HTTP, and not one squid made itself (those carry
+	// X-Squid-Error). squid's access log counts those as upstream
+	// answers (squid.UpstreamCounts); an answer inside a CONNECT tunnel
+	// it never sees.
+	Upstream bool
 	// EgressAddress is what a 2xx answer says the origin saw the request
 	// come from, when it is an address-echo answer (ParseEgress): one IP
 	// address, or JSON with an "ip" field.
@@ -176,6 +182,7 @@ func (p HTTP) request(ctx context.Context, t Target, judge bool, read func(io.Re
 	}
 	defer resp.Body.Close()
 	r.StatusCode = resp.StatusCode
+	r.Upstream = req.URL.Scheme == "http" && resp.Header.Get("X-Squid-Error") == ""
 	read(resp.Body)
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if !judge {

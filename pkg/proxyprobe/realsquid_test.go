@@ -51,7 +51,7 @@ func startSquid(t *testing.T, c squid.Config, originPort int) int32 {
 	c.AllowedPorts = []int{80, 443, originPort}
 	c.AllowedDestinationExceptions = []string{"127.0.0.1/32"}
 	c.Paths = squid.Paths{PasswordFile: filepath.Join(dir, "passwd"), PidFile: filepath.Join(dir, "squid.pid"),
-		CacheLog: filepath.Join(dir, "cache.log"), AccessLog: "none", CoredumpDir: dir}
+		CacheLog: filepath.Join(dir, "cache.log"), AccessLog: "none", CoredumpDir: dir, UpstreamCounter: c.Paths.UpstreamCounter}
 	conf, err := squid.Render(c)
 	if err != nil {
 		t.Fatal(err)
@@ -178,26 +178,43 @@ func TestProbeAgainstRealSquid(t *testing.T) {
 
 // TestStatsAgainstRealSquid: the operator's Stats credential reads the
 // counters through the port, and they count the probe's requests; the
-// clients' credential is refused without its password in the error.
+// upstream counter counts the probe's answer, which the probe says came
+// from the origin, and not the 407 squid made; the clients' credential is
+// refused without its password in the error.
 func TestStatsAgainstRealSquid(t *testing.T) {
 	crawler := squid.Auth{Type: squid.AuthBasic, Username: "egress-1", Password: squid.GeneratePassword()}
 	stats := squid.Auth{Type: squid.AuthBasic, Username: "proxy-operator-stats", Password: squid.GeneratePassword()}
 	probeURL, originPort := echoOrigin(t)
-	port := startSquid(t, squid.Config{AllowedSourceCIDRs: []string{"127.0.0.1/32"}, Auth: crawler, Stats: stats}, originPort)
+	// Not under t.TempDir, whose parent the proxy user cannot enter.
+	counterDir, err := os.MkdirTemp("", "proxyprobe-counter-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(counterDir) })
+	if err := os.Chmod(counterDir, 0o755); err != nil { // squid runs it as the proxy user
+		t.Fatal(err)
+	}
+	counter := filepath.Join(counterDir, "upstream-counter")
+	if err := os.WriteFile(counter, squid.UpstreamCounter, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	countsPort := testutil.FreePort(t)
+	port := startSquid(t, squid.Config{AllowedSourceCIDRs: []string{"127.0.0.1/32"}, Auth: crawler, Stats: stats,
+		UpstreamCountsPort: countsPort, Paths: squid.Paths{UpstreamCounter: counter}}, originPort)
 	ctx := context.Background()
 	at := func(a squid.Auth) Target {
 		return Target{Address: "127.0.0.1", Port: port, Username: a.Username, Password: a.Password}
 	}
-	reader := HTTPStats{Timeout: 5 * time.Second}
+	reader := HTTPStats{Timeout: 5 * time.Second, UpstreamCountsPort: countsPort}
 	before, err := reader.ReadStats(ctx, at(stats))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := (HTTP{URL: probeURL, Timeout: 5 * time.Second}).Probe(ctx, at(crawler)); !r.OK {
-		t.Fatalf("probe: %+v", r)
+	if r := (HTTP{URL: probeURL, Timeout: 5 * time.Second}).Probe(ctx, at(crawler)); !r.OK || !r.Upstream {
+		t.Fatalf("probe: %+v, want OK from the origin", r)
 	}
-	if r := (TCP{Timeout: 5 * time.Second}).ProbeWithoutCredentials(ctx, at(crawler)); r.StatusCode != http.StatusProxyAuthRequired {
-		t.Fatalf("without credentials: %+v, want 407", r)
+	if r := (TCP{Timeout: 5 * time.Second}).ProbeWithoutCredentials(ctx, at(crawler)); r.StatusCode != http.StatusProxyAuthRequired || r.Upstream {
+		t.Fatalf("without credentials: %+v, want 407 from squid", r)
 	}
 	after, err := reader.ReadStats(ctx, at(stats))
 	if err != nil {
@@ -216,5 +233,20 @@ func TestStatsAgainstRealSquid(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), crawler.Password) {
 		t.Fatal("password in the error")
+	}
+
+	// squid hands the daemon its log lines in batches.
+	want := squid.UpstreamCounts{1}
+	var u squid.UpstreamCounts
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if u, err = reader.ReadUpstream(ctx, at(stats)); err == nil && u == want {
+			break
+		}
+	}
+	if err != nil || u != want {
+		t.Fatalf("upstream counts %v, %v; want %v: the probe's 200 alone", u, err, want)
+	}
+	if _, err := reader.ReadUpstream(ctx, at(crawler)); err == nil || !strings.Contains(err.Error(), "status 403") {
+		t.Fatalf("the clients' credential reading the upstream counts: %v, want a 403", err)
 	}
 }

@@ -11,7 +11,8 @@ import (
 )
 
 // maxStatsBody bounds a cache manager page: counters is about 2 KiB, and
-// client_list some 300 bytes per client address.
+// client_list some 300 bytes per client address (the upstream counts,
+// some 100 bytes).
 const maxStatsBody = 1 << 20
 
 // StatsReader reads a managed squid's traffic counters through its port,
@@ -19,6 +20,10 @@ const maxStatsBody = 1 << 20
 // (squid.Config.Stats), never the clients'.
 type StatsReader interface {
 	ReadStats(ctx context.Context, t Target) (squid.Counters, error)
+	// ReadUpstream reads the target sites' answers by class from the
+	// counter beside squid (squid.UpstreamURL), through the same port
+	// with the same credential.
+	ReadUpstream(ctx context.Context, t Target) (squid.UpstreamCounts, error)
 }
 
 // HTTPStats reads squid.StatsCounters and squid.StatsClientList as plain
@@ -26,10 +31,13 @@ type StatsReader interface {
 // scrubbed from errors, as the probe sends it).
 type HTTPStats struct {
 	Timeout time.Duration
+	// UpstreamCountsPort is the counter's port; 0 means
+	// squid.UpstreamCountsPort of the proxy port, as providers render it.
+	UpstreamCountsPort int
 }
 
 func (h HTTPStats) ReadStats(ctx context.Context, t Target) (squid.Counters, error) {
-	counters, err := h.page(ctx, t, squid.StatsCounters)
+	counters, err := h.page(ctx, t, squid.StatsURL(int(t.Port), squid.StatsCounters))
 	if err != nil {
 		return squid.Counters{}, err
 	}
@@ -37,7 +45,7 @@ func (h HTTPStats) ReadStats(ctx context.Context, t Target) (squid.Counters, err
 	if err != nil {
 		return squid.Counters{}, err
 	}
-	clients, err := h.page(ctx, t, squid.StatsClientList)
+	clients, err := h.page(ctx, t, squid.StatsURL(int(t.Port), squid.StatsClientList))
 	if err != nil {
 		return squid.Counters{}, err
 	}
@@ -45,6 +53,28 @@ func (h HTTPStats) ReadStats(ctx context.Context, t Target) (squid.Counters, err
 		return squid.Counters{}, err
 	}
 	return c, nil
+}
+
+func (h HTTPStats) ReadUpstream(ctx context.Context, t Target) (squid.UpstreamCounts, error) {
+	port := h.UpstreamCountsPort
+	if port == 0 {
+		port = squid.UpstreamCountsPort(int(t.Port))
+	}
+	body, err := h.page(ctx, t, squid.UpstreamURL(port))
+	if err != nil {
+		return squid.UpstreamCounts{}, err
+	}
+	return squid.ParseUpstream(body)
+}
+
+// ReadUpstream reads the upstream counts with the probe's timeout.
+func (p TCP) ReadUpstream(ctx context.Context, t Target) (squid.UpstreamCounts, error) {
+	return HTTPStats{Timeout: p.Timeout}.ReadUpstream(ctx, t)
+}
+
+// ReadUpstream reads the upstream counts with the probe's timeout.
+func (p HTTP) ReadUpstream(ctx context.Context, t Target) (squid.UpstreamCounts, error) {
+	return HTTPStats{Timeout: p.Timeout}.ReadUpstream(ctx, t)
 }
 
 // ReadStats reads the counters with the probe's timeout.
@@ -57,9 +87,9 @@ func (p HTTP) ReadStats(ctx context.Context, t Target) (squid.Counters, error) {
 	return HTTPStats{Timeout: p.Timeout}.ReadStats(ctx, t)
 }
 
-func (h HTTPStats) page(ctx context.Context, t Target, action string) ([]byte, error) {
+// page GETs url through the proxy and returns the answer's body.
+func (h HTTPStats) page(ctx context.Context, t Target, url string) ([]byte, error) {
 	var body []byte
-	url := squid.StatsURL(int(t.Port), action)
 	res := HTTP{URL: url, Timeout: h.Timeout}.request(ctx, t, true, func(r io.Reader) {
 		body, _ = io.ReadAll(io.LimitReader(r, maxStatsBody+1))
 	})

@@ -24,6 +24,8 @@ const (
 	DefaultMaxConnectionsPerClient = 256
 	DefaultPasswordFile            = "/etc/squid/passwd"
 	DefaultAuthHelper              = "/usr/lib/squid/basic_ncsa_auth"
+	// DefaultAccessLog is squid's built-in access log (Debian's build).
+	DefaultAccessLog = "/var/log/squid/access.log"
 )
 
 // DefaultAllowedPorts are the destination ports when AllowedPorts is empty.
@@ -82,6 +84,11 @@ type Paths struct {
 	// squid.conf again (the kubernetes provider's cluster ranges). No
 	// exception lifts what it lists. Empty: no such file.
 	DeniedDestinationsFile string
+	// UpstreamCounter is where the provider put UpstreamCounter,
+	// executable by squid's user. Set, with a Stats credential, squid.conf
+	// runs it as its logfile daemon to count the target sites' answers by
+	// class (UpstreamURL). Empty: they are not counted.
+	UpstreamCounter string
 }
 
 // Config is what spec.access carries, plus the provider's paths.
@@ -99,6 +106,9 @@ type Config struct {
 	// admits nothing else, and no other credential reads them: crawlers
 	// never hold it. Zero Type: nobody reads the counters.
 	Stats Auth
+	// UpstreamCountsPort is the loopback port of Paths.UpstreamCounter;
+	// 0 means UpstreamCountsPort(Port).
+	UpstreamCountsPort int
 	// AllowedPorts are the destination ports; empty means 80 and 443.
 	// CONNECT goes only to ConnectPort, and only when it is listed here.
 	AllowedPorts []int
@@ -188,6 +198,9 @@ func (c Config) validateListener(fldPath *field.Path) field.ErrorList {
 	}
 	if c.Port < 0 || c.Port > 65535 {
 		errs = append(errs, field.Invalid(fldPath.Child("port"), c.Port, "must be between 1 and 65535 (0 selects 3128)"))
+	}
+	if p := c.UpstreamCountsPort; p < 0 || p > 65535 || (p != 0 && p == c.withDefaults().Port) {
+		errs = append(errs, field.Invalid(fldPath.Child("upstreamCountsPort"), p, "must be between 1 and 65535 and not the proxy port (0 selects one)"))
 	}
 	return errs
 }
@@ -286,6 +299,7 @@ func (c Config) validatePaths(pathsPath *field.Path) field.ErrorList {
 		{"accessLog", c.Paths.AccessLog, true},
 		{"coredumpDir", c.Paths.CoredumpDir, false},
 		{"deniedDestinationsFile", c.Paths.DeniedDestinationsFile, false},
+		{"upstreamCounter", c.Paths.UpstreamCounter, false},
 	} {
 		if p.value == "" || (p.none && p.value == "none") {
 			continue

@@ -101,7 +101,7 @@ func startSquid(t *testing.T, c Config) *squidtest.Squid {
 	c.Paths = Paths{
 		PasswordFile: filepath.Join(dir, "passwd"), PidFile: filepath.Join(dir, "squid.pid"),
 		CacheLog: filepath.Join(dir, "cache.log"), AccessLog: filepath.Join(dir, "access.log"), CoredumpDir: dir,
-		DeniedDestinationsFile: c.Paths.DeniedDestinationsFile,
+		DeniedDestinationsFile: c.Paths.DeniedDestinationsFile, UpstreamCounter: c.Paths.UpstreamCounter,
 	}
 	conf, err := Render(c)
 	if err != nil {

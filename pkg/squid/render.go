@@ -1,6 +1,7 @@
 package squid
 
 import (
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -63,6 +64,11 @@ func Render(c Config) ([]byte, error) {
 		line("acl stats_reader proxy_auth", c.Stats.Username)
 		line("acl stats_actions url_regex", statsURLPattern(c.Port))
 	}
+	// Only with the Stats credential: nobody else may read the counts.
+	upstream := c.CountsUpstream()
+	if upstream {
+		line("acl upstream_counts url_regex", upstreamURLPattern(c.UpstreamCountsPort))
+	}
 	ports := slices.Sorted(slices.Values(c.AllowedPorts))
 	ports = slices.Compact(ports)
 	portWords := make([]string, len(ports))
@@ -85,6 +91,11 @@ func Render(c Config) ([]byte, error) {
 	if stats {
 		// Before the port rules: the manager's URL names the proxy port.
 		line("http_access allow manager stats_actions stats_reader")
+	}
+	if upstream {
+		// Before the port and destination rules too: the counter is on
+		// 127.0.0.1, a port crawlers may not reach.
+		line("http_access allow upstream_counts stats_reader")
 	}
 	line("http_access deny manager")
 	line("http_access deny !allowed_ports")
@@ -139,6 +150,18 @@ func Render(c Config) ([]byte, error) {
 			line(d.directive, d.value)
 		}
 	}
+	if upstream {
+		// First: "access_log none" ends the list for what it matches. The
+		// counter's own reads are left out of its counts.
+		line("logformat upstream_status %<Hs")
+		line("logfile_daemon", c.Paths.UpstreamCounter)
+		line("access_log", "daemon:/"+net.JoinHostPort("127.0.0.1", strconv.Itoa(c.UpstreamCountsPort)), "upstream_status !upstream_counts")
+		if c.Paths.AccessLog == "" {
+			// squid's default log is a daemon: one, which would now go to
+			// the counter; it is kept, written by squid itself.
+			line("access_log", "stdio:"+DefaultAccessLog)
+		}
+	}
 	switch c.Paths.AccessLog {
 	case "":
 	case "none":
@@ -152,6 +175,9 @@ func Render(c Config) ([]byte, error) {
 func (c Config) withDefaults() Config {
 	if c.Port == 0 {
 		c.Port = DefaultPort
+	}
+	if c.UpstreamCountsPort == 0 {
+		c.UpstreamCountsPort = UpstreamCountsPort(c.Port)
 	}
 	if len(c.AllowedPorts) == 0 {
 		c.AllowedPorts = DefaultAllowedPorts

@@ -1,6 +1,8 @@
 package squid
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ var renderedDirectives = map[string]bool{
 	"snmp_access": true, "pinger_enable": true, "netdb_filename": true, "via": true, "forwarded_for": true,
 	"httpd_suppress_version_string": true, "cache": true, "cache_mem": true, "shutdown_lifetime": true,
 	"pid_filename": true, "cache_log": true, "coredump_dir": true, "access_log": true,
+	"logformat": true, "logfile_daemon": true,
 }
 
 func splitList(s string) []string {
@@ -27,16 +30,22 @@ func splitList(s string) []string {
 
 // FuzzRender: whatever Validate accepts renders to a config that squid
 // parses without complaint, made only of Render's own directives and
-// ending in deny all; whatever it refuses, Render refuses too.
+// ending in deny all; whatever it refuses, Render refuses too. counts
+// brings the Stats credential and the upstream counter (a provider's
+// path, which squid -k parse requires to exist).
 func FuzzRender(f *testing.F) {
-	f.Add("192.0.2.0/24", "Basic", "crawler", testPassword, "80,443", "", "", 0, "", 0, "")
-	f.Add("127.0.0.1/32,127.0.0.3/32", "Basic", "Crawler", testPassword, "80,443,8080", "10.1.0.0/16", "127.0.0.1/32", 3, "127.0.0.1", 3128, "/tmp/access.log")
-	f.Add("0.0.0.0/0,2000::/3", "Basic", "u", GeneratePassword(), "443", "0.0.0.0/0", "", 1, "::1", 8080, "none")
-	f.Add("192.0.2.7/32", "None", "", "", "80", "10.96.0.0/12,fd00:10::/64", "10.20.30.40/32,169.254.1.0/24", 64, "192.0.2.10", 1, "")
-	f.Add("10.0.0.0/8\nhttp_access allow all", "Basic", "a b", "short", "0", "x", "0.0.0.0/0", -1, "x", -1, "rel")
-	f.Add("::ffff:10.0.0.0/104", "", "crawler#", testPassword+"\n", "65536", "::/0", "::/0", 0, "fe80::1%lo", 70000, "/a b")
+	f.Add("192.0.2.0/24", "Basic", "crawler", testPassword, "80,443", "", "", 0, "", 0, "", false, 0)
+	f.Add("127.0.0.1/32,127.0.0.3/32", "Basic", "Crawler", testPassword, "80,443,8080", "10.1.0.0/16", "127.0.0.1/32", 3, "127.0.0.1", 3128, "/tmp/access.log", true, 0)
+	f.Add("0.0.0.0/0,2000::/3", "Basic", "u", GeneratePassword(), "443", "0.0.0.0/0", "", 1, "::1", 8080, "none", true, 9000)
+	f.Add("192.0.2.7/32", "None", "", "", "80", "10.96.0.0/12,fd00:10::/64", "10.20.30.40/32,169.254.1.0/24", 64, "192.0.2.10", 1, "", true, 1)
+	f.Add("10.0.0.0/8\nhttp_access allow all", "Basic", "a b", "short", "0", "x", "0.0.0.0/0", -1, "x", -1, "rel", true, 3128)
+	f.Add("::ffff:10.0.0.0/104", "", "crawler#", testPassword+"\n", "65536", "::/0", "::/0", 0, "fe80::1%lo", 70000, "/a b", true, -1)
 	squidtest.Binary(f)
-	f.Fuzz(func(t *testing.T, sources, authType, user, password, ports, extra, exceptions string, maxConns int, listen string, port int, accessLog string) {
+	counter := filepath.Join(f.TempDir(), "upstream-counter")
+	if err := os.WriteFile(counter, UpstreamCounter, 0o755); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, sources, authType, user, password, ports, extra, exceptions string, maxConns int, listen string, port int, accessLog string, counts bool, countsPort int) {
 		c := Config{
 			ListenAddress:                listen,
 			Port:                         port,
@@ -46,6 +55,10 @@ func FuzzRender(f *testing.F) {
 			AllowedDestinationExceptions: splitList(exceptions),
 			MaxConnectionsPerClient:      maxConns,
 			Paths:                        Paths{AccessLog: accessLog},
+			UpstreamCountsPort:           countsPort,
+		}
+		if counts {
+			c.Stats, c.Paths.UpstreamCounter = statsAuth, counter
 		}
 		for _, p := range splitList(ports) {
 			n, err := strconv.Atoi(p)

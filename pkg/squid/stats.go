@@ -50,6 +50,10 @@ type Counters struct {
 	// BytesIn are received from clients, BytesOut sent to them
 	// (client_http.kbytes_in and kbytes_out, so in whole KiB).
 	BytesIn, BytesOut uint64
+	// Upstream are the target sites' answers by class, from the counter
+	// beside squid (ParseUpstream); nil when they were not read (no
+	// counter there, or it did not answer).
+	Upstream *UpstreamCounts
 }
 
 // counterFields are the lines of mgr:counters that Counters keeps.

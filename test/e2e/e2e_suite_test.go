@@ -23,10 +23,12 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/test/e2e/e2eutil"
 	"crawl.example.com/proxy-operator/test/envtestutil"
 )
@@ -132,4 +134,15 @@ func createHostAndImage(ctx context.Context) {
 		_, err := e2eutil.ImageVerified(ctx, k8s, objs.Image.Name, objs.Host.Name)
 		return err
 	}).WithContext(ctx).WithTimeout(cfg.ImageTimeout).WithPolling(2 * time.Second).Should(Succeed())
+}
+
+// updatePool changes pool's spec through c, reading it again and retrying
+// on a conflict as kubectl edit does: the operator writes the pool's
+// status while a suite changes its spec.
+func updatePool(ctx context.Context, c client.Client, pool *crawlv1.ProxyPool, change func(*crawlv1.ProxyPool)) {
+	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		Expect(c.Get(ctx, client.ObjectKeyFromObject(pool), pool)).To(Succeed())
+		change(pool)
+		return c.Update(ctx, pool)
+	})).To(Succeed())
 }

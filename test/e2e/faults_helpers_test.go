@@ -703,16 +703,15 @@ func slowest(rts []roundTrip) (recorded, deleted time.Duration) {
 	return recorded, deleted
 }
 
-// probeTimes collects the distinct status.probe.lastProbeTime values of
-// the Proxy at key, polled every second until ctx ends.
+// probeTimes collects the distinct last probe times of the Proxy at key
+// (the manager's proxy_operator_proxy_last_probe_timestamp_seconds),
+// polled every second until ctx ends.
 func probeTimes(ctx context.Context, key client.ObjectKey) func() []time.Time {
 	var mu sync.Mutex
 	var seen []time.Time
 	go func() {
 		for ctx.Err() == nil {
-			p := &crawlv1.Proxy{}
-			if err := k8s.Get(ctx, key, p); err == nil && p.Status.Probe != nil && p.Status.Probe.LastProbeTime != nil {
-				t := p.Status.Probe.LastProbeTime.Time
+			if t, ok := lastProbeAt(ctx, key); ok {
 				mu.Lock()
 				if len(seen) == 0 || !t.Equal(seen[len(seen)-1]) {
 					seen = append(seen, t)

@@ -427,7 +427,8 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		hostB := createHost(ctx, "b", func(s *crawlv1.KVMHostSpec) { s.Address = fake.Addr() })
 		defer func() { deleteHost(context.WithoutCancel(ctx), hostB.Name) }()
 		waitHostReason(ctx, hostB.Name, time.Minute, hostWithReason(crawlv1.HostTCPUnreachableReason))
-		probeBefore := getProxy(ctx, mainKey()).Status.Probe.LastProbeTime.Time
+		probeBefore, probed := lastProbeAt(ctx, mainKey())
+		Expect(probed).To(BeTrue(), "the manager's metrics have the main Proxy's last probe")
 
 		stopped := time.Now()
 		Expect(lh.Libvirtd(ctx, "stop")).To(Succeed())
@@ -460,7 +461,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		deleteAndWait(ctx, getProxy(ctx, client.ObjectKeyFromObject(pB)))
 
 		time.Sleep(time.Until(stopped.Add(60 * time.Second)))
-		probeDuring := getProxy(ctx, mainKey()).Status.Probe.LastProbeTime.Time
+		probeDuring, _ := lastProbeAt(ctx, mainKey())
 		Expect(probeDuring.After(probeBefore)).To(BeTrue(), "the main Proxy was probed during the wedge")
 		thawed := time.Now()
 		Expect(lh.Libvirtd(ctx, "cont")).To(Succeed())

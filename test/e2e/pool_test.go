@@ -154,13 +154,7 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 			return k8s.SubResource("scale").Update(ctx, pool.DeepCopy(), client.WithSubResourceBody(sc))
 		})).To(Succeed())
 	}
-	updatePool := func(ctx context.Context, change func(*crawlv1.ProxyPool)) {
-		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			Expect(k8s.Get(ctx, poolKey(), pool)).To(Succeed())
-			change(pool)
-			return k8s.Update(ctx, pool)
-		})).To(Succeed())
-	}
+	update := func(ctx context.Context, change func(*crawlv1.ProxyPool)) { updatePool(ctx, k8s, pool, change) }
 
 	// phase returns the crawler's figures since the previous phase.
 	phase := func() e2eutil.CrawlerStats {
@@ -314,7 +308,7 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		// minInterval keeps it to one in this run (its boot runs beside the
 		// scale-up's, adding little wall time). Rotation is switched off
 		// again once it is done.
-		updatePool(ctx, func(pool *crawlv1.ProxyPool) {
+		update(ctx, func(pool *crawlv1.ProxyPool) {
 			pool.Spec.Rotation = crawlv1.ProxyPoolRotation{MaxAge: &metav1.Duration{Duration: time.Minute}, MaxConcurrent: 1,
 				MinInterval: &metav1.Duration{Duration: time.Hour}}
 		})
@@ -337,7 +331,7 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		took := time.Since(start)
 		Expect(lines).To(HaveLen(3))
 		everyEntryServes(ctx, lines)
-		updatePool(ctx, func(pool *crawlv1.ProxyPool) { pool.Spec.Rotation = crawlv1.ProxyPoolRotation{} })
+		update(ctx, func(pool *crawlv1.ProxyPool) { pool.Spec.Rotation = crawlv1.ProxyPoolRotation{} })
 		b, c := watch.Budget(), phase()
 		record("pool_scale_up_rotation", took, "(scale 2 → 3 and maxAge 1m with minInterval 1h → the third replica and one replacing the older of the first two Ready and published, that one gone; "+figures(c, b)+")")
 		checkPhase(c, b)
@@ -358,7 +352,7 @@ var _ = Describe("a ProxyPool on a real KVM host", Ordered, ContinueOnFailure, L
 		watch.Arm(3, 1, 0)
 
 		// A label of the template: every replica is out of date.
-		updatePool(ctx, func(pool *crawlv1.ProxyPool) { pool.Spec.Template.Metadata.Labels[rolloutLabel] = "2" })
+		update(ctx, func(pool *crawlv1.ProxyPool) { pool.Spec.Template.Metadata.Labels[rolloutLabel] = "2" })
 		start := time.Now()
 
 		// A crawler reports a ban on a replica still published, asking for

@@ -3,7 +3,9 @@
 # end-to-end suite and the fault suite on the real test hypervisor (root).
 # E2E_SUITE picks the specs by Ginkgo label: e2e (default), faults (with
 # the manager's orphan sweep every E2E_GC_INTERVAL, default 10s, and its
-# debug log), pool (a ProxyPool under a crawler-like client), or agent-ab (two guest images booted side by side;
+# debug log), pool (a ProxyPool under a crawler-like client), egress (the
+# pools' egress promise seen from an "internet" namespace, NAT and a routed
+# static block), or agent-ab (two guest images booted side by side;
 # KVM_TEST_IMAGE_B is the one to compare with).
 #
 #   1. builds the manager, the envtest binaries (once) and the guest image
@@ -55,13 +57,25 @@ pool)
 	RUN_PREFIX=pool
 	TIMEOUT=60m
 	;;
+egress)
+	# Egress seen from the test's own "internet" namespace (egress_test.go):
+	# NAT pool of 2, then a static pool of 3 and a ban's replacement; at
+	# most three TCG guests at once.
+	LABELS='egress'
+	RUN_PREFIX=egress
+	TIMEOUT=40m
+	# The manager's probe must not echo: the hypervisor's echo sits inside
+	# the NAT and would measure each guest's private address, and a probe
+	# that echoes is a measurement the pools' echo URL never overrides.
+	PROBE_PLAIN=1
+	;;
 agent-ab)
 	# Two guest images booted side by side (KVM_TEST_IMAGE_B: the other one).
 	LABELS='agent-ab'
 	RUN_PREFIX=agent-ab
 	TIMEOUT=90m
 	;;
-*) e2e_die "E2E_SUITE=$SUITE: want e2e, faults, pool or agent-ab" ;;
+*) e2e_die "E2E_SUITE=$SUITE: want e2e, faults, pool, egress or agent-ab" ;;
 esac
 OUT=${E2E_OUT:-$E2E_ROOT/bin/e2e}
 mkdir -p "$OUT"
@@ -100,6 +114,9 @@ trap teardown EXIT
 trap 'exit 130' INT TERM
 
 e2e_hypervisor_up "$STATE"
+if [ -n "${PROBE_PLAIN:-}" ]; then
+	unset KVM_TEST_ECHO_URL
+fi
 
 e2e_log "running the $SUITE specs inside netns $KVM_TEST_NETNS (output also in $RUN/e2e.log)"
 # shellcheck disable=SC2086

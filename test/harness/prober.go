@@ -36,6 +36,9 @@ type Prober struct {
 	// operator's counter credential does). statsUsers: who read them.
 	stats      func(addr string) squid.Counters
 	statsUsers map[string]string
+	// upstream answers ReadUpstream; nil: no counter answers (as on an
+	// instance made before it).
+	upstream func(addr string) squid.UpstreamCounts
 }
 
 var (
@@ -63,6 +66,25 @@ func (p *Prober) SetStats(counters func(addr string) squid.Counters) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stats = counters
+}
+
+// ReadUpstream answers with what SetUpstream gives for the address, or
+// 403 as squid gives when no counter is there.
+func (p *Prober) ReadUpstream(_ context.Context, t proxyprobe.Target) (squid.UpstreamCounts, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.upstream == nil || p.stats == nil || p.down[t.Address] {
+		return squid.UpstreamCounts{}, errors.New("status 403, want 200")
+	}
+	return p.upstream(t.Address), nil
+}
+
+// SetUpstream makes every address's counter answer ReadUpstream with
+// counts(address); nil: none answers, as by default.
+func (p *Prober) SetUpstream(counts func(addr string) squid.UpstreamCounts) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.upstream = counts
 }
 
 // StatsUser is the "user:password" that last read addr's counters.

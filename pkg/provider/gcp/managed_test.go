@@ -59,6 +59,10 @@ func TestCreateDeliversTheManagedSquidAsStartupScript(t *testing.T) {
 		}
 	}
 
+	if strings.Contains(*script, guestsquid.CounterPath) {
+		t.Error("without the operator's Stats credential the startup-script writes the upstream counter")
+	}
+
 	// Unmanaged: no startup-script.
 	srv2 := newServer(t)
 	if _, err := newProvider(t, srv2).Create(ctx(t), machine()); err != nil {
@@ -67,6 +71,30 @@ func TestCreateDeliversTheManagedSquidAsStartupScript(t *testing.T) {
 	got, _ = srv2.Instance(project, zone, InstanceName(m.Namespace, m.Name, m.UID))
 	if metadata(got, MetadataStartupScript) != nil {
 		t.Error("unmanaged instance got a startup-script")
+	}
+}
+
+// With the operator's Stats credential, the startup script also writes the
+// upstream counter squid.conf runs, executable, before squid.conf.
+func TestStartupScriptDeliversTheUpstreamCounter(t *testing.T) {
+	srv := newServer(t)
+	m := managedMachine()
+	// One bcrypt hash, not two: slow under the race detector.
+	m.Squid.Auth = squid.Auth{Type: squid.AuthNone}
+	m.Squid.Stats = squid.Auth{Type: squid.AuthBasic, Username: "proxy-operator-stats", Password: squidPassword + "-stats"}
+	if _, err := newProvider(t, srv).Create(ctx(t), m); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := srv.Instance(project, zone, InstanceName(m.Namespace, m.Name, m.UID))
+	script := metadata(got, MetadataStartupScript)
+	if script == nil {
+		t.Fatal("no startup-script")
+	}
+	enc := base64.StdEncoding.EncodeToString(squid.UpstreamCounter)
+	counter := strings.Index(*script, "install_file \"$root"+guestsquid.CounterPath+"\" 0755 root <<'PROXY_OPERATOR_EOF' || return 1\n"+enc[:76]+"\n")
+	conf := strings.Index(*script, "install_file \"$root/etc/squid/squid.conf\"")
+	if counter < 0 || conf < counter {
+		t.Errorf("startup-script: counter written at %d (executable, the embedded program), squid.conf at %d: want the counter first", counter, conf)
 	}
 }
 

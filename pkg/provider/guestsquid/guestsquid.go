@@ -25,6 +25,10 @@
 //     have replaced, enables squid and starts it if it is not running, and
 //     restarts it only if it ran with other files.
 //
+// With the operator's Stats credential the script also writes the upstream
+// counter (squid.UpstreamCounter, a perl program: perl-base is Essential on
+// both) at CounterPath, root 0755, before squid.conf, which runs it.
+//
 // The password never travels in clear: the password file holds its bcrypt
 // hash (squid.PasswordFile), root:proxy 0640 in the guest.
 package guestsquid
@@ -46,6 +50,10 @@ const (
 	// SquidBinary is where the package installs squid; the script
 	// installs the package when it is missing.
 	SquidBinary = "/usr/sbin/squid"
+	// CounterPath is where squid.UpstreamCounter goes: squid runs it as
+	// its logfile daemon, as user proxy.
+	CounterPath = CounterDir + "/upstream-counter"
+	CounterDir  = "/usr/local/lib/proxy-operator"
 )
 
 // Files are what the guest's squid runs with.
@@ -54,15 +62,21 @@ type Files struct {
 	// Password is the basic_ncsa_auth file; nil without a Basic user
 	// (squid.Config.PasswordUsers).
 	Password []byte
+	// Counter is squid.UpstreamCounter, which squid.conf runs from
+	// CounterPath; nil when it does not (squid.Config.CountsUpstream).
+	Counter []byte
 }
 
 // Render renders m's managed squid with the guest's paths. ok is false when
 // squid is not managed (m.Squid nil): the user's cloud-init owns it.
 // Errors are permanent and name spec.access fields.
 func Render(m *provider.Machine) (f Files, ok bool, err error) {
-	c, ok, err := provider.ManagedSquid(m, squid.Paths{PasswordFile: PasswordPath, AuthHelper: AuthHelper})
+	c, ok, err := provider.ManagedSquid(m, squid.Paths{PasswordFile: PasswordPath, AuthHelper: AuthHelper, UpstreamCounter: CounterPath})
 	if err != nil || !ok {
 		return Files{}, ok, err
+	}
+	if c.CountsUpstream() {
+		f.Counter = squid.UpstreamCounter
 	}
 	if f.Conf, err = squid.Render(c); err != nil {
 		return Files{}, true, provider.Permanentf("squid configuration: %w", err)
@@ -109,6 +123,11 @@ func Script(f Files, stage Stage) string {
 	if f.Password != nil {
 		// First: squid.conf names it, so it must be there before.
 		writeFile(&b, "$root"+PasswordPath, "0640", "proxy", f.Password)
+	}
+	if f.Counter != nil {
+		// Before squid.conf too, which names it.
+		fmt.Fprintf(&b, "\tmkdir -p \"$root%s\" || return 1\n", CounterDir)
+		writeFile(&b, "$root"+CounterPath, "0755", "root", f.Counter)
 	}
 	writeFile(&b, "$root"+ConfPath, "0644", "root", f.Conf)
 	b.WriteString("}\n")

@@ -305,3 +305,50 @@ func TestScriptWithoutPassword(t *testing.T) {
 		t.Error("squid.conf not written")
 	}
 }
+
+// With the operator's Stats credential the guest gets the upstream counter
+// squid.conf runs, executable and the embedded program byte for byte;
+// without it, neither.
+func TestScriptWritesTheCounterExecutable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("the script sets owner root: run the tests as root (as make test does)")
+	}
+	m := managed()
+	m.Squid.Stats = squid.Auth{Type: squid.AuthBasic, Username: "proxy-operator-stats", Password: password + "-stats"}
+	f, _, err := Render(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(f.Counter, squid.UpstreamCounter) || !bytes.Contains(f.Conf, []byte("\nlogfile_daemon "+CounterPath+"\n")) {
+		t.Fatalf("counter %d bytes, squid.conf:\n%s", len(f.Counter), f.Conf)
+	}
+	for _, stage := range []Stage{Early, Final} {
+		s := newSandbox(t, map[string]string{"systemctl": systemctlStub})
+		s.write(t, SquidBinary, "#!/bin/sh\n", 0o755)
+		if out, err := s.run(t, Script(f, stage)); err != nil {
+			t.Fatalf("%s: %v\n%s", stage, err, out)
+		}
+		if !bytes.Equal(s.read(t, CounterPath), squid.UpstreamCounter) {
+			t.Errorf("%s: %s is not the counter", stage, CounterPath)
+		}
+		fi, err := os.Stat(filepath.Join(s.root, CounterPath))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != 0o755 || st.Uid != 0 || st.Gid != 0 {
+			t.Errorf("%s: %s mode %v owner %d:%d, want 0755 root:root (squid runs it as proxy, who must not change it)", stage, CounterPath, fi.Mode().Perm(), st.Uid, st.Gid)
+		}
+	}
+
+	without, _, err := Render(managed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSandbox(t, map[string]string{"systemctl": systemctlStub})
+	if out, err := s.run(t, Script(without, Early)); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(s.root, CounterPath)); without.Counter != nil || !os.IsNotExist(err) {
+		t.Errorf("without a Stats credential: counter %d bytes, file: %v", len(without.Counter), err)
+	}
+}

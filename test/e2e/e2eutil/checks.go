@@ -107,8 +107,16 @@ func ProxyReady(ctx context.Context, c client.Client, key client.ObjectKey, host
 	return p, CheckReadyProxy(p, host)
 }
 
-// CheckReadyProxy checks what a Ready KVM Proxy must report.
+// CheckReadyProxy checks what a Ready KVM Proxy on the test hypervisor's
+// NAT network must report: the lease is its address's source, the host's
+// view, published before the guest agent's.
 func CheckReadyProxy(p *crawlv1.Proxy, host string) error {
+	return CheckReadyProxyFrom(p, host, provider.AddressSourceLease)
+}
+
+// CheckReadyProxyFrom checks what a Ready KVM Proxy must report, its
+// address known from addressSource (the agent's, on a bridge: no lease).
+func CheckReadyProxyFrom(p *crawlv1.Proxy, host, addressSource string) error {
 	var errs []error
 	h, uuid, err := provider.ParseKVMProviderID(p.Status.ProviderID)
 	if err != nil || h != host || uuid == "" {
@@ -117,10 +125,8 @@ func CheckReadyProxy(p *crawlv1.Proxy, host string) error {
 	if p.Status.Address == "" {
 		errs = append(errs, errors.New("no status.address"))
 	}
-	// The test hypervisor's NAT network leases the address: the host's
-	// view is published before the guest agent's.
-	if p.Status.AddressSource != provider.AddressSourceLease {
-		errs = append(errs, fmt.Errorf("addressSource %q, want %q", p.Status.AddressSource, provider.AddressSourceLease))
+	if p.Status.AddressSource != addressSource {
+		errs = append(errs, fmt.Errorf("addressSource %q, want %q", p.Status.AddressSource, addressSource))
 	}
 	if want := fmt.Sprintf("http://%s:%d", p.Status.Address, p.Spec.Port); p.Status.Endpoint != want {
 		errs = append(errs, fmt.Errorf("endpoint %q, want %q", p.Status.Endpoint, want))

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 )
 
@@ -128,6 +129,12 @@ func MaskURL(line string) string {
 // lists exactly their endpoints. It returns the pool, its replicas and the
 // published lines.
 func PoolServing(ctx context.Context, c client.Reader, key client.ObjectKey, replicas int32, host string) (*crawlv1.ProxyPool, []crawlv1.Proxy, []string, error) {
+	return PoolServingFrom(ctx, c, key, replicas, host, provider.AddressSourceLease)
+}
+
+// PoolServingFrom is PoolServing for replicas whose address comes from
+// addressSource (CheckReadyProxyFrom).
+func PoolServingFrom(ctx context.Context, c client.Reader, key client.ObjectKey, replicas int32, host, addressSource string) (*crawlv1.ProxyPool, []crawlv1.Proxy, []string, error) {
 	pool := &crawlv1.ProxyPool{}
 	if err := c.Get(ctx, key, pool); err != nil {
 		return nil, nil, nil, err
@@ -156,7 +163,7 @@ func PoolServing(ctx context.Context, c client.Reader, key client.ObjectKey, rep
 		if p.Status.Phase != crawlv1.ProxyReady {
 			return pool, reps, nil, fmt.Errorf("replica %s is %s: %s", p.Name, p.Status.Phase, CondString(p, crawlv1.ReadyCondition))
 		}
-		if err := CheckReadyProxy(p, host); err != nil {
+		if err := CheckReadyProxyFrom(p, host, addressSource); err != nil {
 			return pool, reps, nil, fmt.Errorf("replica %s: %w", p.Name, err)
 		}
 		want = append(want, strings.TrimPrefix(p.Status.Endpoint, "http://"))

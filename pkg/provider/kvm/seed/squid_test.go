@@ -1,11 +1,13 @@
 package seed
 
 import (
+	"net/http"
 	"os"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"crawl.example.com/proxy-operator/pkg/provider/guestsquid"
 	"crawl.example.com/proxy-operator/pkg/squid"
@@ -26,6 +28,9 @@ func TestRunsInIsolatedNetworkNamespace(t *testing.T) { squidtest.RequireOnlyLoo
 // pid and spool paths in directories of the test, on a read-only view of
 // the root. Then squidtest.CheckManagedPolicy: the password file's owner
 // and mode are right only if squid's helper, running as proxy, can read it.
+// With the operator's Stats credential, squid runs the upstream counter the
+// boothook wrote (as proxy), which counts exactly the origin's answers, and
+// squid's built-in access log is still written.
 func TestManagedVendorDataRunsInDebianSquid(t *testing.T) {
 	origin := squidtest.NewOrigin(t, "127.0.0.44:0")
 	m := managedMachine()
@@ -34,6 +39,7 @@ func TestManagedVendorDataRunsInDebianSquid(t *testing.T) {
 		Auth:                         squid.Auth{Type: squid.AuthBasic, Username: "Crawler", Password: squidPassword},
 		AllowedPorts:                 []int{80, 443, origin.Port()},
 		AllowedDestinationExceptions: []string{origin.Host() + "/32"},
+		Stats:                        squid.Auth{Type: squid.AuthBasic, Username: "proxy-operator-stats", Password: squidPassword + "-stats"},
 	}
 	in, err := ForMachine(m)
 	if err != nil {
@@ -82,6 +88,8 @@ func TestManagedVendorDataRunsInDebianSquid(t *testing.T) {
 			{Source: logs, Target: "/var/log/squid"},
 			{Source: run, Target: "/run"},
 			{Source: spool, Target: "/var/spool/squid"},
+			// The host has no CounterDir to mount on: its parent.
+			{Source: filepath.Join(root, filepath.Dir(guestsquid.CounterDir)), Target: filepath.Dir(guestsquid.CounterDir), ReadOnly: true},
 		},
 		ReadOnlyRoot: true,
 		AccessLog:    filepath.Join(logs, "access.log"),
@@ -93,4 +101,24 @@ func TestManagedVendorDataRunsInDebianSquid(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(run, "squid.pid")); err != nil {
 		t.Errorf("squid's built-in pid file: %v", err)
 	}
+
+	// The origin answers 204 to all; squid's own refusals are not its.
+	want := squid.UpstreamCounts{uint64(len(origin.Requests()))}
+	var got squid.UpstreamCounts
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		r := s.Request(t, "127.0.0.1", http.MethodGet, squid.UpstreamURL(squid.UpstreamCountsPort(3128)), m.Squid.Stats.Username+":"+m.Squid.Stats.Password)
+		if r.Status != http.StatusOK {
+			continue
+		}
+		if got, err = squid.ParseUpstream(r.Body); err != nil {
+			t.Fatalf("%v\n%s", err, r.Body)
+		}
+		if got == want {
+			break
+		}
+	}
+	if got != want || want[0] == 0 {
+		t.Errorf("upstream counts %v, want %v\n%s", got, want, s.Output())
+	}
+	s.WaitForLogLine(t, origin.HostPort())
 }
