@@ -321,7 +321,11 @@ type poolBenchWatch struct {
 	armed   bool
 	minAv   int
 	maxEx   int
-	made    int // replicas that appeared while armed
+	// maxExDeleting: of maxEx, those being deleted. A pool exceeds
+	// replicas+maxSurge only by deletions it released (docs/pools.md, "A
+	// deletion that does not finish"); more than those would be a bug.
+	maxExDeleting int
+	made          int // replicas that appeared while armed
 }
 
 func startPoolBenchWatch(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, ns, pool string) *poolBenchWatch {
@@ -386,14 +390,19 @@ func (w *poolBenchWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 	if !w.armed {
 		return
 	}
-	av := 0
+	av, deleting := 0, 0
 	for _, o := range w.objs {
 		if o.available() {
 			av++
 		}
+		if o.deleting {
+			deleting++
+		}
 	}
 	w.minAv = min(w.minAv, av)
-	w.maxEx = max(w.maxEx, len(w.objs))
+	if len(w.objs) > w.maxEx {
+		w.maxEx, w.maxExDeleting = len(w.objs), deleting
+	}
 }
 
 // replicaSeen is what the watch last saw of a replica.
@@ -405,7 +414,7 @@ func (r replicaSeen) available() bool { return r.ready && !r.draining && !r.dele
 func (w *poolBenchWatch) arm(replicas int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.armed, w.minAv, w.maxEx, w.made = true, replicas, len(w.objs), 0
+	w.armed, w.minAv, w.maxEx, w.maxExDeleting, w.made = true, replicas, len(w.objs), 0, 0
 }
 
 func (w *poolBenchWatch) disarm() (minAvailable, maxExisting, made int) {
@@ -413,6 +422,14 @@ func (w *poolBenchWatch) disarm() (minAvailable, maxExisting, made int) {
 	defer w.mu.Unlock()
 	w.armed = false
 	return w.minAv, w.maxEx, w.made
+}
+
+// peakDeleting is how many of the most replicas seen while armed were
+// being deleted.
+func (w *poolBenchWatch) peakDeleting() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.maxExDeleting
 }
 
 func (w *poolBenchWatch) readyCount() int {

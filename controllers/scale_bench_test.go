@@ -502,9 +502,9 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	res.rotationMinAv, res.rotationMx, res.rotationCreates = w.disarm()
 	rsnap := hv.proxyRPCs.Snapshot()
 	res.rotationRPCs = float64(hv.proxyRPCs.Total()-hostCheckRPCs(rsnap)) / float64(max(1, res.rotationCreates))
-	b.Logf("rotation: %d started, %d created, in %s; fewest available %d (budget %d), most replicas %d (budget %d)",
+	b.Logf("rotation: %d started, %d created, in %s; fewest available %d (budget %d), most replicas %d (budget %d), %d of them being deleted",
 		res.rotationStarted, res.rotationCreates, res.rotation.Round(time.Millisecond), res.rotationMinAv, shape.replicas,
-		res.rotationMx, shape.replicas+res.rotationSurge)
+		res.rotationMx, shape.replicas+res.rotationSurge, w.peakDeleting())
 	w.stop()
 
 	// 4. Steady state: nothing changes; production intervals.
