@@ -683,6 +683,9 @@ type poolWatch struct {
 	rotated                     []rotation
 	rotatedSeen                 map[string]bool
 	mostRotating, mostExistEver int
+	// mostCreatingOnHost: the most replicas not yet Ready (nor being
+	// deleted) any one host had at any event.
+	mostCreatingOnHost int
 }
 
 type creation struct {
@@ -775,10 +778,15 @@ func (w *poolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 		w.rotated = append(w.rotated, rotation{name: p.Name, uid: p.UID, created: p.CreationTimestamp.Time, at: at})
 	}
 	existing, available, rotating := len(w.objs), 0, 0
+	creatingOn := map[string]int{}
 	for _, o := range w.objs {
 		_, draining := o.Annotations[crawlv1.DrainingAnnotation]
 		if !draining && o.DeletionTimestamp.IsZero() && conditions.IsTrue(o, crawlv1.ReadyCondition) {
 			available++
+		}
+		if o.DeletionTimestamp.IsZero() && !conditions.IsTrue(o, crawlv1.ReadyCondition) {
+			creatingOn[o.Spec.Placement.Host]++
+			w.mostCreatingOnHost = max(w.mostCreatingOnHost, creatingOn[o.Spec.Placement.Host])
 		}
 		if _, ok := o.Annotations[crawlv1.RotationAnnotation]; ok {
 			rotating++
@@ -827,6 +835,12 @@ func (w *poolWatch) events() int { w.mu.Lock(); defer w.mu.Unlock(); return w.n 
 func (w *poolWatch) maxExisting() int { w.mu.Lock(); defer w.mu.Unlock(); return w.mostExistEver }
 
 func (w *poolWatch) maxRotating() int { w.mu.Lock(); defer w.mu.Unlock(); return w.mostRotating }
+
+func (w *poolWatch) maxCreatingOnHost() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mostCreatingOnHost
+}
 
 func (w *poolWatch) creations() []creation {
 	w.mu.Lock()

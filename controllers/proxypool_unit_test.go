@@ -104,6 +104,9 @@ func newPoolUnit(t *testing.T, replicas int32, tune ...func(*crawlv1.ProxyPool))
 			Template: crawlv1.ProxyTemplate{Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": "p"}},
 				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian"}}},
 			Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(30))},
+			// One host takes every replica here: its create concurrency
+			// is not what these specs are about (the placement tests').
+			Placement: crawlv1.ProxyPoolPlacement{MaxConcurrentCreates: 1 << 10},
 		},
 	}
 	for _, f := range tune {

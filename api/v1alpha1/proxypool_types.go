@@ -264,7 +264,10 @@ type ProxyPoolRemediation struct {
 	// outage must not delete the fleet. Default 40%.
 	// +optional
 	MaxUnhealthy *intstr.IntOrString `json:"maxUnhealthy,omitempty"`
-	// MaxCreatesPerMinute caps replica creations of any cause; default 10.
+	// MaxCreatesPerMinute caps replica creations of any cause, pool-wide;
+	// absent means no such cap. Creates are bounded by
+	// spec.placement.maxConcurrentCreates, which follows what the hosts
+	// can boot; this is for a pool that must also go slowly.
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	MaxCreatesPerMinute int32 `json:"maxCreatesPerMinute,omitempty"`
@@ -302,6 +305,16 @@ type ProxyPoolPlacement struct {
 	// +optional
 	// +listType=atomic
 	Zones []string `json:"zones,omitempty"`
+	// MaxConcurrentCreates is how many replicas may be being created at
+	// once in one placement domain: on one KVMHost, counting every Proxy
+	// on it, of any pool (kvm); in one zone (gcp) or on one node
+	// (kubernetes), counting the pool's own, as zones (or nodes in use)
+	// times this for the pool. A replica is being created until it is
+	// Ready, fails for good, or reaches remediation.startupTimeout. So a
+	// pool fills as fast as its hosts boot guests. Default 4.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MaxConcurrentCreates int32 `json:"maxConcurrentCreates,omitempty"`
 }
 
 // ProxyPoolSpec is the desired fleet.

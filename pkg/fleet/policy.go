@@ -26,8 +26,11 @@ const (
 	DefaultStartupTimeout         = 10 * time.Minute
 	DefaultUnhealthyTimeout       = 5 * time.Minute
 	DefaultStartupBackoff         = 30 * time.Second
-	DefaultMaxCreatesPerMinute    = 10
 	DefaultMaxConcurrentRotations = 1
+	// DefaultMaxConcurrentCreates is the replicas one placement domain (a
+	// KVMHost, a zone, a node) may be creating at once: a hypervisor
+	// boots a few guests at a time well, and more only slow each other.
+	DefaultMaxConcurrentCreates = 4
 	// DefaultDeletionTimeout is how long a replica being deleted still
 	// holds its room (against maxSurge) and counts as room being made.
 	// Deleting an instance takes seconds on kvm and a minute or two on
@@ -72,8 +75,15 @@ type Policy struct {
 	// DeletionTimeout: how long a replica being deleted holds its room.
 	DeletionTimeout time.Duration
 	// MaxUnhealthy is resolved against the live replicas at each decision.
-	MaxUnhealthy        intstr.IntOrString
+	MaxUnhealthy intstr.IntOrString
+	// MaxCreatesPerMinute 0: no pool-wide cap.
 	MaxCreatesPerMinute int
+	// MaxConcurrentCreates is per placement domain (placement keeps it
+	// for hosts); MaxCreating is the pool's replicas being created at
+	// once, all domains together, which the controller sets where
+	// placement cannot keep the per-domain bound (zones, nodes); 0: none.
+	MaxConcurrentCreates int
+	MaxCreating          int
 
 	Order crawlv1.ScaleDownOrder
 
@@ -101,7 +111,7 @@ func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
 		StartupBackoff:         DefaultStartupBackoff,
 		DeletionTimeout:        DefaultDeletionTimeout,
 		MaxUnhealthy:           DefaultMaxUnhealthy,
-		MaxCreatesPerMinute:    DefaultMaxCreatesPerMinute,
+		MaxConcurrentCreates:   DefaultMaxConcurrentCreates,
 		Order:                  spec.ScaleDown.Order,
 	}
 	if spec.Replicas != nil {
@@ -155,8 +165,9 @@ func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
 		}
 		p.MaxUnhealthy = *rem.MaxUnhealthy
 	}
-	if rem.MaxCreatesPerMinute > 0 {
-		p.MaxCreatesPerMinute = int(rem.MaxCreatesPerMinute)
+	p.MaxCreatesPerMinute = max(0, int(rem.MaxCreatesPerMinute))
+	if c := spec.Placement.MaxConcurrentCreates; c > 0 {
+		p.MaxConcurrentCreates = int(c)
 	}
 	if p.Order == "" {
 		p.Order = crawlv1.ScaleDownOldest

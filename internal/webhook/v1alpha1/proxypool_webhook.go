@@ -283,6 +283,9 @@ func validatePoolSpec(s *crawlv1.ProxyPoolSpec) field.ErrorList {
 	if m.MaxCreatesPerMinute < 0 {
 		errs = append(errs, field.Invalid(rem.Child("maxCreatesPerMinute"), m.MaxCreatesPerMinute, "must be at least 1"))
 	}
+	if s.Placement.MaxConcurrentCreates < 0 {
+		errs = append(errs, field.Invalid(spec.Child("placement", "maxConcurrentCreates"), s.Placement.MaxConcurrentCreates, "must be at least 1"))
+	}
 	if s.Replicas != nil && *s.Replicas < 0 {
 		errs = append(errs, field.Invalid(spec.Child("replicas"), *s.Replicas, "must not be negative"))
 	}
