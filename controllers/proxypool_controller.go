@@ -1019,15 +1019,8 @@ func (r *ProxyPoolReconciler) setRotationBehind(pool *crawlv1.ProxyPool, policy 
 	}
 	tooSlow := ""
 	if s.RotationCapacity < policy.Replicas {
-		tooSlow = fmt.Sprintf("the rotation limits replace at most %d of %d replicas per maxAge %s (rotation.maxConcurrent %d, rollout.maxSurge %d, %s a rotation",
-			s.RotationCapacity, policy.Replicas, policy.MaxAge, policy.MaxConcurrentRotations, policy.MaxSurge, policy.RotationTime())
-		if policy.RotationInterval > 0 {
-			tooSlow += fmt.Sprintf(", rotation.minInterval %s", policy.RotationInterval)
-		}
-		if policy.MaxCreatesPerMinute > 0 {
-			tooSlow += fmt.Sprintf(", remediation.maxCreatesPerMinute %d", policy.MaxCreatesPerMinute)
-		}
-		tooSlow += "): raise them"
+		tooSlow = fmt.Sprintf("the rotation limits replace at most %d of %d replicas per maxAge %s (%s): raise them",
+			s.RotationCapacity, policy.Replicas, policy.MaxAge, policy.RotationLimits())
 	}
 	var reason, msg string
 	switch {

@@ -241,6 +241,22 @@ func (p Policy) RotationsPerMaxAge() int {
 	return int(min(n, math.MaxInt32))
 }
 
+// RotationLimits names the limits RotationsPerMaxAge follows, with their
+// values, for a message that says what to raise.
+func (p Policy) RotationLimits() string {
+	s := fmt.Sprintf("rotation.maxConcurrent %d, rollout.maxSurge %d, %s a rotation", p.MaxConcurrentRotations, p.MaxSurge, p.RotationTime())
+	if p.RotationInterval > 0 {
+		s += fmt.Sprintf(", rotation.minInterval %s", p.RotationInterval)
+	}
+	if p.MaxCreatesPerMinute > 0 {
+		s += fmt.Sprintf(", remediation.maxCreatesPerMinute %d", p.MaxCreatesPerMinute)
+	}
+	if p.MaxCreating > 0 {
+		s += fmt.Sprintf(", %d replicas being created at once", p.MaxCreating)
+	}
+	return s
+}
+
 // scaled resolves a count or percentage of replicas; nil is def.
 func scaled(v *intstr.IntOrString, def, replicas int, roundUp bool) (int, error) {
 	if v == nil {
