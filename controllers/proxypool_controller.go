@@ -914,6 +914,7 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 	setAvailable(pool, policy, plan.Status)
 	setRollingOut(pool, policy, plan.Status)
 	setRotating(pool, policy, plan.Status, now)
+	r.setRotationBehind(pool, policy, plan.Status)
 	r.setRemediating(pool, policy, plan.Status)
 	r.setDeletionStuck(pool, policy, plan.Status)
 	r.setTraffic(pool, now)
@@ -942,7 +943,8 @@ func setReplicaCounts(st *crawlv1.ProxyPoolStatus, policy poolfleet.Policy, plan
 	st.DistinctHosts, st.DistinctEgressAddresses = int32(len(hosts)), int32(distinctEgress(published))
 	st.Rotation = nil
 	if policy.MaxAge > 0 {
-		st.Rotation = &crawlv1.ProxyPoolRotationStatus{LastTime: metaTime(s.LastRotation), NextTime: metaTime(s.NextRotation)}
+		st.Rotation = &crawlv1.ProxyPoolRotationStatus{LastTime: metaTime(s.LastRotation), NextTime: metaTime(s.NextRotation),
+			OverdueReplicas: int32(s.RotationOverdue)}
 	}
 }
 
@@ -1003,6 +1005,45 @@ func setRotating(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.S
 		}
 		setPoolCondition(pool, crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationIdleReason, msg)
 	}
+}
+
+// setRotationBehind says whether rotation keeps the replicas within maxAge:
+// True when one is past it by more than the grace, or when the limits
+// cannot replace the pool within one maxAge (before any replica is late,
+// so the user can act in time), with a Warning event when it turns True.
+// It says nothing of availability: an old replica still serves.
+func (r *ProxyPoolReconciler) setRotationBehind(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.Summary) {
+	if policy.MaxAge == 0 {
+		setPoolCondition(pool, crawlv1.PoolRotationBehindCondition, false, crawlv1.PoolRotationDisabledReason, "no rotation.maxAge")
+		return
+	}
+	tooSlow := ""
+	if s.RotationCapacity < policy.Replicas {
+		tooSlow = fmt.Sprintf("the rotation limits replace at most %d of %d replicas per maxAge %s (%s): raise them",
+			s.RotationCapacity, policy.Replicas, policy.MaxAge, policy.RotationLimits())
+	}
+	var reason, msg string
+	switch {
+	case s.RotationLate > 0:
+		reason = crawlv1.PoolReplicasOverdueReason
+		msg = fmt.Sprintf("%d replicas older than maxAge %s by more than %s (%d past maxAge)", s.RotationLate, policy.MaxAge, policy.RotationGrace(), s.RotationOverdue)
+		switch {
+		case policy.Paused:
+			msg += "; paused"
+		case tooSlow != "":
+			msg += "; " + tooSlow
+		}
+	case tooSlow != "":
+		reason, msg = crawlv1.PoolRotationTooSlowReason, tooSlow
+	default:
+		setPoolCondition(pool, crawlv1.PoolRotationBehindCondition, false, crawlv1.PoolRotationCaughtUpReason,
+			fmt.Sprintf("%d replicas past maxAge %s, none by more than %s", s.RotationOverdue, policy.MaxAge, policy.RotationGrace()))
+		return
+	}
+	if !conditions.IsTrue(pool, crawlv1.PoolRotationBehindCondition) {
+		r.Recorder.Event(pool, "Warning", crawlv1.PoolRotationBehindCondition, msg)
+	}
+	setPoolCondition(pool, crawlv1.PoolRotationBehindCondition, true, reason, msg)
 }
 
 // setRemediating writes Remediating and RemediationAllowed, with an event

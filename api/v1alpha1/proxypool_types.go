@@ -90,6 +90,12 @@ const (
 	// available replica leaves from its own address. False gives the count
 	// and the cause ("3 replicas share 203.0.113.9 on host hv1 (NAT)").
 	PoolEgressDistinctCondition = "EgressDistinct"
+	// PoolRotationBehindCondition: True while rotation does not keep the
+	// replicas within rotation.maxAge: a replica is older than maxAge by
+	// more than its grace (the longer of jitter and one rotation), or the
+	// rotation limits (maxConcurrent, maxSurge, minInterval, the create
+	// limits) replace fewer replicas per maxAge than the pool has.
+	PoolRotationBehindCondition = "RotationBehind"
 	// PoolBanReplacementPausedCondition: True while ban reports wait,
 	// unreplaced, for spec.bans (the hourly budget or maxBanned).
 	PoolBanReplacementPausedCondition = "BanReplacementPaused"
@@ -121,6 +127,10 @@ const (
 	PoolRotationWaitingReason  = "Waiting"
 	PoolRotationIdleReason     = "Idle"
 	PoolRotationDisabledReason = "Disabled"
+	// RotationBehind.
+	PoolReplicasOverdueReason  = "ReplicasOverdue"
+	PoolRotationTooSlowReason  = "LimitsTooLow"
+	PoolRotationCaughtUpReason = "CaughtUp"
 	// Remediating.
 	PoolRemediatingReason = "Remediating"
 	// PoolRemediationBackoffReason: the unhealthy replicas wait for their
@@ -225,7 +235,10 @@ type ProxyPoolRotation struct {
 	// together.
 	// +optional
 	Jitter *metav1.Duration `json:"jitter,omitempty"`
-	// MaxConcurrent rotations in flight; default 1.
+	// MaxConcurrent rotations in flight. Default: as many as replace every
+	// replica within 80% of maxAge (each rotation taken as 2 minutes of
+	// boot, minReadySeconds and drainSeconds), at least 1 and at most
+	// rollout.maxSurge. A value set here wins.
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	MaxConcurrent int32 `json:"maxConcurrent,omitempty"`
@@ -450,12 +463,19 @@ type QuarantinedAddress struct {
 	ExpiresAt metav1.Time `json:"expiresAt"`
 }
 
-// ProxyPoolRotationStatus is when rotation last started one and next will.
+// ProxyPoolRotationStatus is when rotation last started one and next will,
+// and how far it is behind.
 type ProxyPoolRotationStatus struct {
 	// +optional
 	LastTime *metav1.Time `json:"lastTime,omitempty"`
 	// +optional
 	NextTime *metav1.Time `json:"nextTime,omitempty"`
+	// OverdueReplicas are the replicas older than maxAge that still serve
+	// (a count, not an age, so that it changes only when a replica
+	// crosses maxAge or goes).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	OverdueReplicas int32 `json:"overdueReplicas,omitempty"`
 }
 
 // ProxyPoolCreate is one replica creation.

@@ -87,6 +87,12 @@ type Summary struct {
 	// NextRotation is the earliest a rotation may start; zero without
 	// rotation.
 	NextRotation time.Time
+	// RotationOverdue are live replicas older than maxAge; RotationLate
+	// those older than maxAge by more than Policy.RotationGrace.
+	RotationOverdue, RotationLate int
+	// RotationCapacity is Policy.RotationsPerMaxAge: fewer than the
+	// replicas, and rotation cannot keep up.
+	RotationCapacity int
 
 	// EgressShared are live replicas whose egress address an older one
 	// has (egress.distinct Required): not published, being replaced.
