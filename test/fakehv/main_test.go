@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -54,8 +55,12 @@ func TestHostsServeTheConnPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := make(chan libvirt.DomainEventLifecycleMsg, 16)
+	// OnConnect runs in a goroutine of its own: the domain is defined only
+	// once the callback is registered, or its Defined event may go unseen.
+	subscribed := make(chan struct{})
 	pool := conn.New(conn.Options{OnConnect: func(_ string, c virt.Client, gone <-chan struct{}) {
 		ch, err := c.LifecycleEvents(ctx)
+		close(subscribed)
 		if err != nil {
 			t.Error(err)
 			return
@@ -77,6 +82,11 @@ func TestHostsServeTheConnPool(t *testing.T) {
 	err = pool.Do(ctx, h.Name, func(c virt.Client) error {
 		if name, err := c.ConnectGetHostname(); err != nil || name != h.Name {
 			t.Errorf("hostname %q (%v), want %q", name, err, h.Name)
+		}
+		select {
+		case <-subscribed:
+		case <-time.After(5 * time.Second):
+			return errors.New("OnConnect did not register for lifecycle events")
 		}
 		dom, err := c.DomainDefineXMLFlags(xml, 0)
 		if err != nil {
