@@ -53,7 +53,7 @@ func instance(pod *corev1.Pod) *provider.Instance {
 	case corev1.PodSucceeded, corev1.PodFailed:
 		// Get and Create replace such a pod; ListByTag still sees it.
 		out.State = provider.StateFailed
-		out.Message = strings.TrimSpace(fmt.Sprintf("pod %s: %s %s", strings.ToLower(string(pod.Status.Phase)), pod.Status.Reason, pod.Status.Message))
+		out.Message = terminated(pod)
 	default:
 		out.State = provider.StateUnknown
 		out.Message = fmt.Sprintf("pod phase %q", pod.Status.Phase)

@@ -65,7 +65,7 @@ func (p *Provider) podsOf(ctx context.Context, m *provider.Machine) ([]corev1.Po
 func allRunCounter(pods []corev1.Pod) bool {
 	for i := range pods {
 		pod := &pods[i]
-		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+		if pod.DeletionTimestamp != nil || terminated(pod) != "" {
 			continue
 		}
 		if !runsCounter(pod) {
@@ -75,6 +75,17 @@ func allRunCounter(pods []corev1.Pod) bool {
 	return true
 }
 
+// terminated says why pod has ended for good, or "" while it has not:
+// with restartPolicy Always a terminal pod was evicted or its node shut
+// down, and the kubelet will not start it again.
+func terminated(pod *corev1.Pod) string {
+	ph := pod.Status.Phase
+	if ph != corev1.PodFailed && ph != corev1.PodSucceeded {
+		return ""
+	}
+	return strings.TrimSpace(fmt.Sprintf("pod %s: %s %s", strings.ToLower(string(ph)), pod.Status.Reason, pod.Status.Message))
+}
+
 func incarnation(pod *corev1.Pod) int {
 	n, _ := strconv.Atoi(pod.Annotations[AnnotationIncarnation])
 	return n
@@ -82,10 +93,8 @@ func incarnation(pod *corev1.Pod) int {
 
 // gone says why pod will never serve again, or "" while it may.
 func (p *Provider) gone(ctx context.Context, pod *corev1.Pod) string {
-	if ph := pod.Status.Phase; ph == corev1.PodFailed || ph == corev1.PodSucceeded {
-		// restartPolicy Always: a terminal pod was evicted, or its node
-		// shut down; the kubelet will not start it again.
-		return strings.TrimSpace(fmt.Sprintf("pod %s: %s %s", strings.ToLower(string(ph)), pod.Status.Reason, pod.Status.Message))
+	if why := terminated(pod); why != "" {
+		return why
 	}
 	if pod.DeletionTimestamp == nil || time.Since(pod.DeletionTimestamp.Time) < p.opts.StuckDeletionAfter {
 		return ""
