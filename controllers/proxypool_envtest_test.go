@@ -229,13 +229,23 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		booter := startPoolBooter(testHosts, ns)
 		defer booter.stop()
 		w := watchPool(ns, "heal")
+		const startup = 5 * time.Second
 		pool := newPool(ns, "heal", 5, func(p *crawlv1.ProxyPool) {
-			p.Spec.Remediation.StartupTimeout = &metav1.Duration{Duration: 5 * time.Second}
+			p.Spec.Remediation.StartupTimeout = &metav1.Duration{Duration: startup}
 			p.Spec.Remediation.UnhealthyTimeout = &metav1.Duration{Duration: 2 * time.Second}
 		})
 		names := waitPoolReady(pool, 5)
-		// Older than the startup window, so a failure counts as unhealthy.
-		time.Sleep(6 * time.Second)
+		// Every replica older than the startup window, so a failure counts
+		// as unhealthy: counted from the newest one's creation (whole
+		// seconds, hence the margin), not from now, which waitPoolReady
+		// has already taken a good part of.
+		var newest time.Time
+		for _, n := range names {
+			if c := getProxy(ns, n).CreationTimestamp.Time; c.After(newest) {
+				newest = c
+			}
+		}
+		time.Sleep(time.Until(newest.Add(startup + time.Second)))
 		w.arm(5, 1, 1) // one replica down by the test's hand
 
 		victim := getProxy(ns, names[0])

@@ -33,7 +33,6 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 		pool     *crawlv1.ProxyPool
 		replicas []crawlv1.Proxy
 		r        *ProxyPoolReconciler
-		created  []string // KVMHosts, removed after the specs
 	)
 
 	// sizedReadyHost starts a hypervisor whose free memory is free (the
@@ -50,7 +49,6 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 		kh := &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		Expect(k8sClient.Patch(ctx, kh, client.RawPatch(types.MergePatchType,
 			[]byte(`{"spec":{"checkInterval":"3s","checkTimeout":"3s"}}`)))).To(Succeed())
-		created = append(created, name)
 		Eventually(func(g Gomega) {
 			kh := waitHostReason(name, crawlv1.HostReadyReason, 20*time.Second)
 			g.Expect(kh.Status.Capacity).NotTo(BeNil())
@@ -109,8 +107,9 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 		return kh.Status.Capacity
 	}
 
-	// The hosts are checked and the Proxies probed every few seconds for
-	// as long as they exist: remove them so later specs do not pay for them.
+	// The Proxies are probed every second for as long as they exist:
+	// remove them so later specs do not pay for them (createKVMHost
+	// removes the hosts).
 	AfterAll(func() {
 		relistAll := &crawlv1.ProxyList{}
 		Expect(k8sClient.List(ctx, relistAll, client.InNamespace(ns))).To(Succeed())
@@ -119,9 +118,6 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 		}
 		for _, p := range relistAll.Items {
 			waitProxyGone(ns, p.Name, 30*time.Second)
-		}
-		for _, name := range created {
-			Expect(client.IgnoreNotFound(k8sClient.Delete(ctx, &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name}}))).To(Succeed())
 		}
 	})
 
