@@ -58,11 +58,15 @@ LDFLAGS=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	LDFLAGS+=" -X $pkg.gitVersion=v$VERSION -X $pkg.gitMajor=${VERSION%%.*} -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 done
-for c in "$@"; do
-	[ -x "$OUT/$c" ] && continue
-	t=$(date +%s)
-	log "building $c v$VERSION"
-	(cd "$MOD" && go build -ldflags "$LDFLAGS" -o "$OUT/$c.tmp" "k8s.io/kubernetes/cmd/$c")
-	mv "$OUT/$c.tmp" "$OUT/$c"
-	log "$c built in $(($(date +%s) - t)) s"
-done
+missing=()
+for c in "$@"; do [ -x "$OUT/$c" ] || missing+=("$c"); done
+[ ${#missing[@]} -eq 0 ] && exit 0
+# One `go build` for all of them: the packages they share (most of
+# k8s.io/kubernetes) are compiled once, in parallel, rather than per command.
+t=$(date +%s)
+log "building ${missing[*]} v$VERSION"
+tmp=$(mktemp -d "$OUT/.build.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+(cd "$MOD" && go build -ldflags "$LDFLAGS" -o "$tmp/" "${missing[@]/#/k8s.io/kubernetes/cmd/}")
+for c in "${missing[@]}"; do mv "$tmp/$c" "$OUT/$c"; done
+log "${missing[*]} built in $(($(date +%s) - t)) s"

@@ -9,24 +9,22 @@
 #                             k8s.io/kubernetes at the envtest version, from
 #                             the same throw-away module (hack/kube-build.sh)
 #   containerd, containerd-shim-runc-v2, ctr   github.com/containerd/containerd/v2
-#   runc                      github.com/opencontainers/runc, with seccomp
-#                             (RuntimeDefault, which restricted Pod Security
-#                             requires), linked against Debian's libseccomp
-#   cni/{bridge,host-local,loopback,portmap}   github.com/containernetworking/plugins
+#   runc                      Debian's runc (built with seccomp, which
+#                             RuntimeDefault and so restricted Pod Security need)
+#   cni/{bridge,host-local,loopback,portmap}   Debian's containernetworking-plugins
 #   pause                     build/pause/linux/pause.c of k8s.io/kubernetes,
 #                             static, as upstream builds the pause image's binary
 #
-# Each component is cached in the user cache directory under its version
-# (like the envtest binaries), so only a machine's first run pays; the
-# printed directory holds symlinks to them. Debian packages it needs (gcc,
-# libseccomp-dev, ...) are installed when missing (root).
+# Each built component is cached in the user cache directory under its
+# version (like the envtest binaries), so only a machine's first run pays;
+# the printed directory holds symlinks to them, keyed by every version in
+# it (the Debian ones included). Debian packages it needs are installed
+# when missing (root).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 K8S_VERSION="${ENVTEST_K8S_VERSION:-1.36.3}"
 CONTAINERD_VERSION="${NODE_CONTAINERD_VERSION:-2.4.2}"
-RUNC_VERSION="${NODE_RUNC_VERSION:-1.5.3}"
-CNI_VERSION="${NODE_CNI_VERSION:-1.10.0}"
 PAUSE_VERSION=3.10.2 # kubeadm's pause for this Kubernetes line
 
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
@@ -35,13 +33,14 @@ PLATFORM="$(go env GOOS)-$(go env GOARCH)"
 NODE=$CACHE/node
 KUBE_DIR=$NODE/kubernetes-v$K8S_VERSION-$PLATFORM
 CTRD_DIR=$NODE/containerd-v$CONTAINERD_VERSION-$PLATFORM
-RUNC_DIR=$NODE/runc-v$RUNC_VERSION-$PLATFORM
-CNI_DIR=$NODE/cni-plugins-v$CNI_VERSION-$PLATFORM
 PAUSE_DIR=$NODE/pause-$PAUSE_VERSION-$PLATFORM
-OUT=$NODE/bin-k8s$K8S_VERSION-containerd$CONTAINERD_VERSION-runc$RUNC_VERSION-cni$CNI_VERSION-$PLATFORM
+# Debian installs the plugins here (containernetworking-plugins).
+DEBIAN_CNI_DIR=/usr/lib/cni
 
-PACKAGES=(gcc libc6-dev libseccomp-dev pkg-config)
+PACKAGES=(gcc libc6-dev runc containernetworking-plugins iptables)
 CNI_PLUGINS=(bridge host-local loopback portmap)
+
+debian_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null; }
 
 log() { echo "node-assets: $*" >&2; }
 since() { echo "$(($(date +%s) - $1)) s"; }
@@ -94,44 +93,13 @@ build_containerd() {
 	throwaway "$w" "$m@v$CONTAINERD_VERSION" "$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr"
 	mkdir -p "$CTRD_DIR"
 	local ld="-X $m/version.Version=v$CONTAINERD_VERSION -X $m/version.Package=$m"
-	# The upstream Makefile's tags: no btrfs/devmapper/zfs snapshotters
-	# (cgo and libraries this node does not use); the shim without gRPC.
-	(cd "$w" && CGO_ENABLED=0 go build -tags 'urfave_cli_no_docs no_btrfs no_devmapper no_zfs' -ldflags "$ld" -o "$CTRD_DIR/containerd" "$m/cmd/containerd")
-	(cd "$w" && CGO_ENABLED=0 go build -tags 'urfave_cli_no_docs no_grpc' -ldflags "$ld" -o "$CTRD_DIR/containerd-shim-runc-v2" "$m/cmd/containerd-shim-runc-v2")
-	(cd "$w" && CGO_ENABLED=0 go build -tags 'urfave_cli_no_docs' -ldflags "$ld" -o "$CTRD_DIR/ctr" "$m/cmd/ctr")
+	# One `go build` so the three share their compiled packages. The tags
+	# leave out the btrfs/devmapper/zfs snapshotters (cgo and libraries
+	# this node does not use), as the upstream Makefile allows.
+	(cd "$w" && CGO_ENABLED=0 go build -tags 'urfave_cli_no_docs no_btrfs no_devmapper no_zfs' -ldflags "$ld" \
+		-o "$w/bin/" "$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr")
+	mv "$w/bin/containerd" "$w/bin/containerd-shim-runc-v2" "$w/bin/ctr" "$CTRD_DIR/"
 	log "containerd built in $(since "$t")"
-}
-
-build_runc() {
-	all_there "$RUNC_DIR" runc && return 0
-	local t m=github.com/opencontainers/runc w=$WORK/runc
-	t=$(date +%s)
-	log "building runc v$RUNC_VERSION (seccomp)"
-	throwaway "$w" "$m@v$RUNC_VERSION" "$m"
-	mkdir -p "$RUNC_DIR"
-	(cd "$w" && CGO_ENABLED=1 go build -tags seccomp -ldflags "-X main.version=$RUNC_VERSION" -o "$RUNC_DIR/runc.tmp" "$m")
-	"$RUNC_DIR/runc.tmp" --version | grep -q libseccomp || {
-		log "runc was built without seccomp"
-		exit 1
-	}
-	mv "$RUNC_DIR/runc.tmp" "$RUNC_DIR/runc"
-	log "runc built in $(since "$t")"
-}
-
-build_cni() {
-	all_there "$CNI_DIR" "${CNI_PLUGINS[@]}" && return 0
-	local t m=github.com/containernetworking/plugins w=$WORK/cni p pkgs=()
-	t=$(date +%s)
-	log "building CNI plugins v$CNI_VERSION (${CNI_PLUGINS[*]})"
-	declare -A where=([bridge]=main/bridge [loopback]=main/loopback [host-local]=ipam/host-local [portmap]=meta/portmap)
-	for p in "${CNI_PLUGINS[@]}"; do pkgs+=("$m/plugins/${where[$p]}"); done
-	throwaway "$w" "$m@v$CNI_VERSION" "${pkgs[@]}"
-	mkdir -p "$CNI_DIR"
-	for p in "${CNI_PLUGINS[@]}"; do
-		(cd "$w" && CGO_ENABLED=0 go build -ldflags "-X $m/pkg/utils/buildversion.BuildVersion=v$CNI_VERSION" \
-			-o "$CNI_DIR/$p" "$m/plugins/${where[$p]}")
-	done
-	log "CNI plugins built in $(since "$t")"
 }
 
 build_pause() {
@@ -144,11 +112,14 @@ build_pause() {
 	mv "$PAUSE_DIR/pause.tmp" "$PAUSE_DIR/pause"
 }
 
+ensure_packages
+RUNC_VERSION=$(debian_version runc)
+CNI_VERSION=$(debian_version containernetworking-plugins)
+OUT=$NODE/bin-k8s$K8S_VERSION-containerd$CONTAINERD_VERSION-runc$RUNC_VERSION-cni$CNI_VERSION-$PLATFORM
 if [ -f "$OUT/.complete" ]; then
 	echo "$OUT"
 	exit 0
 fi
-ensure_packages
 mkdir -p "$NODE"
 exec 9>"$NODE/.build.lock"
 flock 9
@@ -157,27 +128,26 @@ trap 'rm -rf "$WORK"' EXIT
 
 T0=$(date +%s)
 ENVTEST=$("$HERE/envtest-assets.sh")
-"$HERE/kube-build.sh" "$K8S_VERSION" "$KUBE_DIR" kubelet kube-controller-manager kube-scheduler kube-proxy kubectl
+KUBE_COMMANDS=(kubelet kube-controller-manager kube-scheduler kube-proxy kubectl)
+APISERVER=$ENVTEST/kube-apiserver
+if ! "$APISERVER" --version | grep -qF "v$K8S_VERSION"; then
+	# Built before hack/kube-build.sh stamped versions: clients and the
+	# node would see v0.0.0-master. Same module and build, so it costs
+	# only its link.
+	KUBE_COMMANDS+=(kube-apiserver)
+	APISERVER=$KUBE_DIR/kube-apiserver
+fi
+"$HERE/kube-build.sh" "$K8S_VERSION" "$KUBE_DIR" "${KUBE_COMMANDS[@]}"
 build_containerd
-build_runc
-build_cni
 build_pause
 
 rm -rf "$OUT"
 mkdir -p "$OUT/cni"
-ln -s "$ENVTEST/etcd" "$OUT/"
-if "$ENVTEST/kube-apiserver" --version | grep -qF "v$K8S_VERSION"; then
-	ln -s "$ENVTEST/kube-apiserver" "$OUT/"
-else
-	# Built before hack/kube-build.sh stamped versions: clients and the
-	# node would see v0.0.0-master. Same module, so only the link is new.
-	"$HERE/kube-build.sh" "$K8S_VERSION" "$KUBE_DIR" kube-apiserver
-	ln -s "$KUBE_DIR/kube-apiserver" "$OUT/"
-fi
+ln -s "$ENVTEST/etcd" "$APISERVER" "$OUT/"
 for b in kubelet kube-controller-manager kube-scheduler kube-proxy kubectl; do ln -s "$KUBE_DIR/$b" "$OUT/"; done
 for b in containerd containerd-shim-runc-v2 ctr; do ln -s "$CTRD_DIR/$b" "$OUT/"; done
-ln -s "$RUNC_DIR/runc" "$PAUSE_DIR/pause" "$OUT/"
-for p in "${CNI_PLUGINS[@]}"; do ln -s "$CNI_DIR/$p" "$OUT/cni/"; done
+ln -s "$(command -v runc)" "$PAUSE_DIR/pause" "$OUT/"
+for p in "${CNI_PLUGINS[@]}"; do ln -s "$DEBIAN_CNI_DIR/$p" "$OUT/cni/"; done
 printf 'K8S_VERSION=%s\nCONTAINERD_VERSION=%s\nRUNC_VERSION=%s\nCNI_VERSION=%s\nPAUSE_VERSION=%s\n' \
 	"$K8S_VERSION" "$CONTAINERD_VERSION" "$RUNC_VERSION" "$CNI_VERSION" "$PAUSE_VERSION" >"$OUT/versions.env"
 touch "$OUT/.complete"
