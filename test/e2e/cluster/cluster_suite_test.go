@@ -57,7 +57,7 @@ type env struct {
 var (
 	cfg env
 	k8s client.Client
-	// origin is the test's web server on the node address, port 80: the
+	// origin is the test's web server on originIP, port 80: the
 	// destination of every request through a proxy (the manager's probe
 	// too): / answers 204, /ip the caller's address.
 	origin *http.Server
@@ -100,8 +100,9 @@ var _ = BeforeSuite(func() {
 	k8s, err = client.New(rc, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
 
-	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.NodeIP, "80"))
-	Expect(err).NotTo(HaveOccurred(), "the origin server listens on the node address (inside the node's netns)")
+	addNodeAddress(originIP)
+	ln, err := net.Listen("tcp", net.JoinHostPort(originIP, "80"))
+	Expect(err).NotTo(HaveOccurred(), "the origin server listens on its own address (inside the node's netns)")
 	origin = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/ip" {
 			host, _, _ := net.SplitHostPort(r.RemoteAddr)

@@ -411,14 +411,21 @@ patches:
 `
 }
 
-func originURL(path string) string { return "http://" + cfg.NodeIP + path }
+// originIP is where the origin listens: an address of the node's netns
+// that is not the Node's. Every squid of the kubernetes provider refuses
+// the cluster's own ranges, the Nodes' addresses among them, whatever the
+// Proxy's allowedDestinationExceptions say; a crawler's target is never a
+// node.
+const originIP = "10.250.1.1"
 
-// accessYAML admits the suite (from src) to the origin on the node address.
+func originURL(path string) string { return "http://" + originIP + path }
+
+// accessYAML admits the suite (from src) to the origin.
 func accessYAML(src string) string {
 	return `
   access:
     allowedSourceCIDRs: [` + src + `/32]
-    allowedDestinationExceptions: [` + cfg.NodeIP + `/32]`
+    allowedDestinationExceptions: [` + originIP + `/32]`
 }
 
 func proxyYAML(name, extra string) string {
