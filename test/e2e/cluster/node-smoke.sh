@@ -14,7 +14,7 @@
 #      no mount, no containerd state.
 #
 # Exit code 0 only if the pod ran and the teardown left nothing. Timings
-# (CLUSTER-TIMING lines) go to stderr and $OUT/timings.txt; component logs
+# (NODE-TIMING lines) go to stderr and $OUT/timings.txt; component logs
 # stay in $OUT/node/logs. Environment: E2E_OUT (default bin/e2e-node).
 set -uo pipefail
 E2E_TAG=node
@@ -28,14 +28,7 @@ OUT=$(cd "$OUT" && pwd)
 STATE=$OUT/node
 NS=smoke
 : >"$OUT/timings.txt"
-timed() { # timed NAME CMD...: run CMD, record its wall time
-	local t rc
-	t=$(e2e_now)
-	"${@:2}"
-	rc=$?
-	echo "CLUSTER-TIMING $1=$(e2e_since "$t")s" | tee -a "$OUT/timings.txt" >&2
-	return $rc
-}
+timed() { e2e_timed "$OUT/timings.txt" "$@"; }
 
 set -e
 timed node_assets eval 'ASSETS=$("$E2E_ROOT/hack/node-assets.sh")'

@@ -34,14 +34,7 @@ RUN=$OUT/run-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN"
 T0=$(e2e_now)
 : >"$RUN/timings.txt"
-timed() { # timed NAME CMD...: run CMD, record its wall time
-	local t rc
-	t=$(e2e_now)
-	"${@:2}"
-	rc=$?
-	echo "CLUSTER-TIMING $1=$(e2e_since "$t")s" | tee -a "$RUN/timings.txt" >&2
-	return $rc
-}
+timed() { e2e_timed "$RUN/timings.txt" "$@"; }
 
 set -e
 timed node_assets eval 'ASSETS=$("$E2E_ROOT/hack/node-assets.sh")'
