@@ -221,15 +221,19 @@ type benchTiming struct {
 // productionTiming is main.go's flag defaults.
 var productionTiming = benchTiming{scale: 1, probe: 30 * time.Second, provisionPoll: 5 * time.Second, resync: 10 * time.Minute}
 
-// benchKVM is one iteration's hypervisors.
+// benchKVM is one iteration's hypervisors: in-memory hosts in this process
+// behind kvmtest.Conns, or (conns nil) hosts in a test/fakehv process that
+// the manager dials with the production conn pool over SSH, with the
+// KVMHosts' SSH Secret in secretNamespace.
 type benchKVM struct {
-	shape     fleetShape
-	names     []string
-	fakes     map[string]*fake.Fake
-	conns     *kvmtest.Conns
-	proxyRPCs *resyncObserver  // Proxy and KVMImage controllers
-	hostRPCs  *virt.RPCCounter // KVMHost health checks
-	probes    atomic.Int64     // proxy probes answered by benchProber
+	shape           fleetShape
+	names           []string
+	fakes           map[string]*fake.Fake
+	conns           *kvmtest.Conns
+	secretNamespace string
+	proxyRPCs       *resyncObserver  // Proxy and KVMImage controllers (and, with fakehv, health checks: hostCheckRPCs)
+	hostRPCs        *virt.RPCCounter // KVMHost health checks of in-process hosts
+	probes          atomic.Int64     // proxy probes answered by benchProber
 }
 
 // resyncObserver counts RPCs and notes when each
@@ -290,21 +294,29 @@ func newBenchFleet(b *testing.B, cl client.Client, shape fleetShape, iter int, o
 				StoragePool: kvmtest.PoolName, Network: kvmtest.NetworkName},
 		}))
 	}
-	imgSrv := kvmtest.NewImageServer("debian", 256<<10)
 	imageName := "bench-debian-" + suffix
-	benchMust(b, cl.Create(ctx, &crawlv1.KVMImage{
-		ObjectMeta: metav1.ObjectMeta{Name: imageName},
-		Spec: crawlv1.KVMImageSpec{URL: imgSrv.Image.URL, Checksum: imgSrv.Image.Checksum,
-			Format: crawlv1.ImageFormatRaw, Firmware: crawlv1.FirmwareUEFI},
-	}))
+	imgSrv := newBenchImage(b, cl, imageName)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-fleet-"}}
 	benchMust(b, cl.Create(ctx, ns))
 	return &benchFleet{hv: hv, image: imageName, namespace: ns.Name, imgSrv: imgSrv}
 }
 
+// newBenchImage serves a 256 KiB raw image and creates the KVMImage name
+// for it. Close the server when done.
+func newBenchImage(b *testing.B, cl client.Client, name string) *kvmtest.ImageServer {
+	imgSrv := kvmtest.NewImageServer("debian", 256<<10)
+	benchMust(b, cl.Create(context.Background(), &crawlv1.KVMImage{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: crawlv1.KVMImageSpec{URL: imgSrv.Image.URL, Checksum: imgSrv.Image.Checksum,
+			Format: crawlv1.ImageFormatRaw, Firmware: crawlv1.FirmwareUEFI},
+	}))
+	return imgSrv
+}
+
 // waitImageCached waits until the fleet's KVMImage is verified on every host.
 func (f *benchFleet) waitImageCached(b *testing.B, cl client.Client) {
-	benchWait(b, 60*time.Second, "KVMImage verified on every host", func() bool {
+	within := max(time.Minute, time.Duration(f.hv.shape.hosts)*time.Second)
+	benchWait(b, within, "KVMImage verified on every host", func() bool {
 		img := &crawlv1.KVMImage{}
 		return cl.Get(context.Background(), client.ObjectKey{Name: f.image}, img) == nil &&
 			int(img.Status.ReadyHosts) == f.hv.shape.hosts && conditions.IsTrue(img, crawlv1.ReadyCondition)
@@ -533,7 +545,13 @@ func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 		cancel()
 		b.Fatal(err)
 	}
-	hostSource := &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader()}
+	hostSource := &kvm.KubeHosts{Reader: m.GetClient(), SecretReader: m.GetAPIReader(), SecretNamespace: hv.secretNamespace}
+	kvmDeps := &KVMDeps{Hosts: hostSource, Observer: hv.proxyRPCs}
+	if hv.conns != nil {
+		kvmDeps.Pool = hv.conns
+		// Health checks on a provider of their own, counted apart.
+		kvmDeps.HostProber = kvm.New(kvm.Options{Hosts: hostSource, Pool: hv.conns, Observer: hv.hostRPCs})
+	}
 	deps := Deps{
 		Registry:  provider.NewRegistry(),
 		Prober:    benchProber{count: &hv.probes},
@@ -547,11 +565,7 @@ func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 			PortWatch: portwatch.Options{Dial: benchProber{}.dial},
 		},
 		Sweep: SweepOptions{Interval: time.Hour},
-		KVM: &KVMDeps{
-			Hosts: hostSource, Pool: hv.conns, Observer: hv.proxyRPCs,
-			// Health checks on a provider of their own, counted apart.
-			HostProber: kvm.New(kvm.Options{Hosts: hostSource, Pool: hv.conns, Observer: hv.hostRPCs}),
-		},
+		KVM:   kvmDeps,
 	}
 	for _, f := range tune {
 		f(&deps)
@@ -567,7 +581,11 @@ func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	// What conn.Pool does after each dial: hand the new connection to
 	// OnConnect, which subscribes to lifecycle events until it drops.
 	for _, name := range hv.names {
-		c := hv.fakes[name].Connect()
+		f, inProcess := hv.fakes[name]
+		if !inProcess {
+			continue // the real pool dials and subscribes
+		}
+		c := f.Connect()
 		bm.conns = append(bm.conns, c)
 		bm.subs.Go(func() { prov.OnConnect(name, c, c.Disconnected()) })
 	}
@@ -702,16 +720,20 @@ func startMemSampler() *memSampler {
 func (s *memSampler) stop() float64 { s.cancel(); <-s.done; return float64(s.peak) }
 
 // vmHWM is the process's peak resident set (VmHWM), in bytes.
-func vmHWM(b *testing.B) float64 {
-	f, err := os.Open("/proc/self/status")
+func vmHWM(b *testing.B) float64 { return procStatusBytes(b, "self", "VmHWM") }
+
+// procStatusBytes reads a memory field (VmHWM, VmRSS) of /proc/<pid>/status
+// in bytes; 0 when it cannot.
+func procStatusBytes(b *testing.B, pid, field string) float64 {
+	f, err := os.Open("/proc/" + pid + "/status")
 	if err != nil {
-		b.Logf("no /proc/self/status: %v", err)
+		b.Logf("no /proc/%s/status: %v", pid, err)
 		return 0
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 64)
 			if err == nil {
 				return kb * 1024
@@ -804,7 +826,7 @@ func benchMust(b *testing.B, err error) {
 	}
 }
 
-func formatCounts(m map[string]int) string {
+func formatCounts[V int | float64](m map[string]V) string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -812,7 +834,7 @@ func formatCounts(m map[string]int) string {
 	sort.Strings(keys)
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+		parts = append(parts, fmt.Sprintf("%s=%v", k, m[k]))
 	}
 	return strings.Join(parts, " ")
 }

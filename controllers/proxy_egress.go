@@ -56,40 +56,40 @@ func (o EgressOptions) retry() time.Duration { return max(o.Interval/10, time.Se
 // when due. Without a measurement the last one stands until StaleAfter,
 // then the egress is unknown. An address the operator assigned (static)
 // is left alone unless an echo sees another.
+//
+// Memory has the time of the last measurement; status may have an older
+// one, as holdHeartbeat holds a measurement that found the same address
+// out of status for up to a heartbeat. So the measurement is recorded
+// from memory (which also rewrites one whose status write was lost), and
+// staleness counts from it.
 func (r *ProxyReconciler) measureEgress(ctx context.Context, s *proxyScope, target proxyprobe.Target, probed string) {
 	p := s.proxy
 	now := r.Clock.Now()
+	instance := p.Status.Address + " " + p.Status.ProviderID
 	if probed != "" {
-		r.recordEgress(p, probed, now)
-		return
-	}
-	if url := r.echoURL(ctx, p); url != "" {
-		instance := p.Status.Address + " " + p.Status.ProviderID
-		if r.mem.echoDue(s.key, instance, now, r.Egress.Interval, r.Egress.retry()) {
-			addr, err := r.Echoer.Echo(ctx, url, target)
-			// A request squid counts (the probe just passed, so not
-			// one it refuses); a read echo is the origin's 200, which
-			// the upstream counter sees unless it went through a tunnel.
-			upstream := 0
-			if err == nil && strings.HasPrefix(url, "http://") {
-				upstream = http.StatusOK
-			}
-			r.Traffic.Sent(s.key, poolOf(p), false, upstream)
-			if err == nil {
-				r.mem.echoed(s.key, instance, now, addr.String())
-				r.recordEgress(p, addr.String(), now)
-				return
-			}
+		r.mem.echoed(s.key, instance, now, probed)
+	} else if url := r.echoURL(ctx, p); url != "" && r.mem.echoDue(s.key, instance, now, r.Egress.Interval, r.Egress.retry()) {
+		addr, err := r.Echoer.Echo(ctx, url, target)
+		// A request squid counts (the probe just passed, so not one it
+		// refuses); a read echo is the origin's 200, which the upstream
+		// counter sees unless it went through a tunnel.
+		upstream := 0
+		if err == nil && strings.HasPrefix(url, "http://") {
+			upstream = http.StatusOK
+		}
+		r.Traffic.Sent(s.key, poolOf(p), false, upstream)
+		if err != nil {
 			r.mem.echoed(s.key, instance, now, "")
 			s.log.Info("egress echo failed; the last measurement stands until it is stale", "err", err.Error())
+		} else {
+			r.mem.echoed(s.key, instance, now, addr.String())
 		}
-		if addr, at := r.mem.lastEcho(s.key, instance); addr != "" && (p.Status.EgressMeasuredAt == nil || p.Status.EgressMeasuredAt.Time.Before(at)) {
-			// The status write of that measurement was lost (a
-			// conflict with another writer, say): write it again
-			// rather than leave the egress unknown until the next echo
-			// is due.
-			r.recordEgress(p, addr, at)
-		}
+	}
+	// A stale one is not brought back: it would be dropped again below,
+	// with an address-changed Event at every probe.
+	if addr, at := r.mem.lastEcho(s.key, instance); addr != "" && now.Before(at.Add(r.Egress.StaleAfter)) &&
+		(p.Status.EgressMeasuredAt == nil || p.Status.EgressMeasuredAt.Time.Before(at)) {
+		r.recordEgress(p, addr, at)
 	}
 	if p.Status.EgressSource == crawlv1.EgressSourceStatic {
 		return

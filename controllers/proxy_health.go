@@ -90,21 +90,37 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 // `kubectl get` still shows that the probe is alive.
 const DefaultProbeHeartbeat = time.Hour
 
-// holdHeartbeat puts before's lastProbeTime back into after when it is all
-// that changed in status and is younger than heartbeat, so that a probe
-// that found nothing new writes nothing. With any other change the fresh
-// time is written along.
+// holdHeartbeat puts before's lastProbeTime and egressMeasuredAt back into
+// after when they are all that changed in status and are younger than
+// heartbeat, so that a probe or a measurement that found nothing new
+// writes nothing. With any other change, or one of them a heartbeat old,
+// the fresh times are written along.
 func holdHeartbeat(before, after *crawlv1.Proxy, heartbeat time.Duration) {
-	bp, ap := before.Status.Probe, after.Status.Probe
-	if bp == nil || ap == nil || bp.LastProbeTime == nil || ap.LastProbeTime == nil ||
-		!ap.LastProbeTime.Time.Before(bp.LastProbeTime.Add(heartbeat)) {
-		return
+	type heartbeatTime struct {
+		written *metav1.Time
+		fresh   **metav1.Time
 	}
-	probed := ap.LastProbeTime
-	ap.LastProbeTime = bp.LastProbeTime
+	times := []heartbeatTime{{before.Status.EgressMeasuredAt, &after.Status.EgressMeasuredAt}}
+	if bp, ap := before.Status.Probe, after.Status.Probe; bp != nil && ap != nil {
+		times = append(times, heartbeatTime{bp.LastProbeTime, &ap.LastProbeTime})
+	}
+	for _, t := range times {
+		if t.written != nil && *t.fresh != nil && !(*t.fresh).Time.Before(t.written.Add(heartbeat)) {
+			return
+		}
+	}
+	fresh := make([]*metav1.Time, len(times))
+	for i, t := range times {
+		fresh[i] = *t.fresh
+		if t.written != nil && fresh[i] != nil { // set or cleared is a change anyway
+			*t.fresh = t.written
+		}
+	}
 	// The patcher's own comparison, so "changed" means "would be written".
 	if _, changed, err := changes(before, after); err != nil || changed {
-		ap.LastProbeTime = probed
+		for i, t := range times {
+			*t.fresh = fresh[i]
+		}
 	}
 }
 

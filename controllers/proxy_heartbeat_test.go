@@ -13,15 +13,17 @@ import (
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
 
-// TestHoldHeartbeat: a probe's time is written with any other change of
-// status, or once the written one is a heartbeat old; else the written
-// one stays and status is unchanged.
+// TestHoldHeartbeat: a probe's time, and an egress measurement's that
+// found the same address, are written with any other change of status, or
+// once a written one is a heartbeat old; else the written ones stay and
+// status is unchanged.
 func TestHoldHeartbeat(t *testing.T) {
 	const heartbeat = time.Hour
 	written := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
 	steady := func() *crawlv1.Proxy {
 		p := &crawlv1.Proxy{Status: crawlv1.ProxyStatus{
 			Address: "192.0.2.1", EgressAddress: "203.0.113.1", Phase: crawlv1.ProxyReady,
+			EgressSource: crawlv1.EgressSourceEcho, EgressMeasuredAt: &metav1.Time{Time: written},
 			Probe: &crawlv1.ProxyProbeStatus{LastProbeTime: &metav1.Time{Time: written}},
 		}}
 		conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue,
@@ -34,6 +36,9 @@ func TestHoldHeartbeat(t *testing.T) {
 		after   func(*crawlv1.Proxy)
 		probed  time.Duration // after written
 		written bool          // the probe's time is written
+		// measured, when set: an echo measured the same address then
+		// (after written), and it is written along with the probe's time.
+		measured time.Duration
 	}{
 		{name: "nothing new", probed: 30 * time.Second},
 		{name: "nothing new, just under a heartbeat", probed: heartbeat - time.Second},
@@ -57,6 +62,15 @@ func TestHoldHeartbeat(t *testing.T) {
 		{name: "address changed", after: func(p *crawlv1.Proxy) { p.Status.Address = "192.0.2.2" }, probed: time.Second, written: true},
 		{name: "observed generation", after: func(p *crawlv1.Proxy) { p.Status.ObservedGeneration = 2 }, probed: time.Second, written: true},
 		{name: "metadata only", after: func(p *crawlv1.Proxy) { p.Finalizers = nil }, probed: time.Second},
+		{name: "egress measured again", probed: 10 * time.Minute, measured: 10 * time.Minute},
+		{name: "egress measured again, a heartbeat old", probed: heartbeat, measured: heartbeat, written: true},
+		{name: "egress measured again, probe heartbeat due", probed: heartbeat + time.Minute, measured: 50 * time.Minute, written: true},
+		{name: "egress measured again, its heartbeat due", probed: 30 * time.Second, measured: heartbeat, written: true},
+		{name: "egress measured again, with a change", after: func(p *crawlv1.Proxy) { p.Status.Probe.ConsecutiveFailures = 1 }, probed: time.Minute, measured: time.Minute, written: true},
+		{name: "egress first measured", before: func(p *crawlv1.Proxy) { p.Status.EgressMeasuredAt = nil }, probed: time.Second, measured: time.Second, written: true},
+		{name: "egress gone stale", after: func(p *crawlv1.Proxy) {
+			p.Status.EgressAddress, p.Status.EgressSource, p.Status.EgressMeasuredAt = "", crawlv1.EgressSourceUnknown, nil
+		}, probed: time.Minute, written: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,6 +84,10 @@ func TestHoldHeartbeat(t *testing.T) {
 			}
 			probed := metav1.NewTime(written.Add(tc.probed))
 			after.Status.Probe.LastProbeTime = &probed
+			measured := metav1.NewTime(written.Add(tc.measured))
+			if tc.measured != 0 {
+				after.Status.EgressMeasuredAt = &measured
+			}
 			if tc.after != nil {
 				tc.after(after)
 			}
@@ -77,6 +95,9 @@ func TestHoldHeartbeat(t *testing.T) {
 			got := after.Status.Probe.LastProbeTime
 			if tc.written != got.Equal(&probed) {
 				t.Fatalf("lastProbeTime %v, want the probe's %v written: %t", got, probed, tc.written)
+			}
+			if got := after.Status.EgressMeasuredAt; tc.measured != 0 && tc.written != got.Equal(&measured) {
+				t.Fatalf("egressMeasuredAt %v, want the measurement's %v written: %t", got, measured, tc.written)
 			}
 			if _, changed, err := changes(before, after); err != nil || changed != tc.written {
 				t.Fatalf("status changed %t (%v), want %t", changed, err, tc.written)
@@ -166,5 +187,78 @@ func TestSteadyProbesWriteNothing(t *testing.T) {
 		if _, n := probeMetric(t, name, e.key); n != 0 {
 			t.Fatalf("%d series of %s left after the Proxy went", n, name)
 		}
+	}
+}
+
+// TestSteadyEgressWritesOnlyTheHeartbeat: measurements that find the same
+// egress address, by the echo URL every interval or by a probe that echoes,
+// write status no more often than the heartbeat, while the egress never
+// goes stale; a new address is written at the measurement that finds it.
+func TestSteadyEgressWritesOnlyTheHeartbeat(t *testing.T) {
+	for _, byProbe := range []bool{false, true} {
+		t.Run(map[bool]string{false: "echo URL", true: "probe echoes"}[byProbe], func(t *testing.T) {
+			echo := &fakeEchoer{addr: "203.0.113.7"}
+			egress := func() string {
+				echo.mu.Lock()
+				defer echo.mu.Unlock()
+				return echo.addr
+			}
+			prober := &answerProber{probe: func(proxyprobe.Target) proxyprobe.Result {
+				res := proxyprobe.Result{OK: true, Through: true, StatusCode: 204, Latency: time.Millisecond}
+				if byProbe {
+					res.EgressAddress = egress()
+				}
+				return res
+			}}
+			e := newSecureEnv(t, secureProxy(managedAccess()), prober)
+			e.r.Echoer = echo
+			e.r.Egress = EgressOptions{Interval: 10 * time.Minute, StaleAfter: 30 * time.Minute}
+			if !byProbe {
+				e.r.Egress.EchoURL = "http://echo.example/ip"
+			}
+			e.r.ProbeInterval, e.r.ProbeHeartbeat = 30*time.Second, time.Hour
+			clk := e.r.Clock.(*clocktesting.FakePassiveClock)
+
+			e.reconcile()
+			p := e.reconcileFast()
+			if p.Status.Phase != crawlv1.ProxyReady || p.Status.EgressAddress != "203.0.113.7" || p.Status.EgressSource != crawlv1.EgressSourceEcho {
+				t.Fatalf("phase %s, egress %q (%s); want Ready, 203.0.113.7 (echo)", p.Status.Phase, p.Status.EgressAddress, p.Status.EgressSource)
+			}
+			e.drainEvents()
+			rv, writes := p.ResourceVersion, 0
+			for range 2 * time.Hour / e.r.ProbeInterval {
+				clk.SetTime(clk.Now().Add(e.r.ProbeInterval))
+				p = e.reconcileFast()
+				if p.Status.EgressAddress != "203.0.113.7" || p.Status.EgressSource != crawlv1.EgressSourceEcho {
+					t.Fatalf("at %v: egress %q (%s), want 203.0.113.7 (echo) throughout", clk.Now(), p.Status.EgressAddress, p.Status.EgressSource)
+				}
+				if p.ResourceVersion != rv {
+					writes, rv = writes+1, p.ResourceVersion
+				}
+			}
+			if writes != 2 {
+				t.Fatalf("2 h of steady probes and measurements wrote status %d times, want 2 (the hourly heartbeat)", writes)
+			}
+			if want := 13; !byProbe && echo.calls() != want {
+				t.Fatalf("%d echoes in 2 h, want %d (the first and one every 10 min)", echo.calls(), want)
+			}
+			if evs := e.drainEvents(); len(evs) != 0 {
+				t.Fatalf("events %q while nothing changed", evs)
+			}
+
+			echo.mu.Lock()
+			echo.addr = "198.51.100.9"
+			echo.mu.Unlock()
+			for range e.r.Egress.Interval / e.r.ProbeInterval {
+				clk.SetTime(clk.Now().Add(e.r.ProbeInterval))
+				if p = e.reconcileFast(); p.Status.EgressAddress != "203.0.113.7" {
+					break
+				}
+			}
+			if p.Status.EgressAddress != "198.51.100.9" || p.ResourceVersion == rv || !p.Status.EgressMeasuredAt.Time.Equal(clk.Now()) {
+				t.Fatalf("after the address moved: egress %q measured at %v (now %v), resourceVersion %s (was %s); want the new one written when measured",
+					p.Status.EgressAddress, p.Status.EgressMeasuredAt, clk.Now(), p.ResourceVersion, rv)
+			}
+		})
 	}
 }

@@ -33,6 +33,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	poolfleet "crawl.example.com/proxy-operator/pkg/fleet"
+	"crawl.example.com/proxy-operator/pkg/placement"
 	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
 
@@ -352,7 +353,8 @@ func (r *ProxyPoolReconciler) reconcileNormal(ctx context.Context, pool *crawlv1
 	releaseErr := r.releaseHeldClaims(ctx, r.Client, pool, mem.bans.quarantine)
 	templateHash := poolfleet.TemplateHash(&pool.Spec.Template)
 	hash := replicaHash(templateHash, creds)
-	state, byName := r.fleetState(ctx, pool, mem, replicas, hash, now)
+	state, byName := r.fleetState(ctx, pool, mem, replicas, hash, policy.StartupTimeout, now)
+	policy.MaxCreating = r.poolCreateLimit(pool, policy, replicas)
 	shared := r.sharingEgress(pool, replicas)
 	for i := range state.Replicas {
 		state.Replicas[i].EgressShared = shared[state.Replicas[i].Name]
@@ -527,7 +529,8 @@ func (r *ProxyPoolReconciler) nextLook(pool *crawlv1.ProxyPool, res ctrl.Result,
 
 // fleetState is what Decide sees of the pool: its replicas (also returned
 // by name), when it last rotated one, its recent creates and lineages.
-func (r *ProxyPoolReconciler) fleetState(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, replicas []crawlv1.Proxy, hash string, now time.Time) (poolfleet.State, map[string]*crawlv1.Proxy) {
+func (r *ProxyPoolReconciler) fleetState(ctx context.Context, pool *crawlv1.ProxyPool, mem *poolMemory, replicas []crawlv1.Proxy, hash string,
+	startupTimeout time.Duration, now time.Time) (poolfleet.State, map[string]*crawlv1.Proxy) {
 	byName := make(map[string]*crawlv1.Proxy, len(replicas))
 	state := poolfleet.State{Now: now, PlacementBlocked: conditions.IsTrue(pool, crawlv1.PoolPlacementBlockedCondition)}
 	if rot := pool.Status.Rotation; rot != nil && rot.LastTime != nil {
@@ -542,6 +545,7 @@ func (r *ProxyPoolReconciler) fleetState(ctx context.Context, pool *crawlv1.Prox
 		p := &replicas[i]
 		byName[p.Name] = p
 		rep := replicaFrom(p, hash)
+		rep.Creating = creating(p, startupTimeout, now)
 		if !rep.DeletingSince.IsZero() && !rep.DeletionStuck {
 			rep.DeletionStuck = r.hostUnreachable(ctx, p)
 		}
@@ -756,7 +760,8 @@ func (r *ProxyPoolReconciler) delete(ctx context.Context, mem *poolMemory, p *cr
 }
 
 // create makes the planned replicas, each placed first. It reports whether
-// placement refused one (the rest wait for the next attempt).
+// placement refused one or held it for the creates in flight (the rest
+// wait for the next attempt).
 //
 // Placement runs one replica after another (each sees those placed before
 // it); the creates then go in batches of 1, 2, 4, ... up to maxCreateBatch
@@ -768,6 +773,7 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 	log := logf.FromContext(ctx)
 	all := slices.Clone(replicas)
 	var placed []*crawlv1.Proxy
+	waiting := false
 	for _, c := range creates {
 		p, err := r.newReplica(pool, kind, c, all)
 		if err != nil {
@@ -776,6 +782,13 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 		why, err := r.place(ctx, pool, all, p)
 		if err != nil {
 			return nil, false, fmt.Errorf("place a replica: %w", err)
+		}
+		if why != nil && why.Reason == placement.CreatesInFlight {
+			// Not blocked: the hosts are busy booting. A replica's Ready
+			// wakes the pool; the retry covers other pools' creates.
+			log.V(1).Info("creates wait for those in flight", "message", why.Message)
+			waiting = true
+			break
 		}
 		if why != nil {
 			conditions.Set(pool, metav1.Condition{Type: crawlv1.PoolPlacementBlockedCondition, Status: metav1.ConditionTrue,
@@ -819,7 +832,7 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 		log.Info("created replica", "proxy", client.ObjectKeyFromObject(p), "templateHash", kind.hash)
 	}
 	r.event(pool, "Created", "created", names)
-	return made, blocked, errors.Join(failed...)
+	return made, blocked || waiting, errors.Join(failed...)
 }
 
 // replicaKind is what makes a new replica of the pool now: its template
@@ -901,6 +914,7 @@ func (r *ProxyPoolReconciler) setStatus(pool *crawlv1.ProxyPool, policy poolflee
 	setAvailable(pool, policy, plan.Status)
 	setRollingOut(pool, policy, plan.Status)
 	setRotating(pool, policy, plan.Status, now)
+	r.setRotationBehind(pool, policy, plan.Status)
 	r.setRemediating(pool, policy, plan.Status)
 	r.setDeletionStuck(pool, policy, plan.Status)
 	r.setTraffic(pool, now)
@@ -929,7 +943,8 @@ func setReplicaCounts(st *crawlv1.ProxyPoolStatus, policy poolfleet.Policy, plan
 	st.DistinctHosts, st.DistinctEgressAddresses = int32(len(hosts)), int32(distinctEgress(published))
 	st.Rotation = nil
 	if policy.MaxAge > 0 {
-		st.Rotation = &crawlv1.ProxyPoolRotationStatus{LastTime: metaTime(s.LastRotation), NextTime: metaTime(s.NextRotation)}
+		st.Rotation = &crawlv1.ProxyPoolRotationStatus{LastTime: metaTime(s.LastRotation), NextTime: metaTime(s.NextRotation),
+			OverdueReplicas: int32(s.RotationOverdue)}
 	}
 }
 
@@ -990,6 +1005,45 @@ func setRotating(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.S
 		}
 		setPoolCondition(pool, crawlv1.PoolRotatingCondition, false, crawlv1.PoolRotationIdleReason, msg)
 	}
+}
+
+// setRotationBehind says whether rotation keeps the replicas within maxAge:
+// True when one is past it by more than the grace, or when the limits
+// cannot replace the pool within one maxAge (before any replica is late,
+// so the user can act in time), with a Warning event when it turns True.
+// It says nothing of availability: an old replica still serves.
+func (r *ProxyPoolReconciler) setRotationBehind(pool *crawlv1.ProxyPool, policy poolfleet.Policy, s poolfleet.Summary) {
+	if policy.MaxAge == 0 {
+		setPoolCondition(pool, crawlv1.PoolRotationBehindCondition, false, crawlv1.PoolRotationDisabledReason, "no rotation.maxAge")
+		return
+	}
+	tooSlow := ""
+	if s.RotationCapacity < policy.Replicas {
+		tooSlow = fmt.Sprintf("the rotation limits replace at most %d of %d replicas per maxAge %s (%s): raise them",
+			s.RotationCapacity, policy.Replicas, policy.MaxAge, policy.RotationLimits())
+	}
+	var reason, msg string
+	switch {
+	case s.RotationLate > 0:
+		reason = crawlv1.PoolReplicasOverdueReason
+		msg = fmt.Sprintf("%d replicas older than maxAge %s by more than %s (%d past maxAge)", s.RotationLate, policy.MaxAge, policy.RotationGrace(), s.RotationOverdue)
+		switch {
+		case policy.Paused:
+			msg += "; paused"
+		case tooSlow != "":
+			msg += "; " + tooSlow
+		}
+	case tooSlow != "":
+		reason, msg = crawlv1.PoolRotationTooSlowReason, tooSlow
+	default:
+		setPoolCondition(pool, crawlv1.PoolRotationBehindCondition, false, crawlv1.PoolRotationCaughtUpReason,
+			fmt.Sprintf("%d replicas past maxAge %s, none by more than %s", s.RotationOverdue, policy.MaxAge, policy.RotationGrace()))
+		return
+	}
+	if !conditions.IsTrue(pool, crawlv1.PoolRotationBehindCondition) {
+		r.Recorder.Event(pool, "Warning", crawlv1.PoolRotationBehindCondition, msg)
+	}
+	setPoolCondition(pool, crawlv1.PoolRotationBehindCondition, true, reason, msg)
 }
 
 // setRemediating writes Remediating and RemediationAllowed, with an event

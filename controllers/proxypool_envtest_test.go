@@ -199,6 +199,31 @@ var _ = Describe("ProxyPool", Ordered, func() {
 		w.expectPublishedNeverDraining(pool)
 	})
 
+	It("says when its rotation limits cannot replace it within maxAge (RotationBehind), and clears once they are raised", func() {
+		ns := newNamespace()
+		booter := startPoolBooter(testHosts, ns)
+		defer booter.stop()
+		// One start per 30 minutes replaces two replicas an hour: short
+		// of three, long before any of them is old.
+		pool := newPool(ns, "behind", 3, func(p *crawlv1.ProxyPool) {
+			p.Spec.Rotation = crawlv1.ProxyPoolRotation{MaxAge: &metav1.Duration{Duration: time.Hour}, MinInterval: &metav1.Duration{Duration: 30 * time.Minute}}
+		})
+		waitPoolReady(pool, 3)
+		behind := func() metav1.Condition {
+			c := conditions.Get(getPool(pool), crawlv1.PoolRotationBehindCondition)
+			if c == nil {
+				return metav1.Condition{}
+			}
+			return *c
+		}
+		Eventually(behind).Should(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", crawlv1.PoolRotationTooSlowReason),
+			HaveField("Message", ContainSubstring("at most 2 of 3 replicas per maxAge 1h0m0s")), HaveField("Message", ContainSubstring("rotation.minInterval 30m0s"))))
+		Expect(getPool(pool).Status.Rotation.OverdueReplicas).To(BeZero())
+
+		updatePool(pool, func(p *crawlv1.ProxyPool) { p.Spec.Rotation.MinInterval = &metav1.Duration{Duration: 5 * time.Minute} })
+		Eventually(behind).Should(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", crawlv1.PoolRotationCaughtUpReason)))
+	})
+
 	It("replaces a replica that stops serving, and leaves 60% unhealthy alone (TooManyUnhealthy)", func() {
 		ns := newNamespace()
 		booter := startPoolBooter(testHosts, ns)
@@ -683,6 +708,9 @@ type poolWatch struct {
 	rotated                     []rotation
 	rotatedSeen                 map[string]bool
 	mostRotating, mostExistEver int
+	// mostCreatingOnHost: the most replicas not yet Ready (nor being
+	// deleted) any one host had at any event.
+	mostCreatingOnHost int
 }
 
 type creation struct {
@@ -775,10 +803,15 @@ func (w *poolWatch) observe(t watch.EventType, p *crawlv1.Proxy) {
 		w.rotated = append(w.rotated, rotation{name: p.Name, uid: p.UID, created: p.CreationTimestamp.Time, at: at})
 	}
 	existing, available, rotating := len(w.objs), 0, 0
+	creatingOn := map[string]int{}
 	for _, o := range w.objs {
 		_, draining := o.Annotations[crawlv1.DrainingAnnotation]
 		if !draining && o.DeletionTimestamp.IsZero() && conditions.IsTrue(o, crawlv1.ReadyCondition) {
 			available++
+		}
+		if o.DeletionTimestamp.IsZero() && !conditions.IsTrue(o, crawlv1.ReadyCondition) {
+			creatingOn[o.Spec.Placement.Host]++
+			w.mostCreatingOnHost = max(w.mostCreatingOnHost, creatingOn[o.Spec.Placement.Host])
 		}
 		if _, ok := o.Annotations[crawlv1.RotationAnnotation]; ok {
 			rotating++
@@ -827,6 +860,12 @@ func (w *poolWatch) events() int { w.mu.Lock(); defer w.mu.Unlock(); return w.n 
 func (w *poolWatch) maxExisting() int { w.mu.Lock(); defer w.mu.Unlock(); return w.mostExistEver }
 
 func (w *poolWatch) maxRotating() int { w.mu.Lock(); defer w.mu.Unlock(); return w.mostRotating }
+
+func (w *poolWatch) maxCreatingOnHost() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mostCreatingOnHost
+}
 
 func (w *poolWatch) creations() []creation {
 	w.mu.Lock()

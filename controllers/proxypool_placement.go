@@ -16,6 +16,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	poolfleet "crawl.example.com/proxy-operator/pkg/fleet"
 	"crawl.example.com/proxy-operator/pkg/placement"
 	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 )
@@ -99,7 +100,11 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, msg}, nil
 	}
 
-	onHosts, err := r.proxiesOn(ctx, checks, replicas)
+	policy, err := poolfleet.PolicyFor(&pool.Spec)
+	if err != nil {
+		return nil, err // the reconcile checked it before planning
+	}
+	onHosts, err := r.proxiesOn(ctx, checks, replicas, policy.StartupTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +113,7 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 		Replicas:      onHosts,
 		Need:          sizeOf(replica),
 		CPUOvercommit: int64(pool.Spec.Placement.CPUOvercommit),
+		MaxCreating:   policy.MaxConcurrentCreates,
 	}
 	host, blocked, egressBlocked := r.chooseHostForEgress(pool, replica, req, eligible, replicas)
 	if egressBlocked != nil {
@@ -151,8 +157,9 @@ func (r *ProxyPoolReconciler) chooseHostForEgress(pool *crawlv1.ProxyPool, repli
 		return host, blocked, nil
 	}
 	if len(fresh.Hosts) > 0 && len(fresh.Hosts) < len(req.Hosts) {
-		if host, blocked := placement.ChooseHost(fresh); blocked == nil {
-			return host, nil, nil
+		// A fresh host busy creating is waited for, not passed over.
+		if host, blocked := placement.ChooseHost(fresh); blocked == nil || blocked.Reason == placement.CreatesInFlight {
+			return host, blocked, nil
 		}
 	}
 	host, blocked := placement.ChooseHost(req)
@@ -206,8 +213,9 @@ func capacityOf(h *crawlv1.KVMHost) *placement.Capacity {
 // keys of checks): the pool's
 // replicas as passed (they include creates the cache has not seen yet) and
 // every other Proxy of the Hosts domain from the cache (other pools',
-// standalone ones), which take room too.
-func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checks map[string]hostChecks, replicas []crawlv1.Proxy) ([]placement.Replica, error) {
+// standalone ones), which take room too and count against the hosts'
+// create concurrency while being created (see creating).
+func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checks map[string]hostChecks, replicas []crawlv1.Proxy, startupTimeout time.Duration) ([]placement.Replica, error) {
 	now := r.now()
 	ours := make(map[types.NamespacedName]bool, len(replicas))
 	var out []placement.Replica
@@ -226,6 +234,7 @@ func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checks map[string]h
 			Resources: sizeOf(p),
 			Settled:   hc.settled(p, now),
 			Spreads:   pools && spreads(p),
+			Creating:  creating(p, startupTimeout, now),
 		})
 	}
 	for i := range replicas {
@@ -287,6 +296,29 @@ func (r *ProxyPoolReconciler) now() time.Time {
 	return time.Now()
 }
 
+// creating says whether p's instance is being created, and so counts
+// against its placement domain's create concurrency: not Ready yet, not on
+// its way out (deleted or drained), not failed for good, and younger than
+// startupTimeout (past it the pool counts it as failed to start). A
+// replica placed in this pass has no creation time yet: it is being
+// created.
+func creating(p *crawlv1.Proxy, startupTimeout time.Duration, now time.Time) bool {
+	if !spreads(p) {
+		return false
+	}
+	if c := p.CreationTimestamp.Time; !c.IsZero() && now.Sub(c) >= startupTimeout {
+		return false
+	}
+	ready := conditions.Get(p, crawlv1.ReadyCondition)
+	switch {
+	case ready == nil:
+		return true
+	case ready.Status == metav1.ConditionTrue:
+		return false
+	}
+	return ready.Reason != crawlv1.ProxyPermanentErrorReason && ready.Reason != crawlv1.ProxySpecRefusedReason
+}
+
 // spreads says whether one of the pool's replicas counts for the spread:
 // replicas being deleted or drained are on their way out.
 func spreads(p *crawlv1.Proxy) bool {
@@ -300,4 +332,27 @@ func spreads(p *crawlv1.Proxy) bool {
 func sizeOf(p *crawlv1.Proxy) placement.Resources {
 	res := defaulted(&p.Spec).Resources
 	return placement.Resources{CPUs: int64(res.CPUs), MemoryBytes: res.Memory.Value(), DiskBytes: res.Disk.Value()}
+}
+
+// poolCreateLimit is the pool's replicas that may be being created at once,
+// all domains together (fleet.Policy.MaxCreating), where placement cannot
+// keep maxConcurrentCreates per domain itself: per zone, the listed zones
+// (else one) times it; per node, the nodes the pool's replicas run on
+// (at least one) times it, so the bound grows as the provider spreads
+// them. Hosts: none here, placement keeps it per host.
+func (r *ProxyPoolReconciler) poolCreateLimit(pool *crawlv1.ProxyPool, policy poolfleet.Policy, replicas []crawlv1.Proxy) int {
+	switch r.Plugins.DomainOf(string(pool.Spec.Template.Spec.Provider)) {
+	case plugin.Hosts:
+		return 0
+	case plugin.Zones:
+		return policy.MaxConcurrentCreates * max(1, len(pool.Spec.Placement.Zones))
+	default:
+		nodes := map[string]bool{}
+		for i := range replicas {
+			if h := replicas[i].Status.Host; h != "" && spreads(&replicas[i]) {
+				nodes[h] = true
+			}
+		}
+		return policy.MaxConcurrentCreates * max(1, len(nodes))
+	}
 }

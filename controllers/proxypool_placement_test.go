@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/placement"
 	"crawl.example.com/proxy-operator/test/envtestutil"
 )
 
@@ -357,6 +358,73 @@ func TestPlaceReplicaSettledByTheHostCheck(t *testing.T) {
 			placed, _ := placeBurst(t, r, kvmPool(nil), nil, 5)
 			if fmt.Sprint(placed) != tc.want {
 				t.Fatalf("placed %v, want %s", placed, tc.want)
+			}
+		})
+	}
+}
+
+// Another pool's Proxy still booting on a host counts against that host's
+// maxConcurrentCreates; once the pool's own fill both hosts' slots, the
+// next waits (CreatesInFlight), which is not a PlacementBlocked reason.
+func TestPlaceReplicaCreateConcurrency(t *testing.T) {
+	booting := &crawlv1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "booting", CreationTimestamp: metav1.Now()},
+		Spec:       crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "a"}},
+	}
+	r := placementReconciler(t, sizedHost("a", 8*giB), sizedHost("b", 8*giB), booting)
+	pool := kvmPool(nil)
+	pool.Spec.Placement.MaxConcurrentCreates = 2
+	placed, blocked := placeBurst(t, r, pool, nil, 10)
+	if fmt.Sprint(placed) != "map[a:1 b:2]" {
+		t.Fatalf("placed %v (blocked %+v), want a:1 b:2", placed, blocked)
+	}
+	if blocked == nil || blocked.Reason != placement.CreatesInFlight {
+		t.Fatalf("4th replica: %+v, want %s", blocked, placement.CreatesInFlight)
+	}
+}
+
+func TestCreating(t *testing.T) {
+	now := time.Now()
+	proxy := func(age time.Duration, ready *metav1.Condition, deleting bool) *crawlv1.Proxy {
+		p := &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
+		if age >= 0 {
+			p.CreationTimestamp = metav1.NewTime(now.Add(-age))
+		}
+		if ready != nil {
+			ready.Type = crawlv1.ReadyCondition
+			p.Status.Conditions = []metav1.Condition{*ready}
+		}
+		if deleting {
+			p.DeletionTimestamp = ptr.To(metav1.NewTime(now))
+		}
+		return p
+	}
+	notReady := func(reason string) *metav1.Condition {
+		return &metav1.Condition{Status: metav1.ConditionFalse, Reason: reason}
+	}
+	for _, tc := range []struct {
+		name string
+		p    *crawlv1.Proxy
+		want bool
+	}{
+		{"placed in this pass, not stored yet", proxy(-1, nil, false), true},
+		{"new, no Ready condition yet", proxy(time.Second, nil, false), true},
+		{"provisioning", proxy(time.Minute, notReady(crawlv1.ProxyProvisioningReason), false), true},
+		{"a transient error is still being created", proxy(time.Minute, notReady(crawlv1.ProxyTransientErrorReason), false), true},
+		{"Ready", proxy(time.Minute, &metav1.Condition{Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason}, false), false},
+		{"failed for good", proxy(time.Minute, notReady(crawlv1.ProxyPermanentErrorReason), false), false},
+		{"spec refused", proxy(time.Minute, notReady(crawlv1.ProxySpecRefusedReason), false), false},
+		{"past the startup timeout", proxy(11*time.Minute, notReady(crawlv1.ProxyProvisioningReason), false), false},
+		{"being deleted", proxy(time.Minute, nil, true), false},
+		{"drained", func() *crawlv1.Proxy {
+			p := proxy(time.Minute, nil, false)
+			p.Annotations = map[string]string{crawlv1.DrainingAnnotation: now.Format(time.RFC3339)}
+			return p
+		}(), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := creating(tc.p, 10*time.Minute, now); got != tc.want {
+				t.Fatalf("creating = %v, want %v", got, tc.want)
 			}
 		})
 	}

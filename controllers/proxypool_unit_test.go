@@ -104,6 +104,9 @@ func newPoolUnit(t *testing.T, replicas int32, tune ...func(*crawlv1.ProxyPool))
 			Template: crawlv1.ProxyTemplate{Metadata: crawlv1.ProxyTemplateMeta{Labels: map[string]string{"app": "p"}},
 				Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKVM, Placement: crawlv1.ProxyPlacement{Host: "hv1", Image: "debian"}}},
 			Rollout: crawlv1.ProxyPoolRollout{DrainSeconds: ptr.To(int32(30))},
+			// One host takes every replica here: its create concurrency
+			// is not what these specs are about (the placement tests').
+			Placement: crawlv1.ProxyPoolPlacement{MaxConcurrentCreates: 1 << 10},
 		},
 	}
 	for _, f := range tune {
@@ -365,6 +368,7 @@ func TestPoolStatusAndConditions(t *testing.T) {
 		crawlv1.PoolAvailableCondition:          crawlv1.PoolMinimumAvailableReason,
 		crawlv1.PoolRollingOutCondition:         crawlv1.PoolUpToDateReason,
 		crawlv1.PoolRotatingCondition:           crawlv1.PoolRotationIdleReason,
+		crawlv1.PoolRotationBehindCondition:     crawlv1.PoolRotationCaughtUpReason,
 		crawlv1.PoolRemediatingCondition:        crawlv1.PoolHealthyReason,
 		crawlv1.PoolRemediationAllowedCondition: crawlv1.PoolRemediationAllowedReason,
 		crawlv1.PoolPlacementBlockedCondition:   crawlv1.PoolPlacedReason,
@@ -517,5 +521,51 @@ func TestPoolDeletionUnpublishesThenDeletesItsReplicas(t *testing.T) {
 	u.reconcile()
 	if err := u.c.Client.Get(context.Background(), u.pool, &crawlv1.ProxyPool{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("pool after its replicas went: %v, want it released and gone", err)
+	}
+}
+
+// TestPoolRotationBehind: replicas past maxAge are counted in
+// status.rotation.overdueReplicas; RotationBehind turns True (with one
+// Warning event) only once one is past maxAge by more than the grace, and
+// clears when none is.
+func TestPoolRotationBehind(t *testing.T) {
+	u := newPoolUnit(t, 2, func(p *crawlv1.ProxyPool) {
+		p.Spec.Rotation.MaxAge = &metav1.Duration{Duration: time.Hour}
+		// Paused: nothing rotates, the replicas only age.
+		p.Spec.Paused = true
+	})
+	u.readyPool(2)
+	u.events()
+	check := func(when string, overdue int32, status metav1.ConditionStatus, reason string) {
+		t.Helper()
+		u.reconcile()
+		pool := u.getPool()
+		if got := pool.Status.Rotation.OverdueReplicas; got != overdue {
+			t.Errorf("%s: %d overdue replicas, want %d", when, got, overdue)
+		}
+		c := conditions.Get(pool, crawlv1.PoolRotationBehindCondition)
+		if c == nil || c.Status != status || c.Reason != reason {
+			t.Errorf("%s: RotationBehind %+v, want %s %s", when, c, status, reason)
+		}
+	}
+	// readyPool made them an hour and a minute ago: past maxAge, within
+	// the grace (2m boot + 30s drain).
+	check("just past maxAge", 2, metav1.ConditionFalse, crawlv1.PoolRotationCaughtUpReason)
+	u.clock.Step(2 * time.Minute)
+	check("past maxAge by more than the grace", 2, metav1.ConditionTrue, crawlv1.PoolReplicasOverdueReason)
+	if msg := conditions.GetMessage(u.getPool(), crawlv1.PoolRotationBehindCondition); !strings.Contains(msg, "2 replicas older than maxAge 1h0m0s by more than 2m30s") || !strings.Contains(msg, "paused") {
+		t.Errorf("message %q", msg)
+	}
+	u.clock.Step(time.Minute)
+	check("still behind", 2, metav1.ConditionTrue, crawlv1.PoolReplicasOverdueReason)
+	if ev := u.events(); len(ev) != 1 || !strings.Contains(ev[0], "Warning RotationBehind") {
+		t.Errorf("events %q, want one Warning RotationBehind", ev)
+	}
+	u.update(func(p *crawlv1.ProxyPool) { p.Spec.Rotation.MaxAge = &metav1.Duration{Duration: 6 * time.Hour} })
+	check("maxAge raised", 0, metav1.ConditionFalse, crawlv1.PoolRotationCaughtUpReason)
+	u.update(func(p *crawlv1.ProxyPool) { p.Spec.Rotation.MaxAge = nil })
+	u.reconcile()
+	if r := conditions.GetReason(u.getPool(), crawlv1.PoolRotationBehindCondition); r != crawlv1.PoolRotationDisabledReason {
+		t.Errorf("without maxAge RotationBehind reason %q, want %s", r, crawlv1.PoolRotationDisabledReason)
 	}
 }

@@ -193,38 +193,56 @@ func selfCPU(b *testing.B) time.Duration {
 }
 
 // childrenCPU is the user+system CPU time of this process's live children
-// (envtest's kube-apiserver and etcd), from /proc/<pid>/stat.
+// (envtest's kube-apiserver and etcd, and test/fakehv where it runs), from
+// /proc/<pid>/stat.
 func childrenCPU(b *testing.B) time.Duration {
 	stats, err := filepath.Glob("/proc/[0-9]*/stat")
 	benchMust(b, err)
 	self := os.Getpid()
-	var ticks int64
+	var total time.Duration
 	found := 0
 	for _, path := range stats {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			continue // exited meanwhile
-		}
-		// Fields after "(comm)": state ppid ... utime(14) stime(15).
-		i := strings.LastIndexByte(string(data), ')')
-		if i < 0 {
+		ppid, cpu, ok := procStat(path)
+		if !ok || ppid != self {
 			continue
 		}
-		f := strings.Fields(string(data[i+1:]))
-		if len(f) < 13 {
-			continue
-		}
-		if ppid, _ := strconv.Atoi(f[1]); ppid != self {
-			continue
-		}
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += ut + st
+		total += cpu
 		found++
 	}
 	if found < 2 {
 		b.Fatalf("found %d child processes, want the kube-apiserver and etcd", found)
 	}
+	return total
+}
+
+// procCPU is one process's user+system CPU time.
+func procCPU(b *testing.B, pid int) time.Duration {
+	_, cpu, ok := procStat(fmt.Sprintf("/proc/%d/stat", pid))
+	if !ok {
+		b.Fatalf("cannot read /proc/%d/stat", pid)
+	}
+	return cpu
+}
+
+// procStat reads the parent pid and the user+system CPU time from a
+// /proc/<pid>/stat file.
+func procStat(path string) (ppid int, cpu time.Duration, ok bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, false // exited meanwhile
+	}
+	// Fields after "(comm)": state ppid ... utime(14) stime(15).
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 13 {
+		return 0, 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
 	// USER_HZ is 100 on Linux for every architecture Go supports here.
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return ppid, time.Duration(ut+st) * 10 * time.Millisecond, true
 }

@@ -417,7 +417,10 @@ type ProxyStatus struct {
 	// +kubebuilder:validation:MaxLength=43
 	AssignedAddress string `json:"assignedAddress,omitempty"`
 
-	// EgressMeasuredAt is when an echo last measured EgressAddress.
+	// EgressMeasuredAt is when an echo measured EgressAddress, as a
+	// heartbeat like probe.lastProbeTime: a measurement that finds the same
+	// address is written with any other change of status, else once the
+	// written time is an hour old.
 	// +optional
 	EgressMeasuredAt *metav1.Time `json:"egressMeasuredAt,omitempty"`
 

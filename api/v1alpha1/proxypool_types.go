@@ -90,6 +90,12 @@ const (
 	// available replica leaves from its own address. False gives the count
 	// and the cause ("3 replicas share 203.0.113.9 on host hv1 (NAT)").
 	PoolEgressDistinctCondition = "EgressDistinct"
+	// PoolRotationBehindCondition: True while rotation does not keep the
+	// replicas within rotation.maxAge: a replica is older than maxAge by
+	// more than its grace (the longer of jitter and one rotation), or the
+	// rotation limits (maxConcurrent, maxSurge, minInterval, the create
+	// limits) replace fewer replicas per maxAge than the pool has.
+	PoolRotationBehindCondition = "RotationBehind"
 	// PoolBanReplacementPausedCondition: True while ban reports wait,
 	// unreplaced, for spec.bans (the hourly budget or maxBanned).
 	PoolBanReplacementPausedCondition = "BanReplacementPaused"
@@ -121,6 +127,10 @@ const (
 	PoolRotationWaitingReason  = "Waiting"
 	PoolRotationIdleReason     = "Idle"
 	PoolRotationDisabledReason = "Disabled"
+	// RotationBehind.
+	PoolReplicasOverdueReason  = "ReplicasOverdue"
+	PoolRotationTooSlowReason  = "LimitsTooLow"
+	PoolRotationCaughtUpReason = "CaughtUp"
 	// Remediating.
 	PoolRemediatingReason = "Remediating"
 	// PoolRemediationBackoffReason: the unhealthy replicas wait for their
@@ -225,7 +235,10 @@ type ProxyPoolRotation struct {
 	// together.
 	// +optional
 	Jitter *metav1.Duration `json:"jitter,omitempty"`
-	// MaxConcurrent rotations in flight; default 1.
+	// MaxConcurrent rotations in flight. Default: as many as replace every
+	// replica within 80% of maxAge (each rotation taken as 2 minutes of
+	// boot, minReadySeconds and drainSeconds), at least 1 and at most
+	// rollout.maxSurge. A value set here wins.
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	MaxConcurrent int32 `json:"maxConcurrent,omitempty"`
@@ -264,7 +277,10 @@ type ProxyPoolRemediation struct {
 	// outage must not delete the fleet. Default 40%.
 	// +optional
 	MaxUnhealthy *intstr.IntOrString `json:"maxUnhealthy,omitempty"`
-	// MaxCreatesPerMinute caps replica creations of any cause; default 10.
+	// MaxCreatesPerMinute caps replica creations of any cause, pool-wide;
+	// absent means no such cap. Creates are bounded by
+	// spec.placement.maxConcurrentCreates, which follows what the hosts
+	// can boot; this is for a pool that must also go slowly.
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	MaxCreatesPerMinute int32 `json:"maxCreatesPerMinute,omitempty"`
@@ -302,6 +318,16 @@ type ProxyPoolPlacement struct {
 	// +optional
 	// +listType=atomic
 	Zones []string `json:"zones,omitempty"`
+	// MaxConcurrentCreates is how many replicas may be being created at
+	// once in one placement domain: on one KVMHost, counting every Proxy
+	// on it, of any pool (kvm); in one zone (gcp) or on one node
+	// (kubernetes), counting the pool's own, as zones (or nodes in use)
+	// times this for the pool. A replica is being created until it is
+	// Ready, fails for good, or reaches remediation.startupTimeout. So a
+	// pool fills as fast as its hosts boot guests. Default 4.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MaxConcurrentCreates int32 `json:"maxConcurrentCreates,omitempty"`
 }
 
 // ProxyPoolSpec is the desired fleet.
@@ -437,12 +463,19 @@ type QuarantinedAddress struct {
 	ExpiresAt metav1.Time `json:"expiresAt"`
 }
 
-// ProxyPoolRotationStatus is when rotation last started one and next will.
+// ProxyPoolRotationStatus is when rotation last started one and next will,
+// and how far it is behind.
 type ProxyPoolRotationStatus struct {
 	// +optional
 	LastTime *metav1.Time `json:"lastTime,omitempty"`
 	// +optional
 	NextTime *metav1.Time `json:"nextTime,omitempty"`
+	// OverdueReplicas are the replicas older than maxAge that still serve
+	// (a count, not an age, so that it changes only when a replica
+	// crosses maxAge or goes).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	OverdueReplicas int32 `json:"overdueReplicas,omitempty"`
 }
 
 // ProxyPoolCreate is one replica creation.

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 )
 
 func TestCreate(t *testing.T) {
@@ -75,5 +77,109 @@ func TestCreatePassesFailedSlotsOnLongestFailingFirst(t *testing.T) {
 	want := []Lineage{{Failures: 3, Replaces: "y"}, {Failures: 2, Replaces: "gone"}, {Failures: 1, Replaces: "d"}, {}}
 	if !slices.Equal(got, want) {
 		t.Errorf("lineages %v, want %v", got, want)
+	}
+}
+
+// How many creates the bounds allow: no pool-wide per-minute cap unless
+// set, Policy.MaxCreating counting the live replicas being created, the
+// room of maxSurge, the smallest of them.
+func TestCreateBounds(t *testing.T) {
+	creatingReplica := func(name string) Replica {
+		return with(booting(name, 10*time.Second), func(r *Replica) { r.Creating = true })
+	}
+	defaults := func(replicas int, opts ...func(*Policy)) Policy {
+		p, err := PolicyFor(&crawlv1.ProxyPoolSpec{Replicas: ptrTo(int32(replicas))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range opts {
+			o(&p)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name   string
+		policy Policy
+		state  State
+		want   int
+	}{
+		{
+			name:   "defaults: a pool of 20 creates all 20 at once (no per-minute cap)",
+			policy: defaults(20),
+			want:   20,
+		},
+		{
+			name:   "defaults: creates made in the last minute do not hold the rest",
+			policy: defaults(20),
+			state:  State{RecentCreates: slices.Repeat([]time.Time{t0.Add(-time.Second)}, 50)},
+			want:   20,
+		},
+		{
+			name:   "a pool-wide per-minute cap, when set, still holds",
+			policy: defaults(20, func(p *Policy) { p.MaxCreatesPerMinute = 3 }),
+			want:   3,
+		},
+		{
+			name:   "MaxCreating less those being created",
+			policy: defaults(20, func(p *Policy) { p.MaxCreating = 4 }),
+			state:  State{Replicas: []Replica{creatingReplica("c1"), ready("r1", time.Hour)}},
+			want:   3,
+		},
+		{
+			name:   "MaxCreating reached: nothing",
+			policy: defaults(20, func(p *Policy) { p.MaxCreating = 2 }),
+			state:  State{Replicas: []Replica{creatingReplica("c1"), creatingReplica("c2")}},
+			want:   0,
+		},
+		{
+			name:   "a replica being deleted no longer counts as being created",
+			policy: defaults(20, func(p *Policy) { p.MaxCreating = 2 }),
+			state: State{Replicas: []Replica{creatingReplica("c1"),
+				with(creatingReplica("c2"), func(r *Replica) { r.DeletingSince = t0.Add(-time.Second) })}},
+			want: 1,
+		},
+		{
+			name:   "room is the tighter bound",
+			policy: defaults(3, func(p *Policy) { p.MaxCreating = 10 }),
+			state:  State{Replicas: []Replica{ready("r1", time.Hour)}},
+			want:   2,
+		},
+		{
+			name:   "the per-minute cap is the tighter bound",
+			policy: defaults(20, func(p *Policy) { p.MaxCreating = 10; p.MaxCreatesPerMinute = 5 }),
+			state:  State{RecentCreates: []time.Time{t0.Add(-time.Second)}},
+			want:   4,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.state.Now = t0
+			if got := len(Decide(tc.policy, tc.state).Create); got != tc.want {
+				t.Fatalf("%d creates, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPolicyForCreateLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		spec                 crawlv1.ProxyPoolSpec
+		perMinute, perDomain int
+	}{
+		{name: "defaults", perMinute: 0, perDomain: DefaultMaxConcurrentCreates},
+		{name: "set", spec: crawlv1.ProxyPoolSpec{
+			Placement:   crawlv1.ProxyPoolPlacement{MaxConcurrentCreates: 2},
+			Remediation: crawlv1.ProxyPoolRemediation{MaxCreatesPerMinute: 30},
+		}, perMinute: 30, perDomain: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := PolicyFor(&tc.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.MaxCreatesPerMinute != tc.perMinute || p.MaxConcurrentCreates != tc.perDomain {
+				t.Fatalf("maxCreatesPerMinute %d, maxConcurrentCreates %d; want %d, %d", p.MaxCreatesPerMinute, p.MaxConcurrentCreates, tc.perMinute, tc.perDomain)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -17,7 +18,7 @@ type State struct {
 	// LastRotation is when the last rotation started (status.rotation).
 	LastRotation time.Time
 	// RecentCreates are the creation times of replicas made lately, of any
-	// cause, including replicas already gone (the per-minute cap).
+	// cause, including replicas already gone (the per-minute cap, if any).
 	RecentCreates []time.Time
 	// Lineages are slots whose replica failed to start and is gone before
 	// its replacement was made.
@@ -86,6 +87,12 @@ type Summary struct {
 	// NextRotation is the earliest a rotation may start; zero without
 	// rotation.
 	NextRotation time.Time
+	// RotationOverdue are live replicas older than maxAge; RotationLate
+	// those older than maxAge by more than Policy.RotationGrace.
+	RotationOverdue, RotationLate int
+	// RotationCapacity is Policy.RotationsPerMaxAge: fewer than the
+	// replicas, and rotation cannot keep up.
+	RotationCapacity int
 
 	// EgressShared are live replicas whose egress address an older one
 	// has (egress.distinct Required): not published, being replaced.
@@ -177,6 +184,9 @@ type budget struct {
 	// oldest create still in the window (zero: none).
 	rate         int
 	oldestCreate time.Time
+	// inFlight is the creates Policy.MaxCreating leaves, when limited.
+	inFlight        int
+	inFlightLimited bool
 	// available counts the available replicas, less those this plan drains.
 	available int
 }
@@ -200,12 +210,29 @@ func budgetOf(p Policy, s State, vs []*view, available int) budget {
 			}
 		}
 	}
-	b.rate = max(0, p.MaxCreatesPerMinute-recent)
+	b.rate = math.MaxInt
+	if p.MaxCreatesPerMinute > 0 {
+		b.rate = max(0, p.MaxCreatesPerMinute-recent)
+	}
+	if p.MaxCreating > 0 {
+		creating := 0
+		for _, v := range vs {
+			if v.live && v.Creating {
+				creating++
+			}
+		}
+		b.inFlight, b.inFlightLimited = max(0, p.MaxCreating-creating), true
+	}
 	return b
 }
 
 // creates is how many replicas the budget lets this plan create.
-func (b budget) creates() int { return min(b.room, b.rate) }
+func (b budget) creates() int {
+	if b.inFlightLimited {
+		return min(b.room, b.rate, b.inFlight)
+	}
+	return min(b.room, b.rate)
+}
 
 // drain marks v drained now and takes it off the available replicas.
 func (b budget) drain(v *view) budget {

@@ -8,6 +8,7 @@ package fleet
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,14 +21,29 @@ import (
 // values; the controller applies them, not a webhook, so that an empty field
 // keeps meaning "the operator's default".
 const (
-	DefaultMaxSurge               = 1
-	DefaultMaxUnavailable         = 0
-	DefaultDrain                  = 30 * time.Second
-	DefaultStartupTimeout         = 10 * time.Minute
-	DefaultUnhealthyTimeout       = 5 * time.Minute
-	DefaultStartupBackoff         = 30 * time.Second
-	DefaultMaxCreatesPerMinute    = 10
+	DefaultMaxSurge         = 1
+	DefaultMaxUnavailable   = 0
+	DefaultDrain            = 30 * time.Second
+	DefaultStartupTimeout   = 10 * time.Minute
+	DefaultUnhealthyTimeout = 5 * time.Minute
+	DefaultStartupBackoff   = 30 * time.Second
+	// DefaultMaxConcurrentRotations is the least rotation.maxConcurrent
+	// left empty comes to; a larger pool gets more (see
+	// Policy.defaultMaxConcurrentRotations).
 	DefaultMaxConcurrentRotations = 1
+	// RotationBootEstimate is what sizing rotation assumes a replacement
+	// takes from its creation to Ready: a guest's boot and first probes
+	// (under a minute on kvm, about 100 s for a TCG guest in the e2e).
+	RotationBootEstimate = 2 * time.Minute
+	// RotationHeadroom: rotation.maxConcurrent left empty lets the pool
+	// replace every replica within this share of maxAge, so that
+	// replacements that fail, wait for room, or expire together do not
+	// put it behind.
+	RotationHeadroom = 0.8
+	// DefaultMaxConcurrentCreates is the replicas one placement domain (a
+	// KVMHost, a zone, a node) may be creating at once: a hypervisor
+	// boots a few guests at a time well, and more only slow each other.
+	DefaultMaxConcurrentCreates = 4
 	// DefaultDeletionTimeout is how long a replica being deleted still
 	// holds its room (against maxSurge) and counts as room being made.
 	// Deleting an instance takes seconds on kvm and a minute or two on
@@ -72,8 +88,15 @@ type Policy struct {
 	// DeletionTimeout: how long a replica being deleted holds its room.
 	DeletionTimeout time.Duration
 	// MaxUnhealthy is resolved against the live replicas at each decision.
-	MaxUnhealthy        intstr.IntOrString
+	MaxUnhealthy intstr.IntOrString
+	// MaxCreatesPerMinute 0: no pool-wide cap.
 	MaxCreatesPerMinute int
+	// MaxConcurrentCreates is per placement domain (placement keeps it
+	// for hosts); MaxCreating is the pool's replicas being created at
+	// once, all domains together, which the controller sets where
+	// placement cannot keep the per-domain bound (zones, nodes); 0: none.
+	MaxConcurrentCreates int
+	MaxCreating          int
 
 	Order crawlv1.ScaleDownOrder
 
@@ -101,7 +124,7 @@ func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
 		StartupBackoff:         DefaultStartupBackoff,
 		DeletionTimeout:        DefaultDeletionTimeout,
 		MaxUnhealthy:           DefaultMaxUnhealthy,
-		MaxCreatesPerMinute:    DefaultMaxCreatesPerMinute,
+		MaxConcurrentCreates:   DefaultMaxConcurrentCreates,
 		Order:                  spec.ScaleDown.Order,
 	}
 	if spec.Replicas != nil {
@@ -128,6 +151,7 @@ func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
 		if r.Jitter != nil {
 			p.Jitter = min(max(0, r.Jitter.Duration), p.MaxAge)
 		}
+		p.MaxConcurrentRotations = p.defaultMaxConcurrentRotations()
 		if r.MaxConcurrent > 0 {
 			p.MaxConcurrentRotations = int(r.MaxConcurrent)
 		}
@@ -155,8 +179,9 @@ func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
 		}
 		p.MaxUnhealthy = *rem.MaxUnhealthy
 	}
-	if rem.MaxCreatesPerMinute > 0 {
-		p.MaxCreatesPerMinute = int(rem.MaxCreatesPerMinute)
+	p.MaxCreatesPerMinute = max(0, int(rem.MaxCreatesPerMinute))
+	if c := spec.Placement.MaxConcurrentCreates; c > 0 {
+		p.MaxConcurrentCreates = int(c)
 	}
 	if p.Order == "" {
 		p.Order = crawlv1.ScaleDownOldest
@@ -165,6 +190,71 @@ func PolicyFor(spec *crawlv1.ProxyPoolSpec) (Policy, error) {
 		return Policy{}, err
 	}
 	return p, nil
+}
+
+// RotationTime is how long one rotation holds its place among
+// maxConcurrent: the replacement's boot (estimated), minReadySeconds, and
+// the old replica's drain.
+func (p Policy) RotationTime() time.Duration {
+	return RotationBootEstimate + p.MinReady + p.Drain
+}
+
+// RotationGrace is how far past maxAge a replica may get before rotation
+// counts as behind: its jitter (expiries spread over it) or one rotation's
+// time (a replica serves until its replacement is available and it is
+// drained), whichever is longer.
+func (p Policy) RotationGrace() time.Duration {
+	return max(p.Jitter, p.RotationTime())
+}
+
+// defaultMaxConcurrentRotations is rotation.maxConcurrent left empty: the
+// rotations in flight that replace every replica within RotationHeadroom
+// of maxAge, at least one and at most maxSurge (a rotation never spends
+// maxUnavailable, so more could never start).
+func (p Policy) defaultMaxConcurrentRotations() int {
+	if p.MaxAge <= 0 {
+		return DefaultMaxConcurrentRotations
+	}
+	need := math.Ceil(float64(p.Replicas) * float64(p.RotationTime()) / (RotationHeadroom * float64(p.MaxAge)))
+	return max(DefaultMaxConcurrentRotations, min(int(min(need, math.MaxInt32)), p.MaxSurge))
+}
+
+// RotationsPerMaxAge is how many replicas the pool's limits let rotation
+// replace within one maxAge: maxConcurrent places (no more than maxSurge)
+// each freed every RotationTime, at most one start per minInterval, and
+// within the pool-wide create limits. Fewer than Replicas cannot keep up.
+func (p Policy) RotationsPerMaxAge() int {
+	if p.MaxAge <= 0 {
+		return 0
+	}
+	maxAge := float64(p.MaxAge)
+	n := float64(min(p.MaxConcurrentRotations, p.MaxSurge)) * maxAge / float64(p.RotationTime())
+	if p.RotationInterval > 0 {
+		n = min(n, maxAge/float64(p.RotationInterval))
+	}
+	if p.MaxCreatesPerMinute > 0 {
+		n = min(n, float64(p.MaxCreatesPerMinute)*maxAge/float64(CreateWindow))
+	}
+	if p.MaxCreating > 0 {
+		n = min(n, float64(p.MaxCreating)*maxAge/float64(RotationBootEstimate))
+	}
+	return int(min(n, math.MaxInt32))
+}
+
+// RotationLimits names the limits RotationsPerMaxAge follows, with their
+// values, for a message that says what to raise.
+func (p Policy) RotationLimits() string {
+	s := fmt.Sprintf("rotation.maxConcurrent %d, rollout.maxSurge %d, %s a rotation", p.MaxConcurrentRotations, p.MaxSurge, p.RotationTime())
+	if p.RotationInterval > 0 {
+		s += fmt.Sprintf(", rotation.minInterval %s", p.RotationInterval)
+	}
+	if p.MaxCreatesPerMinute > 0 {
+		s += fmt.Sprintf(", remediation.maxCreatesPerMinute %d", p.MaxCreatesPerMinute)
+	}
+	if p.MaxCreating > 0 {
+		s += fmt.Sprintf(", %d replicas being created at once", p.MaxCreating)
+	}
+	return s
 }
 
 // scaled resolves a count or percentage of replicas; nil is def.

@@ -46,6 +46,10 @@ type Replica struct {
 	StartupFailures int
 	// Replaces names the replica that failed to start and that it replaces.
 	Replaces string
+	// Creating: being created (not Ready yet, not failed for good,
+	// younger than the startup timeout); counts against
+	// Policy.MaxCreating. The controller sets it.
+	Creating bool
 	// Host and EgressAddress feed the status' diversity counts.
 	Host, EgressAddress string
 	// EgressShared: with egress.distinct Required, its measured egress

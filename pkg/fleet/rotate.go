@@ -19,7 +19,11 @@ func rotate(p Policy, s State, vs []*view, b budget, sum *Summary, next *nextTim
 		}
 	}
 	sum.RotationsInFlight = inFlight
-	if p.MaxAge <= 0 || p.Paused {
+	if p.MaxAge <= 0 {
+		return nil
+	}
+	overdue(p, s.Now, vs, sum, next)
+	if p.Paused {
 		return nil
 	}
 	expired, earliest := expiredKept(s.Now, vs)
@@ -45,6 +49,29 @@ func rotate(p Policy, s State, vs []*view, b budget, sum *Summary, next *nextTim
 	}
 	nextRotation(s.Now, earliest, notBefore, sum, next)
 	return started
+}
+
+// overdue counts the live replicas older than maxAge, and those older than
+// maxAge by more than its grace, for RotationBehind; next is when the next
+// of them crosses either line.
+func overdue(p Policy, now time.Time, vs []*view, sum *Summary, next *nextTimer) {
+	sum.RotationCapacity = p.RotationsPerMaxAge()
+	for _, v := range vs {
+		if !v.live {
+			continue
+		}
+		due, late := v.Created.Add(p.MaxAge), v.Created.Add(p.MaxAge+p.RotationGrace())
+		switch {
+		case now.Before(due):
+			next.at(due)
+		case now.Before(late):
+			sum.RotationOverdue++
+			next.at(late)
+		default:
+			sum.RotationOverdue++
+			sum.RotationLate++
+		}
+	}
 }
 
 // expiredKept lists the kept replicas past their expiry, earliest first,

@@ -26,6 +26,12 @@
 // have room, placement is blocked with SpreadUnsatisfiable rather than
 // piling onto the bigger hosts: losing one host never loses more than its
 // share of the pool. Replicas being deleted or drained do not count.
+//
+// Create concurrency. A host boots a bounded number of guests at a time
+// well; more only slow each other down. A host already creating
+// Request.MaxCreating replicas (of any pool) is passed over, and when every
+// host the spread allows is, the outcome is CreatesInFlight: the caller
+// waits for one of them to finish rather than report the pool blocked.
 package placement
 
 import (
@@ -42,6 +48,10 @@ import (
 const (
 	InsufficientCapacity = crawlv1.PoolInsufficientCapacityReason
 	SpreadUnsatisfiable  = crawlv1.PoolSpreadUnsatisfiableReason
+	// CreatesInFlight: the hosts that may take the replica are each
+	// creating Request.MaxCreating already. Not a PlacementBlocked
+	// reason: the pool waits for those creates, it is not stuck.
+	CreatesInFlight = "CreatesInFlight"
 )
 
 // DefaultCPUOvercommit is the vCPUs allowed per host CPU when the pool does
@@ -95,6 +105,9 @@ type Replica struct {
 	// Spreads: one of this pool's replicas that counts for the spread (not
 	// being deleted or drained).
 	Spreads bool
+	// Creating: its instance is being created (not Ready yet, not failed);
+	// it counts against the host's Request.MaxCreating.
+	Creating bool
 }
 
 // Request is one placement decision.
@@ -105,6 +118,9 @@ type Request struct {
 	Need Resources
 	// CPUOvercommit is vCPUs per host CPU; 0 means DefaultCPUOvercommit.
 	CPUOvercommit int64
+	// MaxCreating is the replicas a host may be creating at once; 0 means
+	// no limit.
+	MaxCreating int
 }
 
 // Blocked says why no host can take the replica now. It is an outcome the
@@ -146,6 +162,7 @@ func Room(h Host, onHost []Replica, cpuOvercommit int64) Resources {
 type hostView struct {
 	name     string
 	replicas int // this pool's, counting for the spread
+	creating int // any pool's, being created
 	room     Resources
 	short    string // why the new replica does not fit; "" if it does
 }
@@ -158,37 +175,13 @@ func ChooseHost(req Request) (string, *Blocked) {
 	if len(req.Hosts) == 0 {
 		return "", &Blocked{InsufficientCapacity, "no eligible KVMHost"}
 	}
-	ratio := req.CPUOvercommit
-	if ratio <= 0 {
-		ratio = DefaultCPUOvercommit
-	}
-	byHost := map[string][]Replica{}
-	for _, r := range req.Replicas {
-		byHost[r.Host] = append(byHost[r.Host], r)
-	}
-	views := make([]hostView, 0, len(req.Hosts))
-	fewest := -1
-	for _, h := range req.Hosts {
-		v := hostView{name: h.Name}
-		for _, r := range byHost[h.Name] {
-			if r.Spreads {
-				v.replicas++
-			}
-		}
-		if h.Capacity == nil {
-			v.short = "capacity not reported yet"
-		} else {
-			v.room = Room(h, byHost[h.Name], ratio)
-			v.short = shortOf(v.room, req.Need, h.Capacity.CPUs*ratio)
-		}
-		if fewest < 0 || v.replicas < fewest {
-			fewest = v.replicas
-		}
-		views = append(views, v)
-	}
-	var candidates, fitElsewhere, full []hostView
+	views, fewest := viewsOf(req)
+	busy := func(v hostView) bool { return req.MaxCreating > 0 && v.creating >= req.MaxCreating }
+	var candidates, busyAtFewest, fitElsewhere, full []hostView
 	for _, v := range views {
 		switch {
+		case v.short == "" && v.replicas == fewest && busy(v):
+			busyAtFewest = append(busyAtFewest, v)
 		case v.short == "" && v.replicas == fewest:
 			candidates = append(candidates, v)
 		case v.short == "":
@@ -206,6 +199,11 @@ func ChooseHost(req Request) (string, *Blocked) {
 		})
 		return candidates[0].name, nil
 	}
+	if len(busyAtFewest) > 0 {
+		sortByName(busyAtFewest)
+		return "", &Blocked{CreatesInFlight, fmt.Sprintf("the KVMHosts the spread allows are each creating %d replicas already: %s",
+			req.MaxCreating, names(busyAtFewest))}
+	}
 	sortByName(full)
 	sortByName(fitElsewhere)
 	need := describe(req.Need)
@@ -221,6 +219,43 @@ func ChooseHost(req Request) (string, *Blocked) {
 			fewest, need, shortList(fullAtFewest), names(fitElsewhere), hasHave(len(fitElsewhere)))}
 	}
 	return "", &Blocked{InsufficientCapacity, fmt.Sprintf("no KVMHost has room for a replica of %s: %s", need, shortList(full))}
+}
+
+// viewsOf is each eligible host as placement sees it, and the fewest of
+// the pool's replicas any of them holds.
+func viewsOf(req Request) ([]hostView, int) {
+	ratio := req.CPUOvercommit
+	if ratio <= 0 {
+		ratio = DefaultCPUOvercommit
+	}
+	byHost := map[string][]Replica{}
+	for _, r := range req.Replicas {
+		byHost[r.Host] = append(byHost[r.Host], r)
+	}
+	views := make([]hostView, 0, len(req.Hosts))
+	fewest := -1
+	for _, h := range req.Hosts {
+		v := hostView{name: h.Name}
+		for _, r := range byHost[h.Name] {
+			if r.Spreads {
+				v.replicas++
+			}
+			if r.Creating {
+				v.creating++
+			}
+		}
+		if h.Capacity == nil {
+			v.short = "capacity not reported yet"
+		} else {
+			v.room = Room(h, byHost[h.Name], ratio)
+			v.short = shortOf(v.room, req.Need, h.Capacity.CPUs*ratio)
+		}
+		if fewest < 0 || v.replicas < fewest {
+			fewest = v.replicas
+		}
+		views = append(views, v)
+	}
+	return views, fewest
 }
 
 // shortOf says what the host lacks for need, "" if nothing.

@@ -414,3 +414,128 @@ func TestFormatBytes(t *testing.T) {
 		}
 	}
 }
+
+// creating is n replicas on host being created: of this pool (spreads) or
+// of another.
+func creating(host string, n int, spreads bool) []placement.Replica {
+	out := make([]placement.Replica, n)
+	for i := range out {
+		out[i] = placement.Replica{Host: host, Resources: replica1G, Spreads: spreads, Creating: true}
+	}
+	return out
+}
+
+func TestChooseHostCreateConcurrency(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		hosts       []placement.Host
+		replicas    []placement.Replica
+		maxCreating int
+		want        string
+		reason      string
+		message     []string
+	}{
+		{
+			name:     "no limit: a host creating many still takes one",
+			hosts:    []placement.Host{idle("a", 8*gi), idle("b", 4*gi)},
+			replicas: concat(creating("a", 3, true), creating("b", 3, true)),
+			want:     "a",
+		},
+		{
+			name:     "a host at its limit is passed over for one that is not, with less memory",
+			hosts:    []placement.Host{idle("a", 8*gi), idle("b", 4*gi)},
+			replicas: concat(creating("a", 2, true), ours("b", 2, replica1G, true)),
+			want:     "b", maxCreating: 2,
+		},
+		{
+			name:     "another pool's creates count against the host",
+			hosts:    []placement.Host{idle("a", 8*gi), idle("b", 4*gi)},
+			replicas: creating("a", 2, false),
+			want:     "b", maxCreating: 2,
+		},
+		{
+			name:     "Ready replicas do not count",
+			hosts:    []placement.Host{idle("a", 8*gi), idle("b", 4*gi)},
+			replicas: concat(ours("a", 3, replica1G, true), ours("b", 3, replica1G, true)),
+			want:     "a", maxCreating: 1,
+		},
+		{
+			name:     "below the limit",
+			hosts:    []placement.Host{idle("a", 8*gi)},
+			replicas: creating("a", 3, true),
+			want:     "a", maxCreating: 4,
+		},
+		{
+			// The spread allows only a; b has room but one more there
+			// would exceed the skew. Waiting for a, not blocked.
+			name:        "the only host the spread allows is at its limit: wait, not SpreadUnsatisfiable",
+			hosts:       []placement.Host{idle("a", 8*gi), idle("b", 8*gi)},
+			replicas:    concat(creating("a", 2, true), ours("b", 3, replica1G, true)),
+			maxCreating: 2, reason: placement.CreatesInFlight,
+			message: []string{"each creating 2 replicas already: a (2 replicas)"},
+		},
+		{
+			name:        "every host at its limit",
+			hosts:       []placement.Host{idle("a", 8*gi), idle("b", 8*gi)},
+			replicas:    concat(creating("a", 2, true), creating("b", 2, true)),
+			maxCreating: 2, reason: placement.CreatesInFlight,
+			message: []string{"a (2 replicas), b (2 replicas)"},
+		},
+		{
+			name:        "a full host is full, whatever it is creating",
+			hosts:       []placement.Host{idle("a", 2*gi)},
+			replicas:    creating("a", 2, true),
+			maxCreating: 2, reason: placement.InsufficientCapacity,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, blocked := placement.ChooseHost(placement.Request{Hosts: tc.hosts, Replicas: tc.replicas, Need: replica1G, MaxCreating: tc.maxCreating})
+			if tc.reason == "" {
+				if blocked != nil || got != tc.want {
+					t.Fatalf("ChooseHost = %q, %v; want %q", got, blocked, tc.want)
+				}
+				return
+			}
+			if blocked == nil || blocked.Reason != tc.reason {
+				t.Fatalf("ChooseHost = %q, %v; want blocked %s", got, blocked, tc.reason)
+			}
+			for _, m := range tc.message {
+				if !strings.Contains(blocked.Message, m) {
+					t.Errorf("message %q\nlacks %q", blocked.Message, m)
+				}
+			}
+		})
+	}
+}
+
+// A burst on two hosts with a limit of two places four, then waits; once
+// one replica on a is Ready, a takes the next.
+func TestBurstCreateConcurrency(t *testing.T) {
+	hosts := []placement.Host{idle("a", 8*gi), idle("b", 8*gi)}
+	var replicas []placement.Replica
+	place := func() (string, *placement.Blocked) {
+		h, blocked := placement.ChooseHost(placement.Request{Hosts: hosts, Replicas: replicas, Need: replica1G, MaxCreating: 2})
+		if blocked == nil {
+			replicas = append(replicas, placement.Replica{Host: h, Resources: replica1G, Spreads: true, Creating: true})
+		}
+		return h, blocked
+	}
+	placed := map[string]int{}
+	for range 4 {
+		h, blocked := place()
+		if blocked != nil {
+			t.Fatalf("blocked after %v: %v", placed, blocked)
+		}
+		placed[h]++
+	}
+	if placed["a"] != 2 || placed["b"] != 2 {
+		t.Fatalf("placed %v, want 2 on each", placed)
+	}
+	if h, blocked := place(); blocked == nil || blocked.Reason != placement.CreatesInFlight {
+		t.Fatalf("fifth: %q, %v; want %s", h, blocked, placement.CreatesInFlight)
+	}
+	replicas[0].Creating = false // on a, now Ready
+	if h, blocked := place(); blocked != nil || h != "a" {
+		t.Fatalf("after one on a is Ready: %q, %v; want a", h, blocked)
+	}
+}

@@ -68,6 +68,10 @@ func Render(c Config) ([]byte, error) {
 	upstream := c.CountsUpstream()
 	if upstream {
 		line("acl upstream_counts url_regex", upstreamURLPattern(c.UpstreamCountsPort))
+		// A connection closed before its request (a TCP health check)
+		// is logged too, where url_regex cannot be evaluated and squid
+		// warns; it is no answer to count.
+		line("acl has_request has request")
 	}
 	ports := slices.Sorted(slices.Values(c.AllowedPorts))
 	ports = slices.Compact(ports)
@@ -155,7 +159,7 @@ func Render(c Config) ([]byte, error) {
 		// counter's own reads are left out of its counts.
 		line("logformat upstream_status %<Hs")
 		line("logfile_daemon", c.Paths.UpstreamCounter)
-		line("access_log", "daemon:/"+net.JoinHostPort("127.0.0.1", strconv.Itoa(c.UpstreamCountsPort)), "upstream_status !upstream_counts")
+		line("access_log", "daemon:/"+net.JoinHostPort("127.0.0.1", strconv.Itoa(c.UpstreamCountsPort)), "upstream_status has_request !upstream_counts")
 		if c.Paths.AccessLog == "" {
 			// squid's default log is a daemon: one, which would now go to
 			// the counter; it is kept, written by squid itself.

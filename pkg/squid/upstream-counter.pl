@@ -1,4 +1,4 @@
-#!/usr/bin/perl
+#!/bin/sh
 # proxy-operator: squid's logfile daemon for the access_log line that logs
 # %<Hs, the status of each answer squid received from a target site (the
 # rendered squid.conf says logfile_daemon and that line). It counts them by
@@ -11,6 +11,20 @@
 # others (R rotate, T truncate, O reopen, F flush, r, b) concern files and
 # are ignored. End of stdin: squid stopped or reconfigured, and starts a
 # new daemon, whose counts begin at zero.
+#
+# A shell preamble starts the perl program below (perl -x): squid stops
+# when its logfile daemon cannot run, and a kubernetes squid image is the
+# user's choice, which may lack perl. Without it the daemon says so on
+# squid's stderr and only reads what squid writes: squid keeps serving,
+# and the counts stay unknown (nothing listens on the port).
+if perl -e 'use IO::Select; use IO::Socket::INET;' 2>/dev/null; then
+	exec perl -x "$0" "$@"
+fi
+echo "upstream-counter: this image has no perl (perl-base) on PATH: the target sites' answers are not counted" >&2
+while read -r _; do :; done
+exit 0
+
+#!/usr/bin/perl
 use strict;
 use warnings;
 use IO::Select;

@@ -12,8 +12,9 @@ import (
 
 // UpstreamCounter is the program squid runs as its logfile daemon to count
 // the target sites' answers by class (upstream-counter.pl, perl-base only:
-// Essential on Debian and Ubuntu). A provider delivers it, executable, at
-// Paths.UpstreamCounter. squid's cache manager cannot count them: its
+// Essential on Debian and Ubuntu, started by a sh preamble that, without
+// perl, says so and keeps squid running uncounted). A provider delivers
+// it, executable, at Paths.UpstreamCounter. squid's cache manager cannot count them: its
 // forward action never prints a row before squid 7
 // (TestSquidCountsUpstreamAnswersOnlyInItsAccessLog).
 //

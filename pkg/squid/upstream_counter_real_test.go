@@ -54,19 +54,26 @@ func readUpstream(t *testing.T, s *squidtest.Squid, countsPort int, want func(Up
 	}
 }
 
-// The rendered squid.conf with the counter: the target sites' answers are
-// counted exactly by class, squid's own answers (407, 403 for a refused
-// destination) and the counter's reads are not, only the operator's
-// credential reads the counts, and the access log still gets every line.
-func TestSquidCountsUpstreamAnswersByClass(t *testing.T) {
-	t.Parallel()
+// startCountingSquid runs the rendered squid.conf with the counter, for
+// clients on 127.0.0.1 of a statusOrigin there, on its own counts port.
+func startCountingSquid(t *testing.T) (*squidtest.Squid, Config, int) {
+	t.Helper()
 	originPort := statusOrigin(t)
 	c := loopbackConfig(originPort)
 	c.AllowedDestinationExceptions = []string{"127.0.0.1/32"}
 	c.Stats = statsAuth
 	c.Paths.UpstreamCounter = upstreamCounterFile(t)
 	c.UpstreamCountsPort = testutil.FreePort(t)
-	s := startSquid(t, c)
+	return startSquid(t, c), c, originPort
+}
+
+// The rendered squid.conf with the counter: the target sites' answers are
+// counted exactly by class, squid's own answers (407, 403 for a refused
+// destination) and the counter's reads are not, only the operator's
+// credential reads the counts, and the access log still gets every line.
+func TestSquidCountsUpstreamAnswersByClass(t *testing.T) {
+	t.Parallel()
+	s, c, originPort := startCountingSquid(t)
 
 	// Squid's own refusals: no credential, a denied destination.
 	if r := s.Request(t, client, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/200", originPort), ""); r.Status != http.StatusProxyAuthRequired {
@@ -115,5 +122,34 @@ func TestSquidCountsUpstreamAnswersByClass(t *testing.T) {
 	}
 	if after := readCounters(t, s); after.Requests < before.Requests {
 		t.Errorf("squid's requests after a reconfigure: %d, before %d", after.Requests, before.Requests)
+	}
+}
+
+// A connection that closes before its request (a TCP health check: the
+// kubelet's probes of a kubernetes pod every few seconds, a load
+// balancer's) is logged with no request, where the counter's url_regex
+// cannot be evaluated: squid must not warn about it at each one, nor count
+// it.
+func TestUpstreamCounterSkipsConnectionsWithoutARequest(t *testing.T) {
+	t.Parallel()
+	s, c, originPort := startCountingSquid(t)
+
+	for range 3 {
+		s.Dial(t, "127.0.0.1").Close()
+	}
+	s.WaitForLogLine(t, "error:transaction-end-before-headers")
+	if r := s.Request(t, client, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/204", originPort), goodCreds); r.Status != http.StatusNoContent {
+		t.Fatalf("status %d, want 204", r.Status)
+	}
+	want := UpstreamCounts{1, 0, 0, 0, 0, 0}
+	if got := readUpstream(t, s, c.UpstreamCountsPort, func(u UpstreamCounts) bool { return u == want }); got != want {
+		t.Errorf("upstream counts %v, want %v", got, want)
+	}
+	cacheLog, err := os.ReadFile(filepath.Join(s.Dir, "cache.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if problems := squidtest.Problems(string(cacheLog)); len(problems) > 0 {
+		t.Errorf("squid logged problems:\n%s", strings.Join(problems, "\n"))
 	}
 }

@@ -91,10 +91,11 @@ func TestRenderUpstreamCounter(t *testing.T) {
 	}
 	counterLines := []string{
 		"acl upstream_counts url_regex ^http://127\\.0\\.0\\.1:3131/upstream$\n",
+		"acl has_request has request\n",
 		"http_access allow upstream_counts stats_reader\n",
 		"logformat upstream_status %<Hs\n",
 		"logfile_daemon /usr/local/lib/proxy-operator/upstream-counter\n",
-		"access_log daemon:/127.0.0.1:3131 upstream_status !upstream_counts\n",
+		"access_log daemon:/127.0.0.1:3131 upstream_status has_request !upstream_counts\n",
 	}
 	for _, tc := range []struct {
 		name   string
@@ -113,9 +114,9 @@ func TestRenderUpstreamCounter(t *testing.T) {
 		{name: "the proxy on the default counts port", config: func(c *Config) { c.Port = DefaultUpstreamCountsPort },
 			want: []string{"url_regex ^http://127\\.0\\.0\\.1:3132/upstream$\n", "access_log daemon:/127.0.0.1:3132 "}},
 		{name: "no Stats credential: nobody could read them", config: func(c *Config) { c.Stats = Auth{} },
-			absent: []string{"upstream", "logfile_daemon", "access_log"}},
+			absent: []string{"upstream", "logfile_daemon", "access_log", "has_request"}},
 		{name: "no counter delivered", config: func(c *Config) { c.Paths.UpstreamCounter = "" },
-			absent: []string{"upstream", "logfile_daemon", "access_log"}},
+			absent: []string{"upstream", "logfile_daemon", "access_log", "has_request"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"crawl.example.com/proxy-operator/pkg/provider"
@@ -100,6 +101,46 @@ var _ = Describe("kubernetes provider with a managed squid", func() {
 		}
 	})
 
+	It("runs the upstream counter from its ConfigMap in a restricted pod, only while every live pod has it", func() {
+		m.Squid.Stats = squid.Auth{Type: squid.AuthBasic, Username: "proxy-operator-stats", Password: squid.GeneratePassword()}
+		daemon := "\nlogfile_daemon " + kubernetes.CounterPath + "\n"
+		inst, err := p.Create(ctx, m)
+		Expect(err).NotTo(HaveOccurred())
+		m.ProviderID = inst.ProviderID
+		k := key()
+		var pod corev1.Pod
+		var cm corev1.ConfigMap
+		Expect(k8sClient.Get(ctx, k, &pod)).To(Succeed())
+		Expect(k8sClient.Get(ctx, k, &cm)).To(Succeed())
+		Expect(cm.Data).To(HaveKeyWithValue(kubernetes.CounterKey, string(squid.UpstreamCounter)))
+		Expect(cm.Data[kubernetes.ConfigKey]).To(ContainSubstring(daemon))
+		config := configVolume(&pod)
+		Expect(config.Items).To(ContainElement(corev1.KeyToPath{Key: kubernetes.CounterKey, Path: kubernetes.CounterKey, Mode: ptr.To(int32(0o755))}))
+		Expect(config.Items).To(ContainElement(corev1.KeyToPath{Key: kubernetes.ConfigKey, Path: kubernetes.ConfigKey}))
+
+		By("a pod of the earlier template (the whole ConfigMap, default mode) gets a squid.conf without the counter")
+		Expect(k8sClient.Delete(ctx, &pod, client.GracePeriodSeconds(0))).To(Succeed())
+		Eventually(func() bool { return apierrors.IsNotFound(k8sClient.Get(ctx, k, &corev1.Pod{})) }).Should(BeTrue())
+		old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, Labels: pod.Labels, Annotations: pod.Annotations, OwnerReferences: pod.OwnerReferences}, Spec: *pod.Spec.DeepCopy()}
+		configVolume(old).Items = nil
+		Expect(k8sClient.Create(ctx, old)).To(Succeed())
+		_, err = p.Create(ctx, m)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8sClient.Get(ctx, k, &cm)).To(Succeed())
+		Expect(cm.Data[kubernetes.ConfigKey]).NotTo(ContainSubstring("logfile_daemon"))
+		Expect(cm.Data).To(HaveKey(kubernetes.CounterKey))
+
+		By("once it is gone, the pod Create makes has the counter and squid.conf runs it")
+		Expect(k8sClient.Delete(ctx, old, client.GracePeriodSeconds(0))).To(Succeed())
+		Eventually(func() bool { return apierrors.IsNotFound(k8sClient.Get(ctx, k, &corev1.Pod{})) }).Should(BeTrue())
+		_, err = p.Create(ctx, m)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8sClient.Get(ctx, k, &cm)).To(Succeed())
+		Expect(cm.Data[kubernetes.ConfigKey]).To(ContainSubstring(daemon))
+		Expect(k8sClient.Get(ctx, k, &pod)).To(Succeed())
+		Expect(configVolume(&pod).Items).To(ContainElement(corev1.KeyToPath{Key: kubernetes.CounterKey, Path: kubernetes.CounterKey, Mode: ptr.To(int32(0o755))}))
+	})
+
 	It("never touches a NetworkPolicy or Secret of someone else under its name", func() {
 		k := key()
 		meta := metav1.ObjectMeta{Name: k.Name, Namespace: ns, Labels: map[string]string{kubernetes.LabelProxyUID: "someone-else"}}
@@ -124,3 +165,14 @@ var _ = Describe("kubernetes provider with a managed squid", func() {
 		Expect(podExists(k)).To(BeFalse())
 	})
 })
+
+// configVolume is the pod's volume of its squid ConfigMap.
+func configVolume(pod *corev1.Pod) *corev1.ConfigMapVolumeSource {
+	for i := range pod.Spec.Volumes {
+		if v := pod.Spec.Volumes[i].ConfigMap; v != nil {
+			return v
+		}
+	}
+	Fail("the pod has no ConfigMap volume")
+	return nil
+}

@@ -18,6 +18,7 @@ import (
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/internal/proxyaccess"
+	"crawl.example.com/proxy-operator/pkg/fleet"
 	"crawl.example.com/proxy-operator/pkg/provider/plugin"
 	"crawl.example.com/proxy-operator/pkg/proxyprobe"
 )
@@ -45,7 +46,7 @@ type ProxyPoolWebhook struct {
 }
 
 func (w *ProxyPoolWebhook) ValidateCreate(_ context.Context, p *crawlv1.ProxyPool) (admission.Warnings, error) {
-	return append(templateWarnings(p), w.egressWarnings(p)...), toInvalid(p, w.validate(p))
+	return slices.Concat(templateWarnings(p), w.egressWarnings(p), rotationWarnings(p)), toInvalid(p, w.validate(p))
 }
 
 func (w *ProxyPoolWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.ProxyPool) (admission.Warnings, error) {
@@ -56,7 +57,22 @@ func (w *ProxyPoolWebhook) ValidateUpdate(_ context.Context, old, p *crawlv1.Pro
 	if !equality.Semantic.DeepEqual(old.Spec.Selector, p.Spec.Selector) {
 		errs = append(errs, field.Forbidden(field.NewPath("spec", "selector"), "selector is immutable: the pool would lose its replicas"))
 	}
-	return append(templateWarnings(p), w.egressWarnings(p)...), toInvalid(p, errs)
+	return slices.Concat(templateWarnings(p), w.egressWarnings(p), rotationWarnings(p)), toInvalid(p, errs)
+}
+
+// rotationWarnings: rotation limits that cannot replace the pool within
+// one maxAge are allowed (a pool may be about to shrink), but the pool
+// will report RotationBehind; say so when they are written.
+func rotationWarnings(p *crawlv1.ProxyPool) admission.Warnings {
+	policy, err := fleet.PolicyFor(&p.Spec)
+	if err != nil || policy.MaxAge <= 0 {
+		return nil // refused, or no rotation
+	}
+	if n := policy.RotationsPerMaxAge(); n < policy.Replicas {
+		return admission.Warnings{fmt.Sprintf("spec.rotation: the limits replace at most %d of %d replicas per maxAge %s (%s): replicas will outlive maxAge (RotationBehind)",
+			n, policy.Replicas, policy.MaxAge, policy.RotationLimits())}
+	}
+	return nil
 }
 
 // templateWarnings are the Proxy webhook's warnings about access that
@@ -282,6 +298,9 @@ func validatePoolSpec(s *crawlv1.ProxyPoolSpec) field.ErrorList {
 	errs = append(errs, e...)
 	if m.MaxCreatesPerMinute < 0 {
 		errs = append(errs, field.Invalid(rem.Child("maxCreatesPerMinute"), m.MaxCreatesPerMinute, "must be at least 1"))
+	}
+	if s.Placement.MaxConcurrentCreates < 0 {
+		errs = append(errs, field.Invalid(spec.Child("placement", "maxConcurrentCreates"), s.Placement.MaxConcurrentCreates, "must be at least 1"))
 	}
 	if s.Replicas != nil && *s.Replicas < 0 {
 		errs = append(errs, field.Invalid(spec.Child("replicas"), *s.Replicas, "must not be negative"))

@@ -133,6 +133,10 @@ func TestValidateProxyPool(t *testing.T) {
 			"spec.remediation.startupBackoff: Invalid", "spec.remediation.deletionTimeout: Invalid", "spec.rotation.minInterval: Invalid"}},
 		{name: "jitter not below maxAge", change: func(p *crawlv1.ProxyPool) { p.Spec.Rotation.Jitter = dur(6 * time.Hour) },
 			want: []string{"spec.rotation.jitter: Invalid", "less than maxAge"}},
+		{name: "create limits must be positive", change: func(p *crawlv1.ProxyPool) {
+			p.Spec.Placement.MaxConcurrentCreates = -1
+			p.Spec.Remediation.MaxCreatesPerMinute = -1
+		}, want: []string{"spec.placement.maxConcurrentCreates: Invalid", "spec.remediation.maxCreatesPerMinute: Invalid"}},
 		{name: "rotation settings without maxAge", change: func(p *crawlv1.ProxyPool) { p.Spec.Rotation.MaxAge = nil },
 			want: []string{"spec.rotation.jitter: Forbidden", "spec.rotation.minInterval: Forbidden"}},
 	}

@@ -56,6 +56,17 @@
 // container's reloader (SquidCommand) has squid re-read them, without a new
 // pod.
 //
+// The upstream counter (squid.UpstreamCounter), which counts the target
+// sites' answers by class for the operator's Stats credential, is a key of
+// the same ConfigMap, projected executable beside squid.conf
+// (configVolume). squid does not start, nor survive a reconfigure, when its
+// logfile daemon cannot run, and a pod re-reads its ConfigMap in place: so
+// squid.conf runs the counter only while every live pod of the Proxy has
+// it (runsCounter). A pod made before the operator delivered it keeps a
+// squid.conf without it, and its Proxy reports no classes, until it is
+// replaced (a rebuild, a pool's rollout or rotation); the provider does
+// not replace a serving pod for it.
+//
 // Naming and identity: the ConfigMap, Secret, NetworkPolicy and the first
 // pod are named ObjectName(name, uid), "proxy-<name>-<8 hex of
 // sha256(uid)>"; replacement pods add "-<incarnation>" (PodName). Every

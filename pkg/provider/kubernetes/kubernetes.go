@@ -75,11 +75,15 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 	if err := validateMachine(m); err != nil {
 		return nil, err
 	}
-	files, err := p.ensureConfig(ctx, m)
+	pods, err := p.podsOf(ctx, m)
 	if err != nil {
 		return nil, err
 	}
-	pod, next, recordedExists, err := p.currentPod(ctx, m, k.Name)
+	files, err := p.ensureConfig(ctx, m, allRunCounter(pods))
+	if err != nil {
+		return nil, err
+	}
+	pod, next, recordedExists, err := p.currentPod(ctx, m, pods, k.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -103,13 +107,14 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 
 // ensureConfig makes what the pod runs with match m: the squid ConfigMap,
 // the password Secret when there is one, and a managed squid's
-// NetworkPolicy.
-func (p *Provider) ensureConfig(ctx context.Context, m *provider.Machine) (squidFiles, error) {
+// NetworkPolicy. squid.conf runs the upstream counter only with counter:
+// every pod that reads it has the counter (a new pod will).
+func (p *Provider) ensureConfig(ctx context.Context, m *provider.Machine, counter bool) (squidFiles, error) {
 	cluster, err := p.clusterRanges(ctx)
 	if err != nil {
 		return squidFiles{}, provider.Transientf("kubernetes: %w", err)
 	}
-	files, err := p.renderSquid(m, cluster)
+	files, err := p.renderSquid(m, cluster, counter)
 	if err != nil {
 		return squidFiles{}, err
 	}

@@ -105,7 +105,14 @@ func (p *Provider) configMap(m *provider.Machine, f squidFiles) *corev1.ConfigMa
 	meta.Annotations[AnnotationDeniedDestinations] = formatPrefixes(f.Own)
 	return &corev1.ConfigMap{
 		ObjectMeta: meta,
-		Data:       map[string]string{ConfigKey: string(f.Conf), ClusterRangesKey: string(squid.DeniedDestinationsFile(f.Cluster))},
+		Data: map[string]string{
+			ConfigKey:        string(f.Conf),
+			ClusterRangesKey: string(squid.DeniedDestinationsFile(f.Cluster)),
+			// Always there, so that a pod projecting it executable
+			// (configVolume) can mount the ConfigMap whatever squid.conf
+			// says; only squid.conf decides whether it runs.
+			CounterKey: string(squid.UpstreamCounter),
+		},
 	}
 }
 
@@ -231,9 +238,7 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 				},
 			}},
 			Volumes: []corev1.Volume{
-				{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-					LocalObjectReference: corev1.LocalObjectReference{Name: configKey(m).Name},
-				}}},
+				configVolume(m),
 				// A pid file and core dumps only: small, memory-backed.
 				{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
 					Medium: corev1.StorageMediumMemory, SizeLimit: resource.NewQuantity(16<<20, resource.BinarySI),
@@ -249,4 +254,37 @@ func (p *Provider) pod(m *provider.Machine, k types.NamespacedName, incarnation 
 		}}})
 	}
 	return pod
+}
+
+// configVolume projects the ConfigMap's files into ConfigDir: squid.conf
+// and the cluster's ranges with the default mode, the upstream counter
+// executable (CounterMode), so that a squid.conf naming it runs it.
+func configVolume(m *provider.Machine) corev1.Volume {
+	counterMode := CounterMode
+	return corev1.Volume{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+		LocalObjectReference: corev1.LocalObjectReference{Name: configKey(m).Name},
+		Items: []corev1.KeyToPath{
+			{Key: ConfigKey, Path: ConfigKey},
+			{Key: ClusterRangesKey, Path: ClusterRangesKey},
+			{Key: CounterKey, Path: CounterKey, Mode: &counterMode},
+		},
+	}}}
+}
+
+// runsCounter says whether pod has the upstream counter executable at
+// CounterPath (configVolume). Pods made before the operator delivered it
+// mount the whole ConfigMap with the default mode: a squid.conf naming the
+// counter would stop their squid at its next reconfigure.
+func runsCounter(pod *corev1.Pod) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.Name != "config" || v.ConfigMap == nil {
+			continue
+		}
+		for _, item := range v.ConfigMap.Items {
+			if item.Key == CounterKey && item.Path == CounterKey && item.Mode != nil && *item.Mode&0o111 == 0o111 {
+				return true
+			}
+		}
+	}
+	return false
 }

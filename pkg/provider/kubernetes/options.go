@@ -58,6 +58,12 @@ const (
 	// ClusterRangesKey is the ConfigMap's file of the cluster's ranges,
 	// which squid.conf reads as an ACL (squid.Paths.DeniedDestinationsFile).
 	ClusterRangesKey = "cluster-ranges"
+	// CounterKey is the ConfigMap's squid.UpstreamCounter, projected
+	// executable (CounterMode) at CounterPath, which squid.conf runs as its
+	// logfile daemon once the pod reading it has it (runsCounter).
+	CounterKey  = "upstream-counter"
+	CounterPath = ConfigDir + "/" + CounterKey
+	CounterMode = int32(0o755)
 	// PasswordKey is the Secret's key holding the basic_ncsa_auth file,
 	// mounted (as a directory: it follows updates) at AuthDir.
 	PasswordKey = "passwd"
@@ -73,7 +79,8 @@ const (
 	// squid; it is the ubuntu/squid image the operator was written
 	// against. Whoever runs the operator pins the digest of the image they
 	// have vetted (--kubernetes-squid-image); any image with squid 5 or
-	// later on PATH meets the contract of SquidCommand.
+	// later on PATH meets the contract of SquidCommand, and perl (for
+	// squid.UpstreamCounter) that of counting the target sites' answers.
 	DefaultSquidImage = "docker.io/ubuntu/squid@sha256:6a097f68bae708cedbabd6188d68c7e2e7a38cedd05a176e1cc0ba29e3bbe029"
 	DefaultPort       = 3128
 
@@ -154,7 +161,7 @@ var DefaultManagerPodLabels = map[string]string{
 // BindFlags registers the provider's flags on fs.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.SquidImage, "kubernetes-squid-image", DefaultSquidImage,
-		"Container image running squid for Proxies with provider kubernetes; pin it by digest (@sha256:...). It must have squid (5 or later) on PATH; it runs as uid 13 on a read-only root.")
+		"Container image running squid for Proxies with provider kubernetes; pin it by digest (@sha256:...). It must have squid (5 or later) and perl (perl-base: Debian's and Ubuntu's images have it; without it squid runs but the target sites' answers are not counted) on PATH; it runs as uid 13 on a read-only root.")
 	fs.BoolVar(&o.AllowSquidImageTag, "kubernetes-squid-image-allow-tag", false,
 		"Accept a --kubernetes-squid-image without a digest: whoever can push that tag then chooses what runs in every squid pod, and nodes may run different images.")
 	fs.Func("kubernetes-manager-pod-labels",

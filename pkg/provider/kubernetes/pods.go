@@ -17,16 +17,12 @@ import (
 	"crawl.example.com/proxy-operator/pkg/provider"
 )
 
-// currentPod deletes the Proxy's pods gone for good and returns the one to
-// report: the recorded pod or (nothing recorded: a crash between our create
-// and the status write) the newest live one; nil when there is none. next
-// is the incarnation a new pod gets, recordedExists whether the recorded
-// pod is still there.
-func (p *Provider) currentPod(ctx context.Context, m *provider.Machine, recorded string) (current *corev1.Pod, next int, recordedExists bool, err error) {
-	pods, err := p.podsOf(ctx, m)
-	if err != nil {
-		return nil, 0, false, err
-	}
+// currentPod deletes the Proxy's pods (podsOf) gone for good and returns
+// the one to report: the recorded pod or (nothing recorded: a crash
+// between our create and the status write) the newest live one; nil when
+// there is none. next is the incarnation a new pod gets, recordedExists
+// whether the recorded pod is still there.
+func (p *Provider) currentPod(ctx context.Context, m *provider.Machine, pods []corev1.Pod, recorded string) (current *corev1.Pod, next int, recordedExists bool, err error) {
 	for i := range pods {
 		pod := &pods[i]
 		next = max(next, incarnation(pod)+1)
@@ -60,6 +56,23 @@ func (p *Provider) podsOf(ctx context.Context, m *provider.Machine) ([]corev1.Po
 	}
 	sort.Slice(pods, func(i, j int) bool { return incarnation(&pods[i]) > incarnation(&pods[j]) })
 	return pods, nil
+}
+
+// allRunCounter says whether every pod of pods that may still read the
+// ConfigMap has the upstream counter (runsCounter); true for none, as the
+// pod Create makes will. Terminal and terminating pods read nothing more
+// that matters.
+func allRunCounter(pods []corev1.Pod) bool {
+	for i := range pods {
+		pod := &pods[i]
+		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+			continue
+		}
+		if !runsCounter(pod) {
+			return false
+		}
+	}
+	return true
 }
 
 func incarnation(pod *corev1.Pod) int {

@@ -26,9 +26,12 @@ var DefaultAllowedClientCIDRs = []string{
 // cache.log to stderr (the container's log); the pid file and core dumps
 // to StateDir, the only writable directory, so squid runs as an
 // unprivileged user on a read-only root. The cluster's ranges are a file
-// beside squid.conf.
-func squidPaths() squid.Paths {
-	return squid.Paths{
+// beside squid.conf, and so is the upstream counter, which squid.conf runs
+// only when counter says the pods reading it have it executable
+// (runsCounter): squid does not start, nor survive a reconfigure, with a
+// logfile daemon it cannot run.
+func squidPaths(counter bool) squid.Paths {
+	paths := squid.Paths{
 		PasswordFile:           AuthDir + "/" + PasswordKey,
 		AuthHelper:             squid.DefaultAuthHelper,
 		PidFile:                StateDir + "/squid.pid",
@@ -37,13 +40,17 @@ func squidPaths() squid.Paths {
 		CoredumpDir:            StateDir,
 		DeniedDestinationsFile: ConfigDir + "/" + ClusterRangesKey,
 	}
+	if counter {
+		paths.UpstreamCounter = CounterPath
+	}
+	return paths
 }
 
 // squidConfig is what the pod's squid runs: the Machine's managed
 // configuration, or for an unmanaged Proxy the provider's built-in policy
 // (Options.AllowedClientCIDRs, no credential), both rendered by pkg/squid.
-func (p *Provider) squidConfig(m *provider.Machine) (c squid.Config, managed bool, err error) {
-	c, managed, err = provider.ManagedSquid(m, squidPaths())
+func (p *Provider) squidConfig(m *provider.Machine, counter bool) (c squid.Config, managed bool, err error) {
+	c, managed, err = provider.ManagedSquid(m, squidPaths(counter))
 	if err != nil || managed {
 		return c, managed, err
 	}
@@ -52,7 +59,7 @@ func (p *Provider) squidConfig(m *provider.Machine) (c squid.Config, managed boo
 		AllowedSourceCIDRs:      p.opts.AllowedClientCIDRs,
 		Auth:                    squid.Auth{Type: squid.AuthNone},
 		BroadSourcesWithoutAuth: true,
-		Paths:                   squidPaths(),
+		Paths:                   squidPaths(false),
 	}, false, nil
 }
 
@@ -72,9 +79,11 @@ type squidFiles struct {
 }
 
 // renderSquid renders m's squid files with the pod's paths, refusing the
-// cluster's ranges too. Errors are permanent and name spec.access fields.
-func (p *Provider) renderSquid(m *provider.Machine, cluster []netip.Prefix) (squidFiles, error) {
-	c, managed, err := p.squidConfig(m)
+// cluster's ranges too, and running the upstream counter when counter
+// (and m has the Stats credential that reads it). Errors are permanent and
+// name spec.access fields.
+func (p *Provider) renderSquid(m *provider.Machine, cluster []netip.Prefix, counter bool) (squidFiles, error) {
+	c, managed, err := p.squidConfig(m, counter)
 	if err != nil {
 		return squidFiles{}, provider.Permanentf("kubernetes: %w", err)
 	}

@@ -52,6 +52,7 @@ func managedMachine(origin *squidtest.Origin) *provider.Machine {
 type podRun struct {
 	*squidtest.Squid
 	config *squidtest.KubeletDir
+	volume *corev1.ConfigMapVolumeSource
 }
 
 // runPod runs what Create put in the API for m the way the pod runs it:
@@ -61,8 +62,8 @@ type podRun struct {
 // (root-owned, read-only, the Secret as the kubelet writes it with
 // fsGroup 13: root:13, 0440); the state emptyDir the only writable path on
 // a read-only root; uid and gid SquidUID with no capabilities and
-// no_new_privs.
-func runPod(t *testing.T, c client.Client, m *provider.Machine) *podRun {
+// no_new_privs. extra mounts go on top (an image's file replaced).
+func runPod(t *testing.T, c client.Client, m *provider.Machine, extra ...squidtest.Mount) *podRun {
 	t.Helper()
 	ctx := context.Background()
 	k := podKey(m)
@@ -85,11 +86,12 @@ func runPod(t *testing.T, c client.Client, m *provider.Machine) *podRun {
 	if err := os.Chown(state, uid, uid); err != nil {
 		t.Fatal(err)
 	}
-	run := &podRun{config: squidtest.NewKubeletDir(t, filepath.Join(etc, filepath.Base(ConfigDir)), configFiles(&cm), 0o444)}
 	mounts := map[string]corev1.VolumeMount{}
 	for _, vm := range pod.Spec.Containers[0].VolumeMounts {
 		mounts[vm.MountPath] = vm
 	}
+	run := &podRun{volume: configMapVolume(t, &pod, mounts[ConfigDir].Name), config: &squidtest.KubeletDir{Dir: filepath.Join(etc, filepath.Base(ConfigDir))}}
+	run.project(t, &cm)
 	var secret corev1.Secret
 	if err := c.Get(ctx, k, &secret); err == nil {
 		if _, ok := mounts[AuthDir]; !ok {
@@ -114,10 +116,10 @@ func runPod(t *testing.T, c client.Client, m *provider.Machine) *podRun {
 		Command:  pod.Spec.Containers[0].Command,
 		Parse:    []string{"squid", "-k", "parse", "-f", ConfigPath},
 		ConfPath: ConfigPath,
-		Mounts: []squidtest.Mount{
+		Mounts: append([]squidtest.Mount{
 			{Source: etc, Target: filepath.Dir(ConfigDir), ReadOnly: true},
 			{Source: state, Target: StateDir},
-		},
+		}, extra...),
 		ReadOnlyRoot: true,
 		User:         &squidtest.Credential{UID: uid, GID: uid},
 		AccessLog:    "stdout",
@@ -134,6 +136,53 @@ func configFiles(cm *corev1.ConfigMap) map[string][]byte {
 	return files
 }
 
+// configMapVolume is the pod's ConfigMap volume called name.
+func configMapVolume(t *testing.T, pod *corev1.Pod, name string) *corev1.ConfigMapVolumeSource {
+	t.Helper()
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == name && v.ConfigMap != nil {
+			return v.ConfigMap
+		}
+	}
+	t.Fatalf("the pod has no ConfigMap volume %q: %+v", name, pod.Spec.Volumes)
+	return nil
+}
+
+// project lays out cm's files as the kubelet projects the pod's volume:
+// its items only when it lists some (a listed key cm lacks fails the
+// mount), each with its item's mode, else the volume's default mode,
+// else 0644.
+func (r *podRun) project(t *testing.T, cm *corev1.ConfigMap) {
+	t.Helper()
+	all := configFiles(cm)
+	files, modes := all, map[string]os.FileMode{}
+	mode := os.FileMode(0o644)
+	if r.volume.DefaultMode != nil {
+		mode = os.FileMode(*r.volume.DefaultMode)
+	}
+	if len(r.volume.Items) > 0 {
+		files = map[string][]byte{}
+		for _, item := range r.volume.Items {
+			data, ok := all[item.Key]
+			if !ok {
+				t.Fatalf("the pod projects key %q, which the ConfigMap lacks: the kubelet would not mount it", item.Key)
+			}
+			files[item.Path] = data
+			if item.Mode != nil {
+				modes[item.Path] = os.FileMode(*item.Mode)
+			}
+		}
+	}
+	if err := r.config.SwapModes(files, func(key string) os.FileMode {
+		if m, ok := modes[key]; ok {
+			return m
+		}
+		return mode
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // sync brings the mounted ConfigMap up to what the API holds, as the
 // kubelet does some time after it changed.
 func (r *podRun) sync(t *testing.T, c client.Client, m *provider.Machine) {
@@ -142,7 +191,7 @@ func (r *podRun) sync(t *testing.T, c client.Client, m *provider.Machine) {
 	if err := c.Get(context.Background(), podKey(m), &cm); err != nil {
 		t.Fatal(err)
 	}
-	r.config.Write(t, configFiles(&cm), 0o444)
+	r.project(t, &cm)
 }
 
 // TestManagedSquidAsThePodRunsIt proves the managed squid.conf and

@@ -37,13 +37,23 @@ func (d *KubeletDir) Write(t testing.TB, files map[string][]byte, mode os.FileMo
 // Swap is Write for a caller that is no test goroutine (a refresher running
 // beside the test): it returns the error instead of failing the test.
 func (d *KubeletDir) Swap(files map[string][]byte, mode os.FileMode) error {
+	return d.SwapModes(files, func(string) os.FileMode { return mode })
+}
+
+// SwapModes is Swap with each key's mode, as a volume's items give it.
+func (d *KubeletDir) SwapModes(files map[string][]byte, mode func(key string) os.FileMode) error {
 	d.gen++
 	ts := fmt.Sprintf("..2026_12_01_10_00_%02d.%06d", d.gen%60, d.gen)
 	if err := os.Mkdir(filepath.Join(d.Dir, ts), 0o755); err != nil {
 		return err
 	}
 	for key, data := range files {
-		if err := os.WriteFile(filepath.Join(d.Dir, ts, key), data, mode); err != nil {
+		path := filepath.Join(d.Dir, ts, key)
+		if err := os.WriteFile(path, data, mode(key)); err != nil {
+			return err
+		}
+		// The umask must not take bits off (an executable key).
+		if err := os.Chmod(path, mode(key)); err != nil {
 			return err
 		}
 	}

@@ -5,12 +5,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
 
-// Origin is a local server that answers 204 and remembers the headers of
-// every request that reached it.
+// Origin is a local server that answers 204, or the status its path
+// names (/429: 429, from 200 to 599), and remembers the headers of every
+// request that reached it.
 type Origin struct {
 	*httptest.Server
 	mu      sync.Mutex
@@ -27,7 +29,11 @@ func NewOrigin(t testing.TB, addr string) *Origin {
 		o.mu.Lock()
 		o.headers = append(o.headers, r.Header.Clone())
 		o.mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
+		status := http.StatusNoContent
+		if n, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/")); err == nil && n >= 200 && n <= 599 {
+			status = n
+		}
+		w.WriteHeader(status)
 	}))
 	l, err := net.Listen("tcp", addr)
 	if err != nil {

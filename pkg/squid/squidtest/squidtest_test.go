@@ -184,3 +184,20 @@ func TestAddLoopbackAddress(t *testing.T) {
 		}
 	}
 }
+
+func TestOriginAnswersTheStatusItsPathNames(t *testing.T) {
+	o := NewOrigin(t, "127.0.0.1:0")
+	for path, want := range map[string]int{"/": http.StatusNoContent, "/429": http.StatusTooManyRequests, "/302": http.StatusFound, "/600": http.StatusNoContent, "/a": http.StatusNoContent} {
+		resp, err := http.Get(o.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	if n := len(o.Requests()); n != 5 {
+		t.Errorf("%d requests remembered, want 5", n)
+	}
+}

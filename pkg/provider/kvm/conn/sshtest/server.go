@@ -26,19 +26,28 @@ import (
 // OpenSSH PEM an ssh-privatekey Secret entry holds.
 func NewKey(tb testing.TB) (ssh.Signer, []byte) {
 	tb.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	signer, pemBytes, err := GenerateKey()
 	if err != nil {
 		tb.Fatal(err)
+	}
+	return signer, pemBytes
+}
+
+// GenerateKey is NewKey for callers without a testing.TB (test/fakehv).
+func GenerateKey() (ssh.Signer, []byte, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, nil, err
 	}
 	block, err := ssh.MarshalPrivateKey(priv, "sshtest")
 	if err != nil {
-		tb.Fatal(err)
+		return nil, nil, err
 	}
 	signer, err := ssh.NewSignerFromKey(priv)
 	if err != nil {
-		tb.Fatal(err)
+		return nil, nil, err
 	}
-	return signer, pem.EncodeToMemory(block)
+	return signer, pem.EncodeToMemory(block), nil
 }
 
 // Config configures a Server.
@@ -73,13 +82,28 @@ type Server struct {
 // NewServer starts a server; tb's cleanup closes it.
 func NewServer(tb testing.TB, c Config) *Server {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	s, err := Start(c)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(s.Close)
+	return s
+}
+
+// Start is NewServer for callers without a testing.TB (test/fakehv); the
+// caller closes the server.
+func Start(c Config) (*Server, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{ln: ln, hostKeys: c.HostKeys, forward: c.Forward, conns: map[*serverConn]struct{}{}}
 	if len(s.hostKeys) == 0 {
-		signer, _ := NewKey(tb)
+		signer, _, err := GenerateKey()
+		if err != nil {
+			_ = ln.Close()
+			return nil, err
+		}
 		s.hostKeys = []ssh.Signer{signer}
 	}
 	if s.forward == nil {
@@ -92,8 +116,7 @@ func NewServer(tb testing.TB, c Config) *Server {
 	}
 	s.wg.Add(1)
 	go s.accept()
-	tb.Cleanup(s.Close)
-	return s
+	return s, nil
 }
 
 // Addr is the server's host:port.

@@ -435,6 +435,9 @@ func (c *Conn) StorageVolUpload(h libvirt.StorageVol, body io.Reader, offset, le
 		v.inUse--
 		f.mu.Unlock()
 	}()
+	if a, ok := body.(interface{ uploadAccepted() }); ok {
+		a.uploadAccepted() // served: libvirtd answers the call here, then takes the stream
+	}
 
 	bp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bp)
