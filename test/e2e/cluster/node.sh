@@ -646,7 +646,10 @@ kubelet)
 freeze | thaw)
 	uid=${1:?usage: node.sh freeze|thaw STATE_DIR POD_UID}
 	cg=$(state_get CGROUP_ROOT)
-	dir=$(find "/sys/fs/cgroup/freezer${cg}" -type d -name "pod$uid" -print -quit 2>/dev/null)
+	# Through the holder's root: the caller may run where /sys has no
+	# cgroups (`ip netns exec` mounts a fresh sysfs over /sys).
+	h=$(holder_pid) || die "node in $STATE is not up"
+	dir=$(find "/proc/$h/root/sys/fs/cgroup/freezer${cg}" -type d -name "pod$uid" -print -quit 2>/dev/null || true)
 	[ -n "$dir" ] || die "no freezer cgroup of pod $uid under ${cg}"
 	want=FROZEN
 	[ "$CMD" = thaw ] && want=THAWED
