@@ -471,6 +471,7 @@ cmd_up() {
 		--kubelet-client-certificate "$STATE/pki/apiserver-kubelet-client.crt" \
 		--kubelet-client-key "$STATE/pki/apiserver-kubelet-client.key" \
 		--kubelet-certificate-authority "$STATE/pki/ca.crt" \
+		--kubelet-preferred-address-types InternalIP,ExternalIP,Hostname \
 		--service-account-issuer https://kubernetes.default.svc.cluster.local \
 		--service-account-key-file "$STATE/pki/sa.pub" --service-account-signing-key-file "$STATE/pki/sa.key" \
 		--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction --allow-privileged=true \
