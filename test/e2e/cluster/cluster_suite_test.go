@@ -56,7 +56,8 @@ type env struct {
 
 var (
 	cfg env
-	k8s client.Client
+	// k8s watches too: the failover spec records every change it makes.
+	k8s client.WithWatch
 	// origin is the test's web server on originIP, port 80: the
 	// destination of every request through a proxy (the manager's probe
 	// too): / answers 204, /ip the caller's address.
@@ -97,7 +98,7 @@ var _ = BeforeSuite(func() {
 	Expect(os.Setenv("KUBECONFIG", cfg.Kubeconfig)).To(Succeed())
 	rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
 	Expect(err).NotTo(HaveOccurred())
-	k8s, err = client.New(rc, client.Options{Scheme: scheme})
+	k8s, err = client.NewWithWatch(rc, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
 
 	addNodeAddress(originIP)
@@ -137,7 +138,11 @@ func run(ctx context.Context, dir, name string, args ...string) (string, error) 
 	start := time.Now()
 	err := cmd.Run()
 	shown := strings.Join(append([]string{name}, args...), " ")
-	entry := fmt.Sprintf("$ %s   # in %s, %.1fs, err=%v\n%s\n", shown, dir, time.Since(start).Seconds(), err, out.String())
+	logged := out.String()
+	if err == nil && strings.Contains(shown, " create token ") {
+		logged = "(a token: not logged)" // credentials stay out of logs, the suite's too
+	}
+	entry := fmt.Sprintf("$ %s   # in %s, %.1fs, err=%v\n%s\n", shown, dir, time.Since(start).Seconds(), err, logged)
 	GinkgoWriter.Print(entry)
 	if f, ferr := os.OpenFile(filepath.Join(cfg.Artifacts, "commands.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); ferr == nil {
 		_, _ = f.WriteString(entry)
