@@ -427,6 +427,13 @@ var _ = Describe("the operator installed into a real cluster", Ordered, Label("c
 		Expect(madeFor(pods.seen(), uid)).To(ConsistOf(kubernetes.PodName(name, uid, 0)), "pods made, by UID")
 		Expect(madeFor(configMaps.seen(), uid)).To(HaveLen(1), "ConfigMaps made, by UID")
 		Expect(readyTransitions(proxies.seen(), uid)).To(Equal(1), "times the Proxy became Ready")
+		// Which leader made the pod depends on the race; both must hold.
+		for _, o := range pods.seen() {
+			if o.GetLabels()[kubernetes.LabelProxyUID] == uid {
+				AddReportEntry("pod_made_by_the_old_leader", o.GetCreationTimestamp().Time.Before(acquired))
+				break
+			}
+		}
 
 		Expect(k8s.Delete(ctx, p)).To(Succeed())
 		Eventually(func(ctx context.Context) error {
