@@ -90,6 +90,14 @@ test-e2e-egress: build ## Egress e2e on the real test hypervisor (root): NAT and
 test-integration-kvm: ## KVM provider alone against a real host (root; brings up the test hypervisor unless KVM_TEST_ADDRESS is set).
 	test/integration/run.sh
 
+.PHONY: test-e2e-node
+test-e2e-node: ## The real one-node cluster alone (root, offline): up, a pod Running, torn down with nothing left; one node at a time (/tmp/node.lock).
+	flock /tmp/node.lock test/e2e/cluster/node-smoke.sh
+
+.PHONY: test-e2e-cluster
+test-e2e-cluster: ## The operator installed into a real one-node cluster built on this machine (root, offline): webhooks, metrics, squid pods, pool deletion; always torn down.
+	test/e2e/cluster/run.sh
+
 .PHONY: test-e2e-kind
 test-e2e-kind: ## The e2e suite against the operator deployed in kind (Docker, internet and a LAN hypervisor; see test/e2e/kind/run.sh).
 	test/e2e/kind/run.sh

@@ -8,6 +8,7 @@
 # machine pays (about 8 minutes on 2 cores), however many clones it has.
 set -euo pipefail
 
+HERE="$(cd "$(dirname "$0")" && pwd)"
 K8S_VERSION="${ENVTEST_K8S_VERSION:-1.36.3}"
 ETCD_VERSION="${ENVTEST_ETCD_VERSION:-3.6.16}"
 
@@ -49,20 +50,8 @@ build_etcd() {
 build_apiserver() {
   [ -x "$DIR/kube-apiserver" ] && return 0
   log "building kube-apiserver v$K8S_VERSION (several minutes, once per machine)"
-  mkdir -p "$work/kas" && cd "$work/kas"
-  go mod init envtest-kube-apiserver >/dev/null 2>&1
-  # k8s.io/kubernetes points its staging modules at ./staging; each one is
-  # published as k8s.io/X at v0.MINOR.PATCH, so replace them with that.
-  gomod="$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
-  staging_version="v0.${K8S_VERSION#*.}"
-  {
-    echo "require k8s.io/kubernetes v$K8S_VERSION"
-    grep -E '^\s*k8s\.io/[^ ]+ => \./staging/' "$gomod" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
-  } >> go.mod
-  printf 'package tools\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' > tools.go
-  go mod tidy >/dev/null 2>&1
-  go build -o "$DIR/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-  mv "$DIR/kube-apiserver.tmp" "$DIR/kube-apiserver"
+  # The throw-away module is shared with hack/node-assets.sh (kubelet & co.).
+  "$HERE/kube-build.sh" "$K8S_VERSION" "$DIR" kube-apiserver
 }
 
 ( build_etcd )

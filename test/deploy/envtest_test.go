@@ -102,45 +102,48 @@ func ensureNamespace(ctx context.Context, t *testing.T, c client.Client, ns *cor
 	}
 }
 
-// TestInstallDryRun sends every object of config/default to a real API
-// server with dryRun=All. The install Namespace carries the "restricted" Pod
-// Security labels, so the Deployment must come back without a PodSecurity
-// warning; cert-manager's kinds are the only ones the server may not know.
+// TestInstallDryRun sends every object of config/default and of
+// config/certs-selfsigned to a real API server with dryRun=All. The install
+// Namespace carries the "restricted" Pod Security labels, so the Deployment
+// must come back without a PodSecurity warning; cert-manager's kinds are
+// the only ones the server may not know, and only config/default has them.
 func TestInstallDryRun(t *testing.T) {
 	c, w := apiServer(t)
 	ctx := t.Context()
+	for _, dir := range []string{"config/default", selfSignedDir} {
+		objs := kustomizeBuild(t, dir)
+		nsObj := one(t, objs, "Namespace", installNamespace)
+		ns := &corev1.Namespace{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(nsObj.Object, ns); err != nil {
+			t.Fatal(err)
+		}
+		if ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+			t.Errorf("%s: namespace %s does not enforce the restricted Pod Security Standard: %v", dir, ns.Name, ns.Labels)
+		}
+		ensureNamespace(ctx, t, c, ns)
+		w.take()
+
+		skipped := map[string]bool{}
+		for _, o := range objs {
+			if o.GetKind() == "Namespace" {
+				continue
+			}
+			if o.GroupVersionKind().Group == "cert-manager.io" {
+				skipped[o.GetKind()] = true
+				continue
+			}
+			if err := dryRunApply(ctx, c, o); err != nil {
+				t.Errorf("%s: %s %s: %v", dir, o.GetKind(), o.GetName(), err)
+			}
+			for _, msg := range w.take() {
+				t.Errorf("%s: %s %s: server warning: %s", dir, o.GetKind(), o.GetName(), msg)
+			}
+		}
+		if wantCertManager := dir == "config/default"; skipped["Certificate"] != wantCertManager || skipped["Issuer"] != wantCertManager {
+			t.Errorf("%s: cert-manager kinds %v, want a Certificate and an Issuer: %v", dir, skipped, wantCertManager)
+		}
+	}
 	objs := kustomizeBuild(t, "config/default")
-
-	nsObj := one(t, objs, "Namespace", installNamespace)
-	ns := &corev1.Namespace{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(nsObj.Object, ns); err != nil {
-		t.Fatal(err)
-	}
-	if ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
-		t.Errorf("namespace %s does not enforce the restricted Pod Security Standard: %v", ns.Name, ns.Labels)
-	}
-	ensureNamespace(ctx, t, c, ns)
-	w.take()
-
-	skipped := map[string]bool{}
-	for _, o := range objs {
-		if o.GetKind() == "Namespace" {
-			continue
-		}
-		if o.GroupVersionKind().Group == "cert-manager.io" {
-			skipped[o.GetKind()] = true
-			continue
-		}
-		if err := dryRunApply(ctx, c, o); err != nil {
-			t.Errorf("%s %s: %v", o.GetKind(), o.GetName(), err)
-		}
-		for _, msg := range w.take() {
-			t.Errorf("%s %s: server warning: %s", o.GetKind(), o.GetName(), msg)
-		}
-	}
-	if !skipped["Certificate"] || !skipped["Issuer"] {
-		t.Errorf("expected a cert-manager Certificate and Issuer in the install, got %v", skipped)
-	}
 
 	// The check above can fail: the same Deployment made to escalate
 	// privileges draws a PodSecurity warning.

@@ -29,9 +29,9 @@ const (
 func TestEveryKustomizationBuilds(t *testing.T) {
 	dirs := kustomizationDirs(t)
 	for _, want := range []string{
-		"config/certmanager", "config/crd", "config/default", "config/manager",
-		"config/namespaced", "config/prometheus", "config/rbac", "config/samples",
-		"config/webhook",
+		"config/certmanager", "config/certs-selfsigned", "config/crd", "config/default",
+		"config/manager", "config/namespaced", "config/prometheus", "config/rbac",
+		"config/samples", "config/webhook",
 	} {
 		if !slices.Contains(dirs, want) {
 			t.Errorf("no kustomization in %s (found %v)", want, dirs)
@@ -47,9 +47,9 @@ func TestEveryKustomizationBuilds(t *testing.T) {
 }
 
 // TestManagerDeployment checks the manager Deployment as config/manager
-// defines it and as config/default installs it.
+// defines it and as config/default and config/certs-selfsigned install it.
 func TestManagerDeployment(t *testing.T) {
-	for _, dir := range []string{"config/manager", "config/default", "config/namespaced"} {
+	for _, dir := range []string{"config/manager", "config/default", "config/namespaced", selfSignedDir} {
 		t.Run(dir, func(t *testing.T) {
 			d := managerDeployment(t, kustomizeBuild(t, dir))
 			for _, p := range managerProblems(d) {

@@ -17,11 +17,17 @@ import (
 )
 
 // kustomizeBuild renders the kustomization in dir (relative to the
-// repository root) exactly as `kustomize build` does.
+// repository root) exactly as `kustomize build` does. config/certs-selfsigned
+// reads files its user generates (hack/webhook-cert.sh): it is rendered from
+// an in-memory copy of config/ holding a fresh set (webhookCert).
 func kustomizeBuild(t *testing.T, dir string) []*unstructured.Unstructured {
 	t.Helper()
+	fsys := filesys.MakeFsOnDisk()
+	if dir == selfSignedDir {
+		fsys = configWithFiles(t, selfSignedDir, webhookCert(t).files())
+	}
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	m, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join(envtestutil.Root(), dir))
+	m, err := k.Run(fsys, filepath.Join(envtestutil.Root(), dir))
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
@@ -39,6 +45,33 @@ func kustomizeBuild(t *testing.T, dir string) []*unstructured.Unstructured {
 		out = append(out, u)
 	}
 	return out
+}
+
+// configWithFiles is an in-memory copy of the repository's config/ with
+// files added to dir (relative to the repository root).
+func configWithFiles(t *testing.T, dir string, files map[string][]byte) filesys.FileSystem {
+	t.Helper()
+	root := envtestutil.Root()
+	mem := filesys.MakeFsInMemory()
+	err := filepath.WalkDir(filepath.Join(root, "config"), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return mem.WriteFile(path, b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range files {
+		if err := mem.WriteFile(filepath.Join(root, dir, name), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return mem
 }
 
 // kustomizationDirs returns every directory under config/ holding a

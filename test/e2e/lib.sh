@@ -26,6 +26,18 @@ e2e_die() {
 e2e_now() { date +%s.%N; }
 e2e_since() { awk -v a="$1" -v b="$(e2e_now)" 'BEGIN { printf "%.1f", b - a }'; }
 
+# e2e_timed FILE NAME CMD...: runs CMD and records its wall time as
+# "<TAG>-TIMING NAME=SECONDSs" on stderr and in FILE; returns CMD's status.
+e2e_timed() {
+	local file=$1 name=$2 t rc
+	shift 2
+	t=$(e2e_now)
+	"$@"
+	rc=$?
+	echo "${E2E_TAG^^}-TIMING $name=$(e2e_since "$t")s" | tee -a "$file" >&2
+	return $rc
+}
+
 e2e_require_root() {
 	[ "$(id -u)" -eq 0 ] || e2e_die "must run as root (it runs libvirtd, qemu and sshd in a network namespace it creates)"
 }
