@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -147,6 +148,16 @@ func (s scaleShape) surgeCount(b *testing.B) int {
 // them and negligible.
 func BenchmarkProxyPoolScale(b *testing.B) {
 	shape := scaleShapeFromEnv(b)
+	// SCALE_BENCH_MANAGER_MEMLIMIT sets the soft memory limit of this
+	// process (the manager) only: GOMEMLIMIT would reach kube-apiserver
+	// and etcd too, which the benchmark starts as children.
+	if e := os.Getenv("SCALE_BENCH_MANAGER_MEMLIMIT"); e != "" {
+		mib, err := strconv.Atoi(e)
+		if err != nil || mib <= 0 {
+			b.Fatalf("SCALE_BENCH_MANAGER_MEMLIMIT=%q: want MiB, a positive integer", e)
+		}
+		debug.SetMemoryLimit(int64(mib) << 20)
+	}
 	bin := buildFakeHV(b)
 	restCfg, sch, cl := startBenchEnv(b)
 	var previous func()
