@@ -34,9 +34,9 @@ func (r *countingReader) Get(ctx context.Context, key client.ObjectKey, obj clie
 	return r.Reader.Get(ctx, key, obj, opts...)
 }
 
-// TestKubeHostsReadSecretsOnlyInTheirNamespace: defence in depth behind the
-// webhook, for KVMHosts stored with it off.
-func TestKubeHostsReadSecretsOnlyInTheirNamespace(t *testing.T) {
+// hostScheme knows Secrets and KVMHosts.
+func hostScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
 	sch := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(sch); err != nil {
 		t.Fatal(err)
@@ -44,6 +44,13 @@ func TestKubeHostsReadSecretsOnlyInTheirNamespace(t *testing.T) {
 	if err := crawlv1.AddToScheme(sch); err != nil {
 		t.Fatal(err)
 	}
+	return sch
+}
+
+// TestKubeHostsReadSecretsOnlyInTheirNamespace: defence in depth behind the
+// webhook, for KVMHosts stored with it off.
+func TestKubeHostsReadSecretsOnlyInTheirNamespace(t *testing.T) {
+	sch := hostScheme(t)
 	host := func(name, ns string) *crawlv1.KVMHost {
 		return &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: crawlv1.KVMHostSpec{Address: "hv:22", SSHKeySecretRef: &crawlv1.SecretReference{Name: "ssh", Namespace: ns}}}
@@ -105,13 +112,7 @@ func TestKubeHostsCheckInterval(t *testing.T) {
 // parse of it (its known_hosts usually lists every host, so a parse per
 // host grows with hosts²) until the Secret changes.
 func TestKubeHostsShareASecretsMaterial(t *testing.T) {
-	sch := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(sch); err != nil {
-		t.Fatal(err)
-	}
-	if err := crawlv1.AddToScheme(sch); err != nil {
-		t.Fatal(err)
-	}
+	sch := hostScheme(t)
 	const ns = "proxy-operator-system"
 	host := func(name string) *crawlv1.KVMHost {
 		return &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name},
