@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/controllers"
 	"crawl.example.com/proxy-operator/internal/logkeys"
+	"crawl.example.com/proxy-operator/internal/memlimit"
 	"crawl.example.com/proxy-operator/internal/metricsauth"
 	"crawl.example.com/proxy-operator/internal/proxyaccess"
 	webhookv1 "crawl.example.com/proxy-operator/internal/webhook/v1alpha1"
@@ -72,14 +74,16 @@ type options struct {
 	namespaces string
 	served     []string
 
-	providers     string
-	tag           string
-	installID     string
-	checkInterval time.Duration
-	checkTimeout  time.Duration
-	sshKeyDir     string
-	maxUploads    int
-	maxCalls      int
+	providers       string
+	tag             string
+	installID       string
+	checkInterval   time.Duration
+	checkTimeout    time.Duration
+	sshKeyDir       string
+	maxUploads      int
+	maxUploadsTotal int
+	maxCalls        int
+	memLimitRatio   float64
 
 	proxyProbeURL         string
 	egress                controllers.EgressOptions
@@ -126,6 +130,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.DurationVar(&o.checkTimeout, "provider-check-timeout", 0, "Default bound of one health check; 0 derives min(15s, interval). Must not exceed the interval.")
 	fs.StringVar(&o.sshKeyDir, "ssh-key-dir", "/etc/kvm-ssh", "Directory with ssh-privatekey and known_hosts (the mounted kvm-ssh Secret) for KVMHosts without sshKeySecretRef.")
 	fs.IntVar(&o.maxUploads, "max-uploads-per-host", 2, "Concurrent image uploads allowed per KVM host.")
+	fs.Float64Var(&o.memLimitRatio, "memory-limit-ratio", 0.8, "Soft memory limit (the Go runtime's GOMEMLIMIT) as this share of the container's memory limit (its cgroup's); the rest is for memory-backed /tmp and what the runtime does not count. 0: none. A GOMEMLIMIT in the environment takes precedence.")
+	fs.IntVar(&o.maxUploadsTotal, "max-uploads", kvm.DefaultMaxUploads, "Concurrent image uploads over all KVM hosts (each holds some MiB of buffers in the manager). Negative: no bound.")
 	fs.IntVar(&o.maxCalls, "max-calls-per-host", 0, "Provider calls (create, get, delete, list) in flight per KVM host; more fail at once as host busy. 0: a quarter of --proxy-concurrency, at least 1.")
 
 	fs.StringVar(&o.proxyProbeURL, "proxy-probe-url", "", "URL requested through each proxy, with its credential (expects a 2xx answer); Ready then means a request went through. An answer that echoes an address (one IP, or JSON with an \"ip\" field) is recorded as status.egressAddress (egressSource echo). Empty: a TCP connect to the port.")
@@ -171,6 +177,9 @@ func (o *options) validate() error {
 	}
 	if err := o.kubernetes.Validate(); err != nil {
 		return err
+	}
+	if o.memLimitRatio < 0 || o.memLimitRatio > 1 {
+		return fmt.Errorf("--memory-limit-ratio %v: want 0 (none) up to 1", o.memLimitRatio)
 	}
 	grants, err := proxyaccess.ParseGrants(o.destinationGrants)
 	if err != nil {
@@ -248,12 +257,34 @@ func splitList(s string) []string {
 	return out
 }
 
+// setSoftMemoryLimit follows the container's memory limit with the
+// runtime's soft limit, so that the collector works harder near it rather
+// than the heap's garbage getting the manager OOM-killed (pkg/memlimit). An
+// operator's own GOMEMLIMIT wins; the runtime has applied it already.
+func setSoftMemoryLimit(log logr.Logger, ratio float64) {
+	if v := os.Getenv("GOMEMLIMIT"); v != "" || ratio == 0 {
+		log.Info("Soft memory limit not derived from the container's", "GOMEMLIMIT", v, "ratio", ratio)
+		return
+	}
+	limit, ok, err := memlimit.Limit(os.DirFS("/"), ratio)
+	switch {
+	case err != nil:
+		log.Error(err, "Reading the container's memory limit; no soft memory limit set")
+	case !ok:
+		log.Info("No container memory limit; no soft memory limit set")
+	default:
+		debug.SetMemoryLimit(limit)
+		log.Info("Soft memory limit set from the container's", "bytes", limit, "ratio", ratio)
+	}
+}
+
 func run(o options) error {
 	log := ctrl.Log.WithName("setup")
 	// A bad flag is a clear message and exit 1, never a panic.
 	if err := o.validate(); err != nil {
 		return err
 	}
+	setSoftMemoryLimit(log, o.memLimitRatio)
 	enabled, err := enabledProviders(o.providers)
 	if err != nil {
 		return err
@@ -394,6 +425,7 @@ func (o *options) kvmDeps(ctx context.Context, log logr.Logger, mgr ctrl.Manager
 		PoolOptions:        conn.Options{Logger: ctrl.Log.WithName("kvm-conn")},
 		Observer:           rpcObserver,
 		MaxUploadsPerHost:  o.maxUploads,
+		MaxUploads:         o.maxUploadsTotal,
 		MaxInFlightPerHost: o.maxCalls,
 		Logger:             ctrl.Log.WithName("kvm"),
 		CheckInterval:      o.checkInterval,

@@ -1,12 +1,13 @@
 package controllers
 
 import (
-	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -406,10 +407,7 @@ func runFleetIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	res.vmHWM = vmHWM(b)
 	// What stays: the live heap after a collection, the manager still
 	// running with 200 Ready Proxies in its caches.
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	res.liveHeap = float64(ms.HeapAlloc)
+	res.liveHeap = liveHeapAfterGC(b, "")
 	b.Logf("apply→Ready: libvirt RPCs by name over %d Proxies: %s", benchProxies, formatCounts(hv.proxyRPCs.Snapshot()))
 	b.Logf("apply→Ready: host health-check RPCs (separate provider, not per Proxy): %d", hv.hostRPCs.Total())
 	for _, h := range hv.names {
@@ -689,24 +687,53 @@ func (g *guestBooter) allDefinedAt() time.Time { return time.Unix(0, g.defined.L
 
 func (g *guestBooter) stop() { g.cancel(); <-g.done }
 
-// memSampler records the peak runtime HeapInuse every 50ms.
+// memSampler records the peak runtime HeapInuse every 50ms. With a trace
+// it also writes, every second, where the process's memory is (resident
+// set, heap in use, heap free but not returned to the OS, stacks,
+// goroutines) under the current phase's name; with a peakProfile it writes
+// a heap profile to peakProfile+"-"+phase+".pprof" whenever HeapInuse
+// passes that phase's peak by 5%, so the last one is taken at the peak.
 type memSampler struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	peak   uint64
+
+	trace       io.Writer
+	peakProfile string
+	phase       atomic.Pointer[string]
 }
 
-func startMemSampler() *memSampler {
+func startMemSampler() *memSampler { return startMemTrace(nil, "") }
+
+func startMemTrace(trace io.Writer, peakProfile string) *memSampler {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &memSampler{cancel: cancel, done: make(chan struct{})}
+	s := &memSampler{cancel: cancel, done: make(chan struct{}), trace: trace, peakProfile: peakProfile}
+	s.setPhase("start")
 	go func() {
 		defer close(s.done)
 		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
 		var ms runtime.MemStats
+		start, lastLine := time.Now(), time.Time{}
+		phasePeak := map[string]uint64{}
 		for {
 			runtime.ReadMemStats(&ms)
 			s.peak = max(s.peak, ms.HeapInuse)
+			phase := *s.phase.Load()
+			if s.peakProfile != "" && ms.HeapInuse > phasePeak[phase]*105/100 {
+				phasePeak[phase] = ms.HeapInuse
+				if f, err := os.Create(s.peakProfile + "-" + phase + ".pprof"); err == nil {
+					_ = pprof.WriteHeapProfile(f)
+					_ = f.Close()
+				}
+			}
+			if s.trace != nil && time.Since(lastLine) >= time.Second {
+				lastLine = time.Now()
+				rss, _ := procStatusField("self", "VmRSS")
+				_, _ = fmt.Fprintf(s.trace, "%.0f\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\n", time.Since(start).Seconds(), phase,
+					rss/(1<<20), float64(ms.HeapInuse)/(1<<20), float64(ms.HeapIdle-ms.HeapReleased)/(1<<20),
+					float64(ms.StackInuse)/(1<<20), runtime.NumGoroutine())
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -717,7 +744,27 @@ func startMemSampler() *memSampler {
 	return s
 }
 
+// setPhase names what the process does from now on, in the trace and the
+// peak profiles' names.
+func (s *memSampler) setPhase(p string) { s.phase.Store(&p) }
+
 func (s *memSampler) stop() float64 { s.cancel(); <-s.done; return float64(s.peak) }
+
+// liveHeapAfterGC is the heap that survives a collection now, in bytes;
+// with a profilePath it also writes the heap profile there (what that heap
+// is made of: go tool pprof -top -inuse_space <path>).
+func liveHeapAfterGC(b *testing.B, profilePath string) float64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if profilePath != "" {
+		f, err := os.Create(profilePath)
+		benchMust(b, err)
+		benchMust(b, pprof.WriteHeapProfile(f))
+		benchMust(b, f.Close())
+	}
+	return float64(ms.HeapAlloc)
+}
 
 // vmHWM is the process's peak resident set (VmHWM), in bytes.
 func vmHWM(b *testing.B) float64 { return procStatusBytes(b, "self", "VmHWM") }
@@ -725,22 +772,26 @@ func vmHWM(b *testing.B) float64 { return procStatusBytes(b, "self", "VmHWM") }
 // procStatusBytes reads a memory field (VmHWM, VmRSS) of /proc/<pid>/status
 // in bytes; 0 when it cannot.
 func procStatusBytes(b *testing.B, pid, field string) float64 {
-	f, err := os.Open("/proc/" + pid + "/status")
+	v, err := procStatusField(pid, field)
 	if err != nil {
-		b.Logf("no /proc/%s/status: %v", pid, err)
-		return 0
+		b.Logf("no %s in /proc/%s/status: %v", field, pid, err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
+	return v
+}
+
+// procStatusField reads a memory field of /proc/<pid>/status in bytes.
+func procStatusField(pid, field string) (float64, error) {
+	data, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(data)) {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 64)
-			if err == nil {
-				return kb * 1024
-			}
+			return kb * 1024, err
 		}
 	}
-	return 0
+	return 0, fmt.Errorf("no field %s", field)
 }
 
 // proxyReconciles sums controller_runtime_reconcile_total{controller="proxy"}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -197,19 +195,9 @@ func runPoolIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, 
 	res.rpcs = float64(hv.proxyRPCs.Total()) / float64(shape.replicas)
 	res.peakHeap = mem.stop()
 	res.vmHWM = vmHWM(b)
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	res.liveHeap = float64(ms.HeapAlloc)
-	if path := os.Getenv("POOL_BENCH_HEAPPROFILE"); path != "" {
-		// What the live heap is made of (the in-memory libvirt hosts and
-		// the benchmark's own watch live in this process too):
-		// go tool pprof -top -inuse_space <path>.
-		f, err := os.Create(path)
-		benchMust(b, err)
-		benchMust(b, pprof.WriteHeapProfile(f))
-		benchMust(b, f.Close())
-	}
+	// POOL_BENCH_HEAPPROFILE: what the live heap is made of (the in-memory
+	// libvirt hosts and the benchmark's own watch live in this process too).
+	res.liveHeap = liveHeapAfterGC(b, os.Getenv("POOL_BENCH_HEAPPROFILE"))
 	perHost := make([]int, 0, len(hv.names))
 	for _, h := range hv.names {
 		perHost = append(perHost, len(hv.fakes[h].DomainNames()))

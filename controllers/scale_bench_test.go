@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"runtime/pprof"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,10 +44,15 @@ import (
 // _STEADY (a duration) change it, e.g. 1000/50/200 for issue 15's size;
 // SCALE_BENCH_MAX_CONCURRENT_CREATES sets spec.placement.maxConcurrentCreates
 // (unset: its default), e.g. the replicas for a baseline without the bound;
-// SCALE_BENCH_HEAPPROFILE=FILE writes the heap profile once all are Ready.
+// SCALE_BENCH_HEAPPROFILE=FILE writes the heap profile once all are Ready;
+// SCALE_BENCH_MAX_UPLOADS sets the manager's --max-uploads (-1: no bound);
+// SCALE_BENCH_MEMTRACE=FILE writes the manager's memory every second, by
+// phase, and SCALE_BENCH_PEAKPROFILE=PREFIX a heap profile at each phase's
+// peak (memSampler).
 type scaleShape struct {
 	replicas, hosts, rotate int
 	maxConcurrentCreates    int
+	maxUploads              int
 	surge                   string
 	steady                  time.Duration
 }
@@ -66,6 +71,13 @@ func scaleShapeFromEnv(b *testing.B) scaleShape {
 			}
 			*v.to = n
 		}
+	}
+	if e := os.Getenv("SCALE_BENCH_MAX_UPLOADS"); e != "" {
+		n, err := strconv.Atoi(e)
+		if err != nil || n == 0 {
+			b.Fatalf("SCALE_BENCH_MAX_UPLOADS=%q: want a positive number, or -1 for no bound", e)
+		}
+		s.maxUploads = n
 	}
 	if e := os.Getenv("SCALE_BENCH_SURGE"); e != "" {
 		s.surge = e
@@ -147,6 +159,20 @@ func (s scaleShape) surgeCount(b *testing.B) int {
 // them and negligible.
 func BenchmarkProxyPoolScale(b *testing.B) {
 	shape := scaleShapeFromEnv(b)
+	// SCALE_BENCH_MANAGER_MEMLIMIT sets the soft memory limit of this
+	// process (the manager) only: GOMEMLIMIT would reach kube-apiserver
+	// and etcd too, which the benchmark starts as children.
+	if e := os.Getenv("SCALE_BENCH_MANAGER_MEMLIMIT"); e != "" {
+		mib, err := strconv.Atoi(e)
+		if err != nil || mib <= 0 {
+			b.Fatalf("SCALE_BENCH_MANAGER_MEMLIMIT=%q: want MiB, a positive integer", e)
+		}
+		debug.SetMemoryLimit(int64(mib) << 20)
+	}
+	if os.Getenv("SCALE_BENCH_PEAKPROFILE") != "" {
+		// Finer than the default 512 KiB, so that a peak's buffers show.
+		runtime.MemProfileRate = 64 << 10
+	}
 	bin := buildFakeHV(b)
 	restCfg, sch, cl := startBenchEnv(b)
 	var previous func()
@@ -377,6 +403,17 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	b.Logf("load average at start: %s; VmRSS %.1f MiB (envtest and its clients started)", loadAverage(), procStatusBytes(b, "self", "VmRSS")/(1<<20))
 	cs, err := kubernetes.NewForConfig(restCfg)
 	benchMust(b, err)
+	var trace io.Writer
+	if path := os.Getenv("SCALE_BENCH_MEMTRACE"); path != "" {
+		f, err := os.Create(path)
+		benchMust(b, err)
+		defer f.Close()
+		_, _ = fmt.Fprintln(f, "s\tphase\trss-MiB\theap-inuse-MiB\theap-idle-unreleased-MiB\tstacks-MiB\tgoroutines")
+		trace = f
+	}
+	memTrace := startMemTrace(trace, os.Getenv("SCALE_BENCH_PEAKPROFILE"))
+	defer memTrace.stop()
+	memTrace.setPhase("setup")
 
 	// 1. Hosts in fakehv, KVMHosts with their Secret, an image.
 	suffix := fmt.Sprintf("%d-%d", iter, time.Now().UnixNano()%1_000_000)
@@ -407,6 +444,7 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 
 	mgr := startBenchManager(b, restCfg, sch, hv, productionTiming, func(d *Deps) {
 		d.Sweep.Interval = 5 * time.Minute // main.go's --gc-interval
+		d.KVM.MaxUploads = shape.maxUploads
 	})
 	bf.waitImageCached(b, cl)
 	waitHostsReady(b, cl, label, shape.hosts, 5*time.Minute)
@@ -423,6 +461,7 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	proxy0, pool0 := reconcilesOf(b, "proxy"), reconcilesOf(b, "proxypool")
 	writes0, cpu0 := apiWrites(b, cs), sampleCPU(b, hvProc)
 	mem := startMemSampler()
+	memTrace.setPhase("apply")
 	w := startPoolBenchWatch(b, restCfg, sch, ns.Name, "scale")
 	pool := &crawlv1.ProxyPool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "scale"},
@@ -460,18 +499,9 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	cpu := sampleCPU(b, hvProc).sub(cpu0)
 	res.managerCPU, res.fakeHVCPU, res.apiCPU = cpu.self, cpu.fakeHV, cpu.servers
 	res.peakHeap = mem.stop()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	res.liveHeap = float64(ms.HeapAlloc)
-	if path := os.Getenv("SCALE_BENCH_HEAPPROFILE"); path != "" {
-		// What the manager's live heap is made of with every replica
-		// Ready: go tool pprof -top -inuse_space <path>.
-		f, err := os.Create(path)
-		benchMust(b, err)
-		benchMust(b, pprof.WriteHeapProfile(f))
-		benchMust(b, f.Close())
-	}
+	// SCALE_BENCH_HEAPPROFILE: what the manager's live heap is made of
+	// with every replica Ready.
+	res.liveHeap = liveHeapAfterGC(b, os.Getenv("SCALE_BENCH_HEAPPROFILE"))
 	st := hvProc.stats(b)
 	b.Logf("apply: %d replicas Ready in %s, last created at %s; fakehv holds %d domains (%d booted)",
 		shape.replicas, res.applyToReady.Round(time.Millisecond), res.applyToCreated.Round(time.Millisecond), st.Domains, st.Booted)
@@ -483,6 +513,7 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 
 	// 3. A rotation of `rotate` within the budget.
 	originals := w.names()
+	memTrace.setPhase("rotation")
 	hv.proxyRPCs.Reset()
 	w.arm(shape.replicas)
 	t0 := time.Now()
@@ -508,6 +539,7 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	w.stop()
 
 	// 4. Steady state: nothing changes; production intervals.
+	memTrace.setPhase("steady")
 	time.Sleep(time.Minute) // the last replacements' first probes and status writes
 	hv.proxyRPCs.Reset()
 	probes0 := hv.probes.Load()

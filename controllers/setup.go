@@ -203,6 +203,10 @@ type KVMDeps struct {
 	Observer    virt.Observer
 	// MaxUploadsPerHost bounds concurrent image uploads to one host.
 	MaxUploadsPerHost int
+	// MaxUploads bounds concurrent image uploads over all hosts (their
+	// buffers are the manager's memory); 0: kvm.DefaultMaxUploads,
+	// negative: no bound.
+	MaxUploads int
 	// MaxInFlightPerHost bounds the provider calls in flight to one host,
 	// so a wedged host holds at most that many Proxy workers; 0: a quarter
 	// of the Proxy workers, at least 1.
@@ -408,6 +412,7 @@ func setupKVM(ctx context.Context, mgr ctrl.Manager, k *KVMDeps, installID strin
 		Pool:               k.Pool,
 		Observer:           k.Observer,
 		MaxUploadsPerHost:  k.MaxUploadsPerHost,
+		MaxUploads:         k.MaxUploads,
 		MaxInFlightPerHost: orDefaultInt(k.MaxInFlightPerHost, max(1, proxyWorkers/4)),
 		CheckInterval:      k.CheckInterval,
 		Logger:             k.Logger,

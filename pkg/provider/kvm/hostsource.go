@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
@@ -32,6 +34,20 @@ type KubeHosts struct {
 	// stored with the webhook off, gets a permanent error; empty refuses
 	// every sshKeySecretRef.
 	SecretNamespace string
+
+	// parsed keeps each Secret's Material while the Secret is unchanged:
+	// KVMHosts usually share one Secret whose known_hosts lists them all,
+	// and a parse per host would hold hosts × hosts entries (16 MiB at 250
+	// hosts).
+	parsedMu sync.Mutex
+	parsed   map[client.ObjectKey]parsedSecret
+}
+
+// parsedSecret is a Secret's Material as of one version of the Secret.
+type parsedSecret struct {
+	uid             types.UID
+	resourceVersion string
+	material        *conn.Material
 }
 
 var _ HostSource = (*KubeHosts)(nil)
@@ -110,12 +126,31 @@ func (k *KubeHosts) secretMaterial(ref crawlv1.SecretReference) conn.MaterialLoa
 			}
 			return nil, provider.Transient(fmt.Errorf("reading Secret %s/%s: %w", ref.Namespace, ref.Name, err))
 		}
-		m, err := conn.SecretMaterial(sec.Data)
-		if err != nil {
-			return nil, fmt.Errorf("Secret %s/%s: %w", ref.Namespace, ref.Name, err)
-		}
-		return m, nil
+		return k.materialOf(sec)
 	}
+}
+
+// materialOf parses sec's Material, or returns the one parsed from the same
+// version of it (the Material is read-only, so hosts share it).
+func (k *KubeHosts) materialOf(sec *corev1.Secret) (*conn.Material, error) {
+	key := client.ObjectKeyFromObject(sec)
+	k.parsedMu.Lock()
+	p, ok := k.parsed[key]
+	k.parsedMu.Unlock()
+	if ok && p.uid == sec.UID && p.resourceVersion == sec.ResourceVersion && sec.ResourceVersion != "" {
+		return p.material, nil
+	}
+	m, err := conn.SecretMaterial(sec.Data)
+	if err != nil {
+		return nil, fmt.Errorf("Secret %s/%s: %w", sec.Namespace, sec.Name, err)
+	}
+	k.parsedMu.Lock()
+	defer k.parsedMu.Unlock()
+	if k.parsed == nil {
+		k.parsed = map[client.ObjectKey]parsedSecret{}
+	}
+	k.parsed[key] = parsedSecret{uid: sec.UID, resourceVersion: sec.ResourceVersion, material: m}
+	return m, nil
 }
 
 // hostNotConfigured is permanent and matches conn.ErrHostNotConfigured.

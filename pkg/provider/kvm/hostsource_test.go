@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/crypto/ssh"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,6 +17,8 @@ import (
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/conn/sshtest"
 )
 
 // countingReader counts Secret reads.
@@ -31,9 +34,9 @@ func (r *countingReader) Get(ctx context.Context, key client.ObjectKey, obj clie
 	return r.Reader.Get(ctx, key, obj, opts...)
 }
 
-// TestKubeHostsReadSecretsOnlyInTheirNamespace: defence in depth behind the
-// webhook, for KVMHosts stored with it off.
-func TestKubeHostsReadSecretsOnlyInTheirNamespace(t *testing.T) {
+// hostScheme knows Secrets and KVMHosts.
+func hostScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
 	sch := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(sch); err != nil {
 		t.Fatal(err)
@@ -41,6 +44,13 @@ func TestKubeHostsReadSecretsOnlyInTheirNamespace(t *testing.T) {
 	if err := crawlv1.AddToScheme(sch); err != nil {
 		t.Fatal(err)
 	}
+	return sch
+}
+
+// TestKubeHostsReadSecretsOnlyInTheirNamespace: defence in depth behind the
+// webhook, for KVMHosts stored with it off.
+func TestKubeHostsReadSecretsOnlyInTheirNamespace(t *testing.T) {
+	sch := hostScheme(t)
 	host := func(name, ns string) *crawlv1.KVMHost {
 		return &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: crawlv1.KVMHostSpec{Address: "hv:22", SSHKeySecretRef: &crawlv1.SecretReference{Name: "ssh", Namespace: ns}}}
@@ -95,5 +105,55 @@ func TestKubeHostsCheckInterval(t *testing.T) {
 		if hs.CheckInterval != want {
 			t.Errorf("%s: CheckInterval %s, want %s", name, hs.CheckInterval, want)
 		}
+	}
+}
+
+// TestKubeHostsShareASecretsMaterial: hosts naming one Secret share one
+// parse of it (its known_hosts usually lists every host, so a parse per
+// host grows with hosts²) until the Secret changes.
+func TestKubeHostsShareASecretsMaterial(t *testing.T) {
+	sch := hostScheme(t)
+	const ns = "proxy-operator-system"
+	host := func(name string) *crawlv1.KVMHost {
+		return &crawlv1.KVMHost{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: crawlv1.KVMHostSpec{Address: name + ":22", SSHKeySecretRef: &crawlv1.SecretReference{Name: "ssh", Namespace: ns}}}
+	}
+	signer, keyPEM := sshtest.NewKey(t)
+	knownHosts := func(hosts ...string) []byte {
+		var b []byte
+		for _, h := range hosts {
+			b = append(b, h+" "+string(ssh.MarshalAuthorizedKey(signer.PublicKey()))...)
+		}
+		return b
+	}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ssh", Namespace: ns},
+		Data: map[string][]byte{"ssh-privatekey": keyPEM, "known_hosts": knownHosts("hv1", "hv2")}}
+	c := fake.NewClientBuilder().WithScheme(sch).WithObjects(host("hv1"), host("hv2"), sec).Build()
+	k := &kvm.KubeHosts{Reader: c, SecretReader: c, SecretNamespace: ns}
+	ctx := context.Background()
+	material := func(name string) *conn.Material {
+		t.Helper()
+		hs, err := k.Host(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := hs.Material(ctx)
+		if err != nil {
+			t.Fatalf("material of %s: %v", name, err)
+		}
+		return m
+	}
+
+	first := material("hv1")
+	if again, other := material("hv1"), material("hv2"); again != first || other != first {
+		t.Fatal("the same version of a Secret was parsed more than once")
+	}
+	// A changed Secret is parsed afresh, and its new content is what counts.
+	sec.Data["known_hosts"] = knownHosts("hv1", "hv2", "hv3")
+	if err := c.Update(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	if material("hv2") == first {
+		t.Fatal("a changed Secret kept its old material")
 	}
 }

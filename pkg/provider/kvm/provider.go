@@ -101,6 +101,13 @@ type Options struct {
 	// MaxUploadsPerHost bounds concurrent image uploads to one host, so an
 	// image does not starve the host's other work. Default 2.
 	MaxUploadsPerHost int
+	// MaxUploads bounds concurrent image uploads of this provider, over
+	// all hosts: each upload holds buffers (go-libvirt's stream buffer,
+	// 4 MiB, the HTTP download's and the SSH channel's), so a KVMImage
+	// going to hundreds of hosts at once would otherwise make the
+	// manager's peak memory grow with the hosts. Zero: DefaultMaxUploads;
+	// negative: no bound.
+	MaxUploads int
 	// MaxInFlightPerHost bounds the Create, Get, Delete and ListByTag calls
 	// in flight to one host; beyond it they fail at once with a transient
 	// ErrHostBusy instead of waiting, so a host whose libvirtd hangs holds
@@ -133,11 +140,17 @@ type Provider struct {
 	mu       sync.Mutex
 	images   map[string]*sync.RWMutex // per host: Create's overlay step (R) against PruneImages (W)
 	uploads  map[string]chan struct{} // per-host upload slots
+	anyHost  chan struct{}            // upload slots over all hosts; nil: unbounded
 	probing  map[string]bool          // hosts with a probe still running
 	inFlight map[string]int           // per-host calls counted by MaxInFlightPerHost
 	// notAnswering: hosts whose latest health check got no answer.
 	notAnswering map[string]*notAnswering
 }
+
+// DefaultMaxUploads keeps the upload buffers in the manager to tens of MiB
+// while 16 uploads at the ~100 MB/s one upload reaches over SSH
+// (docs/performance.md §1) are more than a manager's 10 Gb/s link carries.
+const DefaultMaxUploads = 16
 
 // DefaultMaxInFlightPerHost is a quarter of the manager's default 16 Proxy
 // workers: one hung host can stall no more than that share of them.
@@ -160,6 +173,13 @@ func New(opts Options) *Provider {
 	if opts.MaxUploadsPerHost <= 0 {
 		opts.MaxUploadsPerHost = 2
 	}
+	if opts.MaxUploads == 0 {
+		opts.MaxUploads = DefaultMaxUploads
+	}
+	var anyHost chan struct{}
+	if opts.MaxUploads > 0 {
+		anyHost = make(chan struct{}, opts.MaxUploads)
+	}
 	if opts.MaxInFlightPerHost <= 0 {
 		opts.MaxInFlightPerHost = DefaultMaxInFlightPerHost
 	}
@@ -180,6 +200,7 @@ func New(opts Options) *Provider {
 		events:       make(chan DomainEvent, opts.EventBuffer),
 		images:       map[string]*sync.RWMutex{},
 		uploads:      map[string]chan struct{}{},
+		anyHost:      anyHost,
 		probing:      map[string]bool{},
 		inFlight:     map[string]int{},
 		notAnswering: map[string]*notAnswering{},
@@ -535,8 +556,9 @@ func (p *Provider) listHost(ctx context.Context, host, tag string) ([]provider.I
 	return out, err
 }
 
-// EnsureImage caches img on host, bounded by MaxUploadsPerHost (and not
-// by MaxInFlightPerHost: KVMImage jobs are not the callers' workers).
+// EnsureImage caches img on host, bounded by MaxUploadsPerHost and
+// MaxUploads (and not by MaxInFlightPerHost: KVMImage jobs are not the
+// callers' workers).
 func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Image, progress Progress) (CachedImage, error) {
 	var out CachedImage
 	err := p.doAnswering(ctx, host, func(c virt.Client, hs HostSpec) error {
@@ -574,6 +596,8 @@ func (p *Provider) ensureImage(ctx context.Context, c virt.Client, host string, 
 			return res, err
 		}
 	}
+	// The host's slot first: an upload waiting for its busy host holds
+	// none of the slots other hosts' uploads could use.
 	slot := p.uploadSlot(host)
 	select {
 	case slot <- struct{}{}:
@@ -581,6 +605,15 @@ func (p *Provider) ensureImage(ctx context.Context, c virt.Client, host string, 
 		return image.Result{}, provider.Transient(fmt.Errorf("waiting for an upload slot on host %q: %w", host, ctx.Err()))
 	}
 	defer func() { <-slot }()
+	if p.anyHost != nil {
+		select {
+		case p.anyHost <- struct{}{}:
+		case <-ctx.Done():
+			return image.Result{}, provider.Transient(fmt.Errorf("waiting for one of the manager's %d upload slots (host %q): %w",
+				cap(p.anyHost), host, ctx.Err()))
+		}
+		defer func() { <-p.anyHost }()
+	}
 	start := time.Now()
 	res, err := p.opts.Images.Ensure(ctx, c, pool, img, progress)
 	if p.opts.OnImageUpload != nil && (res.Bytes > 0 || err != nil) {

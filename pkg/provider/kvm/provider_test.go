@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -499,6 +500,78 @@ func TestCachedImageDoesNotWaitBehindUploads(t *testing.T) {
 	release <- struct{}{}
 	if err := <-done; err != nil {
 		t.Fatalf("blocked EnsureImage: %v", err)
+	}
+}
+
+// TestUploadsBoundedOverAllHosts: MaxUploads bounds the uploads in flight
+// over all hosts (each holds its buffers in the manager), whatever the
+// per-host bound allows; a negative MaxUploads does not bound them.
+func TestUploadsBoundedOverAllHosts(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		maxUploads  int
+		wantRunning int // of 3 hosts, each with a free host slot
+	}{
+		{name: "bounded", maxUploads: 2, wantRunning: 2},
+		{name: "default", maxUploads: 0, wantRunning: 3}, // DefaultMaxUploads is more than 3
+		{name: "unbounded", maxUploads: -1, wantRunning: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hosts := []string{"hv1", "hv2", "hv3"}
+			e := newEnv(t, hosts...)
+			prov := kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns, MaxUploadsPerHost: 2, MaxUploads: tc.maxUploads})
+			src := kvmtest.NewImageServer("held", 4<<10)
+			src.Close()
+			// Each host's download names its host, and is held until release.
+			started, release := make(chan string, len(hosts)), make(chan struct{})
+			held := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				started <- strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/"), ".img")
+				<-release
+				_, _ = w.Write(src.Body)
+			}))
+			defer held.Close()
+			releaseAll := sync.OnceFunc(func() { close(release) })
+			defer releaseAll() // before held.Close, which waits for the handlers
+
+			cancels := map[string]context.CancelFunc{}
+			done := map[string]chan error{}
+			for _, h := range hosts {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				cancels[h], done[h] = cancel, make(chan error, 1)
+				img := src.Image
+				img.URL = held.URL + "/" + h + ".img"
+				go func() {
+					_, err := prov.EnsureImage(ctx, h, img, nil)
+					done[h] <- err
+				}()
+			}
+			running := map[string]bool{}
+			for range tc.wantRunning {
+				running[<-started] = true
+			}
+			// The others wait (for a slot, or still in their lookups) until
+			// their context ends, without reaching the source: a download
+			// that had started is in started.
+			for _, h := range hosts {
+				if running[h] {
+					continue
+				}
+				cancels[h]()
+				if err := <-done[h]; err == nil || provider.Class(err) != provider.ClassTransient {
+					t.Fatalf("upload to %s beyond the bound = %v, want a transient error once its context ended", h, err)
+				}
+			}
+			if len(started) != 0 {
+				t.Fatalf("%d uploads beyond %d started: %s", len(started), tc.wantRunning, <-started)
+			}
+			releaseAll()
+			for h := range running {
+				if err := <-done[h]; err != nil {
+					t.Fatalf("EnsureImage on %s: %v", h, err)
+				}
+			}
+		})
 	}
 }
 
