@@ -259,7 +259,7 @@ func splitList(s string) []string {
 
 // setSoftMemoryLimit follows the container's memory limit with the
 // runtime's soft limit, so that the collector works harder near it rather
-// than the heap's garbage getting the manager OOM-killed (pkg/memlimit). An
+// than the heap's garbage getting the manager OOM-killed (internal/memlimit). An
 // operator's own GOMEMLIMIT wins; the runtime has applied it already.
 func setSoftMemoryLimit(log logr.Logger, ratio float64) {
 	if v := os.Getenv("GOMEMLIMIT"); v != "" || ratio == 0 {
