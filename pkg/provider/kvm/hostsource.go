@@ -119,9 +119,12 @@ func (k *KubeHosts) secretMaterial(ref crawlv1.SecretReference) conn.MaterialLoa
 		if ref.Namespace != k.SecretNamespace {
 			return nil, provider.Permanentf("spec.sshKeySecretRef.namespace %q: SSH Secrets are read only from the manager's namespace %q", ref.Namespace, k.SecretNamespace)
 		}
+		key := client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}
 		sec := &corev1.Secret{}
-		if err := k.SecretReader.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, sec); err != nil {
+		if err := k.SecretReader.Get(ctx, key, sec); err != nil {
 			if apierrors.IsNotFound(err) {
+				// A deleted Secret's keys do not stay in memory.
+				k.forget(key)
 				return nil, provider.Transientf("Secret %s/%s not found", ref.Namespace, ref.Name)
 			}
 			return nil, provider.Transient(fmt.Errorf("reading Secret %s/%s: %w", ref.Namespace, ref.Name, err))
@@ -151,6 +154,12 @@ func (k *KubeHosts) materialOf(sec *corev1.Secret) (*conn.Material, error) {
 	}
 	k.parsed[key] = parsedSecret{uid: sec.UID, resourceVersion: sec.ResourceVersion, material: m}
 	return m, nil
+}
+
+func (k *KubeHosts) forget(key client.ObjectKey) {
+	k.parsedMu.Lock()
+	defer k.parsedMu.Unlock()
+	delete(k.parsed, key)
 }
 
 // hostNotConfigured is permanent and matches conn.ErrHostNotConfigured.

@@ -156,4 +156,18 @@ func TestKubeHostsShareASecretsMaterial(t *testing.T) {
 	if material("hv2") == first {
 		t.Fatal("a changed Secret kept its old material")
 	}
+	// A deleted Secret's parsed keys are dropped at the next load.
+	if err := c.Delete(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	hs, err := k.Host(ctx, "hv1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hs.Material(ctx); err == nil {
+		t.Fatal("material of a deleted Secret")
+	}
+	if n := k.ParsedSecrets(); n != 0 {
+		t.Fatalf("%d parsed Secrets kept after the Secret was deleted", n)
+	}
 }
