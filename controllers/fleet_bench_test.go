@@ -537,8 +537,14 @@ type benchManager struct {
 func startBenchManager(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme, hv *benchKVM, t benchTiming, tune ...func(*Deps)) *benchManager {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	m, err := ctrl.NewManager(restCfg, ManagerOptions(ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"},
-		GracefulShutdownTimeout: ptr.To(benchShutdownGrace), Controller: config.Controller{SkipNameValidation: ptr.To(true)}}))
+	opts := ctrl.Options{Scheme: sch, Metrics: metricsserver.Options{BindAddress: "0"},
+		GracefulShutdownTimeout: ptr.To(benchShutdownGrace), Controller: config.Controller{SkipNameValidation: ptr.To(true)}}
+	if os.Getenv("BENCH_KEEP_MANAGED_FIELDS") != "" {
+		// The baseline of ManagerOptions' managedFields strip: a transform
+		// of the caller's own is kept.
+		opts.Cache.DefaultTransform = func(in any) (any, error) { return in, nil }
+	}
+	m, err := ctrl.NewManager(restCfg, ManagerOptions(opts))
 	if err != nil {
 		cancel()
 		b.Fatal(err)

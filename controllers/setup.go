@@ -78,8 +78,17 @@ type PluginOptions struct {
 // Secrets (CredentialsCacheOptions), unless the caller configured Secrets
 // itself: the Proxy controller watches the Secrets it owns, and an
 // unrestricted watch would hold every Secret of the cluster in memory.
+//
+// And, unless the caller set a default transform, cached objects are
+// stripped of their managedFields: nothing here reads them, every write
+// is a patch or an update that leaves them to the API server, and they
+// are a large part of each cached Proxy (one entry per writer and
+// subresource, each with its field set).
 func ManagerOptions(opts ctrl.Options) ctrl.Options {
 	opts.Controller = controllerConfig(opts.Controller)
+	if opts.Cache.DefaultTransform == nil {
+		opts.Cache.DefaultTransform = cache.TransformStripManagedFields()
+	}
 	for obj := range opts.Cache.ByObject {
 		if _, ok := obj.(*corev1.Secret); ok {
 			return opts

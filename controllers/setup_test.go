@@ -5,6 +5,11 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kvm"
 )
@@ -41,5 +46,34 @@ func TestDepsValidate(t *testing.T) {
 				t.Fatalf("Validate = %v, want an error containing %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestManagerOptionsStripManagedFields: the cache keeps no managedFields
+// (most of a cached Proxy's bytes at scale), and a transform the caller
+// chose is kept.
+func TestManagerOptionsStripManagedFields(t *testing.T) {
+	withFields := func() *crawlv1.Proxy {
+		return &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Name: "p", ManagedFields: []metav1.ManagedFieldsEntry{
+			{Manager: "proxy-operator", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status"},
+		}}}
+	}
+	opts := ManagerOptions(ctrl.Options{})
+	if opts.Cache.DefaultTransform == nil {
+		t.Fatal("no default transform: cached objects keep their managedFields")
+	}
+	out, err := opts.Cache.DefaultTransform(withFields())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := out.(*crawlv1.Proxy); p.ManagedFields != nil || p.Name != "p" {
+		t.Errorf("transformed: managedFields %v, name %q; want none, \"p\"", p.ManagedFields, p.Name)
+	}
+
+	called := false
+	own := func(in any) (any, error) { called = true; return in, nil }
+	opts = ManagerOptions(ctrl.Options{Cache: cache.Options{DefaultTransform: own}})
+	if _, err := opts.Cache.DefaultTransform(withFields()); err != nil || !called {
+		t.Errorf("the caller's transform was replaced (called %v, err %v)", called, err)
 	}
 }
