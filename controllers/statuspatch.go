@@ -97,6 +97,21 @@ func (s *objectPatcher) finish(ctx context.Context, obj client.Object, res *ctrl
 
 // changes reports whether anything outside status, and status, differ.
 func changes(before, after client.Object) (meta, status bool, err error) {
+	// Most reconciles of a steady fleet change nothing (a probe that finds
+	// what status says); the typed comparison tells them apart without
+	// converting both objects, which cost a third of the manager's CPU in
+	// the steady state (BenchmarkChanges). Typed-equal objects serialize
+	// alike, so this never hides a change the comparison below would see.
+	if before.GetResourceVersion() == after.GetResourceVersion() && equality.Semantic.DeepEqual(before, after) {
+		return false, false, nil
+	}
+	return changesAsWritten(before, after)
+}
+
+// changesAsWritten compares what would be written: the objects as JSON
+// fields, so two values that serialize alike (times within one second, a
+// nil and an empty list) are no change.
+func changesAsWritten(before, after client.Object) (meta, status bool, err error) {
 	b, err := runtime.DefaultUnstructuredConverter.ToUnstructured(before)
 	if err != nil {
 		return false, false, err
