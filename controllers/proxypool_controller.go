@@ -79,8 +79,8 @@ type ProxyPoolReconciler struct {
 	// the claims of quarantined static addresses.
 	IPAM bool
 
-	// place is placeReplica; unit tests refuse placements through it.
-	place func(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy) (*PlacementBlocked, error)
+	// place is placeWith; unit tests refuse placements through it.
+	place func(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy, reads *placementReads) (*PlacementBlocked, error)
 
 	randMu sync.Mutex
 	memMu  sync.Mutex
@@ -158,7 +158,7 @@ func (r *ProxyPoolReconciler) complete() error {
 		r.APIReader = r.Publisher.reader()
 	}
 	if r.place == nil {
-		r.place = r.placeReplica
+		r.place = r.placeWith
 	}
 	if r.Publisher.BannedDomains == nil {
 		r.Publisher.BannedDomains = r.bannedDomains
@@ -764,7 +764,7 @@ func (r *ProxyPoolReconciler) delete(ctx context.Context, mem *poolMemory, p *cr
 // wait for the next attempt).
 //
 // Placement runs one replica after another (each sees those placed before
-// it); the creates then go in batches of 1, 2, 4, ... up to maxCreateBatch
+// it, reading the hosts and the Proxies on them once for all); the creates then go in batches of 1, 2, 4, ... up to maxCreateBatch
 // at once, stopping at the first error, as a ReplicaSet does: a pool of a
 // thousand does not wait for a thousand round trips in a row, and a
 // template the API refuses costs one create, not a thousand.
@@ -774,12 +774,13 @@ func (r *ProxyPoolReconciler) create(ctx context.Context, pool *crawlv1.ProxyPoo
 	all := slices.Clone(replicas)
 	var placed []*crawlv1.Proxy
 	waiting := false
+	reads := newPlacementReads()
 	for _, c := range creates {
 		p, err := r.newReplica(pool, kind, c, all)
 		if err != nil {
 			return nil, false, err
 		}
-		why, err := r.place(ctx, pool, all, p)
+		why, err := r.place(ctx, pool, all, p, reads)
 		if err != nil {
 			return nil, false, fmt.Errorf("place a replica: %w", err)
 		}

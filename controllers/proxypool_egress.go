@@ -205,41 +205,37 @@ func placementMessage(pool *crawlv1.ProxyPool) string {
 	return conditions.GetMessage(pool, crawlv1.PoolPlacementBlockedCondition)
 }
 
-// hostsGivingEgressInUse names, among hosts, those that would give a new
-// replica an egress address the pool's live replicas already leave from,
-// each with why: a host whose instances all leave through one address
-// (plugin.HostEgress, e.g. libvirt's NAT) that holds a live replica, or a
-// host two of whose live replicas measured one address (a bridge behind
-// a router's NAT). replicas include those placed earlier in the same
-// reconcile, so a burst does not pile onto one NAT host.
-func hostsGivingEgressInUse(pl plugin.Plugin, hosts map[string]*crawlv1.KVMHost, replicas []crawlv1.Proxy) map[string]string {
-	out := map[string]string{}
-	seen := map[string]map[string]string{} // host -> address -> replica
-	for i := range replicas {
-		p := &replicas[i]
-		if !spreads(p) {
-			continue
-		}
-		h := pl.HostOf(p)
-		kh, ok := hosts[h]
-		if !ok {
-			continue
-		}
-		if by := plugin.HostSharedBy(pl, kh); by != "" {
-			out[h] = fmt.Sprintf("%s (%s, replica %s)", h, by, p.Name)
-			continue
-		}
-		a := measuredEgress(p)
-		if a == "" {
-			continue
-		}
-		if seen[h] == nil {
-			seen[h] = map[string]string{}
-		}
-		if other, dup := seen[h][a]; dup {
-			out[h] = fmt.Sprintf("%s (replicas %s and %s share %s)", h, other, p.Name, a)
-		}
-		seen[h][a] = p.Name
+// countEgressInUse counts replica p towards the hosts that would give a
+// new replica an egress address the pool's live replicas already leave
+// from, each with why (out: host -> why), after the replicas before it
+// (seen: host -> address -> replica): a host whose instances all leave
+// through one address (plugin.HostEgress, e.g. libvirt's NAT) that holds
+// a live replica, or a host two of whose live replicas measured one
+// address (a bridge behind a router's NAT). The replicas counted include
+// those placed earlier in the same pass, so a burst does not pile onto
+// one NAT host.
+func countEgressInUse(pl plugin.Plugin, hosts map[string]*crawlv1.KVMHost, p *crawlv1.Proxy, out map[string]string, seen map[string]map[string]string) {
+	if !spreads(p) {
+		return
 	}
-	return out
+	h := pl.HostOf(p)
+	kh, ok := hosts[h]
+	if !ok {
+		return
+	}
+	if by := plugin.HostSharedBy(pl, kh); by != "" {
+		out[h] = fmt.Sprintf("%s (%s, replica %s)", h, by, p.Name)
+		return
+	}
+	a := measuredEgress(p)
+	if a == "" {
+		return
+	}
+	if seen[h] == nil {
+		seen[h] = map[string]string{}
+	}
+	if other, dup := seen[h][a]; dup {
+		out[h] = fmt.Sprintf("%s (replicas %s and %s share %s)", h, other, p.Name, a)
+	}
+	seen[h][a] = p.Name
 }

@@ -44,9 +44,15 @@ type PlacementBlocked struct{ Reason, Message string }
 //
 // nil, nil: create it; a PlacementBlocked: do not create it now.
 func (r *ProxyPoolReconciler) placeReplica(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy) (*PlacementBlocked, error) {
+	return r.placeWith(ctx, pool, replicas, replica, nil)
+}
+
+// placeWith is placeReplica reusing what reads holds from the placements
+// before it in the same pass (nil: read everything afresh).
+func (r *ProxyPoolReconciler) placeWith(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy, reads *placementReads) (*PlacementBlocked, error) {
 	switch r.Plugins.DomainOf(string(replica.Spec.Provider)) {
 	case plugin.Hosts:
-		return r.placeOnHost(ctx, pool, replicas, replica)
+		return r.placeOnHost(ctx, pool, replicas, replica, reads)
 	case plugin.Zones:
 		var inUse []string
 		for i := range replicas {
@@ -61,61 +67,40 @@ func (r *ProxyPoolReconciler) placeReplica(ctx context.Context, pool *crawlv1.Pr
 	return nil, nil
 }
 
-func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy) (*PlacementBlocked, error) {
+func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy, reads *placementReads) (*PlacementBlocked, error) {
 	scope, err := hostScopeOf(pool, replica)
 	if err != nil {
 		// The pool's webhook refuses a malformed selector; one stored
 		// without it waits for a fix rather than failing the reconcile.
 		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, err.Error()}, nil //nolint:nilerr // blocked, reported in the pool's status
 	}
-	hostList := &crawlv1.KVMHostList{}
-	if err := r.Client.List(ctx, hostList, client.MatchingLabelsSelector{Selector: scope.selector}); err != nil {
-		return nil, fmt.Errorf("list KVMHosts: %w", err)
-	}
-	var hosts []placement.Host
-	checks := map[string]hostChecks{}
-	eligible := map[string]*crawlv1.KVMHost{}
-	var notReady []string
-	for i := range hostList.Items {
-		h := &hostList.Items[i]
-		if scope.name != "" && h.Name != scope.name {
-			continue
-		}
-		switch {
-		case !h.DeletionTimestamp.IsZero():
-			notReady = append(notReady, h.Name+" (being deleted)")
-		case !conditions.IsTrue(h, crawlv1.ReadyCondition):
-			notReady = append(notReady, fmt.Sprintf("%s (%s)", h.Name, cmp.Or(conditions.GetReason(h, crawlv1.ReadyCondition), "not checked yet")))
-		default:
-			hosts = append(hosts, placement.Host{Name: h.Name, Capacity: capacityOf(h)})
-			checks[h.Name] = r.checksOf(h)
-			eligible[h.Name] = h
-		}
-	}
-	if len(hosts) == 0 {
-		msg := "no KVMHost matches " + scope.what
-		if len(notReady) > 0 {
-			msg = fmt.Sprintf("no Ready KVMHost matches %s: %s", scope.what, strings.Join(notReady, ", "))
-		}
-		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, msg}, nil
-	}
-
 	policy, err := poolfleet.PolicyFor(&pool.Spec)
 	if err != nil {
 		return nil, err // the reconcile checked it before planning
 	}
-	onHosts, err := r.proxiesOn(ctx, checks, replicas, policy.StartupTimeout)
+	hr, err := reads.hostsFor(ctx, r, scope, policy.StartupTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if len(hr.hosts) == 0 {
+		msg := "no KVMHost matches " + scope.what
+		if len(hr.notReady) > 0 {
+			msg = fmt.Sprintf("no Ready KVMHost matches %s: %s", scope.what, strings.Join(hr.notReady, ", "))
+		}
+		return &PlacementBlocked{crawlv1.PoolInsufficientCapacityReason, msg}, nil
+	}
+	onHosts, err := hr.replicasOn(ctx, r, replicas)
 	if err != nil {
 		return nil, err
 	}
 	req := placement.Request{
-		Hosts:         hosts,
+		Hosts:         hr.hosts,
 		Replicas:      onHosts,
 		Need:          sizeOf(replica),
 		CPUOvercommit: int64(pool.Spec.Placement.CPUOvercommit),
 		MaxCreating:   policy.MaxConcurrentCreates,
 	}
-	host, blocked, egressBlocked := r.chooseHostForEgress(pool, replica, req, eligible, replicas)
+	host, blocked, egressBlocked := r.chooseHostForEgress(pool, replica, req, hr, replicas)
 	if egressBlocked != nil {
 		return egressBlocked, nil
 	}
@@ -128,20 +113,190 @@ func (r *ProxyPoolReconciler) placeOnHost(ctx context.Context, pool *crawlv1.Pro
 	return nil, nil
 }
 
+// placementReads is what placing one pool's replicas on hosts reads (the
+// eligible hosts, every Proxy on them, the hosts giving an egress address
+// in use), kept for the placements of one pass: each replica placed is
+// added to it instead of everything being read again, so a pass placing n
+// replicas lists the cached Proxies once, not n times (quadratic: a pool
+// filling to 5,000 copied every cached Proxy for each replica it placed).
+// nil reads nothing ahead: every placement reads afresh.
+type placementReads struct {
+	byScope map[string]*hostsRead
+}
+
+func newPlacementReads() *placementReads {
+	return &placementReads{byScope: map[string]*hostsRead{}}
+}
+
+// hostsRead is the hosts of one scope and what is on them, as of the pass.
+type hostsRead struct {
+	hosts          []placement.Host
+	checks         map[string]hostChecks
+	eligible       map[string]*crawlv1.KVMHost
+	notReady       []string
+	now            time.Time
+	startupTimeout time.Duration
+
+	// onHosts are the placement entries of every Proxy on the eligible
+	// hosts (order does not matter to placement): the others' (nil: not
+	// listed yet), then those of the pool's replicas counted so far.
+	onHosts []placement.Replica
+	ours    appendOnly
+	// inUse and seen: countEgressInUse over the replicas counted.
+	inUse map[string]string
+	seen  map[string]map[string]string
+	used  appendOnly
+}
+
+// appendOnly follows a list of the pool's replicas that only grows at its
+// end within a pass (each placed replica is appended), so what was
+// counted of it need not be counted again.
+type appendOnly struct {
+	counted int
+	last    types.NamespacedName // of the last one counted
+}
+
+// grown says whether replicas is what was counted plus new ones at the end.
+func (a *appendOnly) grown(replicas []crawlv1.Proxy) bool {
+	return a.counted <= len(replicas) && (a.counted == 0 || client.ObjectKeyFromObject(&replicas[a.counted-1]) == a.last)
+}
+
+func (a *appendOnly) countedAll(replicas []crawlv1.Proxy) {
+	a.counted = len(replicas)
+	if a.counted > 0 {
+		a.last = client.ObjectKeyFromObject(&replicas[a.counted-1])
+	}
+}
+
+func (reads *placementReads) hostsFor(ctx context.Context, r *ProxyPoolReconciler, scope hostScope, startupTimeout time.Duration) (*hostsRead, error) {
+	key := scope.what
+	if reads != nil {
+		if hr, ok := reads.byScope[key]; ok && hr.startupTimeout == startupTimeout {
+			return hr, nil
+		}
+	}
+	hostList := &crawlv1.KVMHostList{}
+	if err := r.Client.List(ctx, hostList, client.MatchingLabelsSelector{Selector: scope.selector}); err != nil {
+		return nil, fmt.Errorf("list KVMHosts: %w", err)
+	}
+	hr := &hostsRead{checks: map[string]hostChecks{}, eligible: map[string]*crawlv1.KVMHost{}, now: r.now(), startupTimeout: startupTimeout}
+	for i := range hostList.Items {
+		h := &hostList.Items[i]
+		if scope.name != "" && h.Name != scope.name {
+			continue
+		}
+		switch {
+		case !h.DeletionTimestamp.IsZero():
+			hr.notReady = append(hr.notReady, h.Name+" (being deleted)")
+		case !conditions.IsTrue(h, crawlv1.ReadyCondition):
+			hr.notReady = append(hr.notReady, fmt.Sprintf("%s (%s)", h.Name, cmp.Or(conditions.GetReason(h, crawlv1.ReadyCondition), "not checked yet")))
+		default:
+			hr.hosts = append(hr.hosts, placement.Host{Name: h.Name, Capacity: capacityOf(h)})
+			hr.checks[h.Name] = r.checksOf(h)
+			hr.eligible[h.Name] = h
+		}
+	}
+	if reads != nil {
+		reads.byScope[key] = hr
+	}
+	return hr, nil
+}
+
+// replicasOn returns every Proxy on or placed on the eligible hosts: the
+// pool's replicas as passed (they include creates the cache has not seen
+// yet) and every other Proxy of the Hosts domain from the cache (other
+// pools', standalone ones), which take room too and count against the
+// hosts' create concurrency while being created (see creating). Replicas
+// appended since the last call are added; the cache is listed once.
+func (hr *hostsRead) replicasOn(ctx context.Context, r *ProxyPoolReconciler, replicas []crawlv1.Proxy) ([]placement.Replica, error) {
+	if hr.onHosts == nil || !hr.ours.grown(replicas) {
+		others, err := hr.readOthers(ctx, r, replicas)
+		if err != nil {
+			return nil, err
+		}
+		hr.onHosts, hr.ours = others, appendOnly{}
+	}
+	for i := hr.ours.counted; i < len(replicas); i++ {
+		if e, ok := hr.entry(r, &replicas[i], true); ok {
+			hr.onHosts = append(hr.onHosts, e)
+		}
+	}
+	hr.ours.countedAll(replicas)
+	return hr.onHosts, nil
+}
+
+// readOthers lists the Proxies of the Hosts domain that are not among
+// replicas.
+func (hr *hostsRead) readOthers(ctx context.Context, r *ProxyPoolReconciler, replicas []crawlv1.Proxy) ([]placement.Replica, error) {
+	ours := make(map[types.NamespacedName]bool, len(replicas))
+	for i := range replicas {
+		ours[client.ObjectKeyFromObject(&replicas[i])] = true
+	}
+	all := &crawlv1.ProxyList{}
+	// Read only, so the cache's objects are not copied for every placement.
+	if err := r.Client.List(ctx, all, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list Proxies: %w", err)
+	}
+	others := []placement.Replica{}
+	for i := range all.Items {
+		if p := &all.Items[i]; !ours[client.ObjectKeyFromObject(p)] {
+			if e, ok := hr.entry(r, p, false); ok {
+				others = append(others, e)
+			}
+		}
+	}
+	return others, nil
+}
+
+// entry is p's placement entry, if it is on an eligible host; pools: p is
+// one of the pool's replicas (only those count for its spread).
+func (hr *hostsRead) entry(r *ProxyPoolReconciler, p *crawlv1.Proxy, pools bool) (placement.Replica, bool) {
+	pl := r.Plugins.Get(string(p.Spec.Provider))
+	if pl == nil || pl.Domain() != plugin.Hosts {
+		return placement.Replica{}, false
+	}
+	host := pl.HostOf(p)
+	hc, eligible := hr.checks[host]
+	if !eligible {
+		return placement.Replica{}, false
+	}
+	return placement.Replica{
+		Host:      host,
+		Resources: sizeOf(p),
+		Settled:   hc.settled(p, hr.now),
+		Spreads:   pools && spreads(p),
+		Creating:  creating(p, hr.startupTimeout, hr.now),
+	}, true
+}
+
+// egressInUse names the hosts that would give a new replica an egress
+// address in use, each with why (countEgressInUse over replicas, counting
+// only those appended since the last call).
+func (hr *hostsRead) egressInUse(pl plugin.Plugin, replicas []crawlv1.Proxy) map[string]string {
+	if hr.inUse == nil || !hr.used.grown(replicas) {
+		hr.inUse, hr.seen, hr.used = map[string]string{}, map[string]map[string]string{}, appendOnly{}
+	}
+	for i := hr.used.counted; i < len(replicas); i++ {
+		countEgressInUse(pl, hr.eligible, &replicas[i], hr.inUse, hr.seen)
+	}
+	hr.used.countedAll(replicas)
+	return hr.inUse
+}
+
 // chooseHostForEgress chooses a host under the pool's egress.distinct:
 // Required leaves out the hosts that would give an address in use
-// (hostsGivingEgressInUse) and is blocked, naming them, when none is left;
+// (egressInUse) and is blocked, naming them, when none is left;
 // Preferred tries the others first, then every host; Ignore looks at
 // capacity and spread only.
 func (r *ProxyPoolReconciler) chooseHostForEgress(pool *crawlv1.ProxyPool, replica *crawlv1.Proxy, req placement.Request,
-	eligible map[string]*crawlv1.KVMHost, replicas []crawlv1.Proxy) (string, *placement.Blocked, *PlacementBlocked) {
+	hr *hostsRead, replicas []crawlv1.Proxy) (string, *placement.Blocked, *PlacementBlocked) {
 	policy := distinctPolicy(pool)
 	pl := r.Plugins.Get(string(replica.Spec.Provider))
 	if policy == crawlv1.EgressDistinctIgnore || pl == nil {
 		host, blocked := placement.ChooseHost(req)
 		return host, blocked, nil
 	}
-	inUse := hostsGivingEgressInUse(pl, eligible, replicas)
+	inUse := hr.egressInUse(pl, replicas)
 	fresh := req
 	fresh.Hosts = slices.DeleteFunc(slices.Clone(req.Hosts), func(h placement.Host) bool { _, used := inUse[h.Name]; return used })
 	if policy == crawlv1.EgressDistinctRequired {
@@ -207,51 +362,6 @@ func capacityOf(h *crawlv1.KVMHost) *placement.Capacity {
 		AllocatedMemoryBytes: c.AllocatedMemoryBytes,
 		PoolAvailableBytes:   p.AvailableBytes,
 	}
-}
-
-// proxiesOn returns every Proxy on or placed on the eligible hosts (the
-// keys of checks): the pool's
-// replicas as passed (they include creates the cache has not seen yet) and
-// every other Proxy of the Hosts domain from the cache (other pools',
-// standalone ones), which take room too and count against the hosts'
-// create concurrency while being created (see creating).
-func (r *ProxyPoolReconciler) proxiesOn(ctx context.Context, checks map[string]hostChecks, replicas []crawlv1.Proxy, startupTimeout time.Duration) ([]placement.Replica, error) {
-	now := r.now()
-	ours := make(map[types.NamespacedName]bool, len(replicas))
-	var out []placement.Replica
-	add := func(p *crawlv1.Proxy, pools bool) {
-		pl := r.Plugins.Get(string(p.Spec.Provider))
-		if pl == nil || pl.Domain() != plugin.Hosts {
-			return
-		}
-		host := pl.HostOf(p)
-		hc, eligible := checks[host]
-		if !eligible {
-			return
-		}
-		out = append(out, placement.Replica{
-			Host:      host,
-			Resources: sizeOf(p),
-			Settled:   hc.settled(p, now),
-			Spreads:   pools && spreads(p),
-			Creating:  creating(p, startupTimeout, now),
-		})
-	}
-	for i := range replicas {
-		ours[client.ObjectKeyFromObject(&replicas[i])] = true
-		add(&replicas[i], true)
-	}
-	all := &crawlv1.ProxyList{}
-	// Read only, so the cache's objects are not copied for every placement.
-	if err := r.Client.List(ctx, all, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("list Proxies: %w", err)
-	}
-	for i := range all.Items {
-		if p := &all.Items[i]; !ours[client.ObjectKeyFromObject(p)] {
-			add(p, false)
-		}
-	}
-	return out, nil
 }
 
 // hostChecks is when a host's figures were last written and how often it

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/placement"
@@ -426,6 +427,84 @@ func TestCreating(t *testing.T) {
 			if got := creating(tc.p, 10*time.Minute, now); got != tc.want {
 				t.Fatalf("creating = %v, want %v", got, tc.want)
 			}
+		})
+	}
+}
+
+// TestPlacementReadsOncePerPass: a pass placing many replicas (the pool's
+// create) reads the hosts and the Proxies on them once, and places every
+// replica where reading everything afresh for each would: under each
+// egress policy, with NAT and bridged hosts, another pool's Proxies on
+// them, and replicas of the pool already measured. Listing every Proxy
+// per replica placed made filling a pool quadratic in its size.
+func TestPlacementReadsOncePerPass(t *testing.T) {
+	sel := &metav1.LabelSelector{MatchLabels: map[string]string{"role": "proxy"}}
+	bridged := func(h *crawlv1.KVMHost) { h.Spec.NetworkMode = crawlv1.NetworkModeBridge }
+	objects := func() []client.Object {
+		objs := []client.Object{sizedHost("h2", 2*giB), sizedHost("h4", 4*giB), sizedHost("h8", 8*giB),
+			sizedHost("b16", 16*giB, bridged), sizedHost("b12", 12*giB, bridged)}
+		other := kvmPool(sel)
+		other.Name = "other"
+		for i, host := range []string{"h8", "h8", "b16"} {
+			p := newReplicaOf(other, i)
+			p.Spec.Placement.Host, p.Spec.Placement.HostSelector = host, nil
+			objs = append(objs, p)
+		}
+		return objs
+	}
+	// The pool's own: two on b16 measured leaving from one address.
+	existing := func(pool *crawlv1.ProxyPool) []crawlv1.Proxy {
+		var out []crawlv1.Proxy
+		for i := range 2 {
+			p := newReplicaOf(pool, 100+i)
+			p.Spec.Placement.Host, p.Spec.Placement.HostSelector = "b16", nil
+			p.Status.Host, p.Status.EgressAddress, p.Status.EgressSource = "b16", "203.0.113.9", crawlv1.EgressSourceEcho
+			out = append(out, *p)
+		}
+		return out
+	}
+	for _, policy := range []crawlv1.EgressDistinctPolicy{crawlv1.EgressDistinctIgnore, crawlv1.EgressDistinctPreferred, crawlv1.EgressDistinctRequired} {
+		t.Run(string(policy), func(t *testing.T) {
+			place := func(shared bool) (hosts []string, lists int) {
+				r := placementReconciler(t, objects()...)
+				r.Client = interceptor.NewClient(r.Client.(client.WithWatch), interceptor.Funcs{
+					List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+						if _, ok := list.(*crawlv1.ProxyList); ok {
+							lists++
+						}
+						return c.List(ctx, list, opts...)
+					}})
+				pool := kvmPool(sel)
+				pool.Spec.Egress.Distinct = policy
+				replicas := existing(pool)
+				var reads *placementReads
+				if shared {
+					reads = newPlacementReads()
+				}
+				for i := range 12 {
+					p := newReplicaOf(pool, i)
+					blocked, err := r.placeWith(context.Background(), pool, replicas, p, reads)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if blocked != nil {
+						hosts = append(hosts, "blocked: "+blocked.Reason)
+						break
+					}
+					hosts = append(hosts, p.Spec.Placement.Host)
+					replicas = append(replicas, *p)
+				}
+				return hosts, lists
+			}
+			fresh, freshLists := place(false)
+			once, onceLists := place(true)
+			if strings.Join(once, " ") != strings.Join(fresh, " ") {
+				t.Errorf("placed with the pass's reads: %v\nreading afresh each time:      %v", once, fresh)
+			}
+			if onceLists != 1 {
+				t.Errorf("a pass of %d placements listed the Proxies %d times, want once", len(once), onceLists)
+			}
+			t.Logf("placed %v (lists: %d once, %d afresh)", once, onceLists, freshLists)
 		})
 	}
 }

@@ -293,11 +293,11 @@ func TestPoolPlacementRefusalAndTheCreateCap(t *testing.T) {
 	u.reconcile()
 
 	refuse := true
-	u.r.place = func(ctx context.Context, pool *crawlv1.ProxyPool, rs []crawlv1.Proxy, p *crawlv1.Proxy) (*PlacementBlocked, error) {
+	u.r.place = func(ctx context.Context, pool *crawlv1.ProxyPool, rs []crawlv1.Proxy, p *crawlv1.Proxy, reads *placementReads) (*PlacementBlocked, error) {
 		if refuse {
 			return &PlacementBlocked{Reason: crawlv1.PoolInsufficientCapacityReason, Message: "no host has 512Mi free"}, nil
 		}
-		return u.r.placeReplica(ctx, pool, rs, p)
+		return u.r.placeWith(ctx, pool, rs, p, reads)
 	}
 	u.update(func(p *crawlv1.ProxyPool) { p.Spec.Replicas = ptr.To(int32(5)) })
 	res := u.reconcile()
