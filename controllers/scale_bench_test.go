@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,7 +49,11 @@ import (
 // SCALE_BENCH_MAX_UPLOADS sets the manager's --max-uploads (-1: no bound);
 // SCALE_BENCH_MEMTRACE=FILE writes the manager's memory every second, by
 // phase, and SCALE_BENCH_PEAKPROFILE=PREFIX a heap profile at each phase's
-// peak (memSampler).
+// peak (memSampler); SCALE_BENCH_STEADYPROFILE=FILE a CPU profile of the
+// steady window (the manager's side only: fakehv and kube-apiserver are
+// other processes). BENCH_KEEP_MANAGED_FIELDS=1 (any benchmark starting a
+// manager) caches objects with their managedFields, as before
+// ManagerOptions stripped them.
 type scaleShape struct {
 	replicas, hosts, rotate int
 	maxConcurrentCreates    int
@@ -169,8 +174,9 @@ func BenchmarkProxyPoolScale(b *testing.B) {
 		}
 		debug.SetMemoryLimit(int64(mib) << 20)
 	}
-	if os.Getenv("SCALE_BENCH_PEAKPROFILE") != "" {
-		// Finer than the default 512 KiB, so that a peak's buffers show.
+	if os.Getenv("SCALE_BENCH_PEAKPROFILE") != "" || os.Getenv("SCALE_BENCH_HEAPPROFILE") != "" {
+		// Finer than the default 512 KiB, so that a peak's buffers and
+		// the live heap's per-replica parts show.
 		runtime.MemProfileRate = 64 << 10
 	}
 	bin := buildFakeHV(b)
@@ -544,7 +550,9 @@ func runScaleIteration(b *testing.B, restCfg *rest.Config, sch *kruntime.Scheme,
 	hv.proxyRPCs.Reset()
 	probes0 := hv.probes.Load()
 	writes0, cpu0 = apiWrites(b, cs), sampleCPU(b, hvProc)
+	stopProfile := startCPUProfile(b, os.Getenv("SCALE_BENCH_STEADYPROFILE"))
 	time.Sleep(shape.steady)
+	stopProfile()
 	res.steadyWindow = shape.steady
 	cpu = sampleCPU(b, hvProc).sub(cpu0)
 	writes = diffCounts(apiWrites(b, cs), writes0)
@@ -656,4 +664,25 @@ func sumCounts(m map[string]float64, prefix string) float64 {
 		}
 	}
 	return total
+}
+
+// startCPUProfile profiles this process's CPU into file until the returned
+// func is called; with no file it does nothing.
+func startCPUProfile(b *testing.B, file string) (stop func()) {
+	if file == "" {
+		return func() {}
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
