@@ -178,6 +178,32 @@ func TestPublishRenderProxies(t *testing.T) {
 	if _, ok := back[1]["expiresAt"]; ok {
 		t.Errorf("proxies.json has expiresAt for a replica without one: %s", js)
 	}
+	if lines := strings.Split(strings.TrimSuffix(string(js), "\n"), "\n"); len(lines) != 4 {
+		t.Errorf("proxies.json is not one entry per line: %s", js)
+	}
+}
+
+// TestPublishedListFitsASecret: a pool of 5,000 replicas surged by 5%
+// during a rotation by age (BenchmarkProxyPoolScale's: no credentials in
+// the URLs, every entry with its expiresAt) publishes both keys within a
+// Secret's 1 MiB. Indented JSON overflowed there (1.1 MB), and a list
+// that cannot be written holds every drain, so the rotation stopped.
+func TestPublishedListFitsASecret(t *testing.T) {
+	const secretLimit = 1 << 20
+	var in []PublishedProxy
+	for i := range 5250 {
+		in = append(in, PublishedProxy{
+			Name: fmt.Sprintf("scale-%05d", i), URL: fmt.Sprintf("http://10.0.%d.%d:3128", i/250, i%250),
+			Host: fmt.Sprintf("scale-hv-0-948298-%d", i%250), CreatedAt: "2026-12-06T05:06:42Z", ExpiresAt: "2026-12-06T05:06:43Z",
+		})
+	}
+	txt, js, err := renderProxies(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(txt) + len(js); n > secretLimit {
+		t.Errorf("%d replicas publish %d bytes (proxies.txt %d, proxies.json %d): over a Secret's %d", len(in), n, len(txt), len(js), secretLimit)
+	}
 }
 
 // planWant is the endpoints of replicas names on port.
