@@ -201,6 +201,7 @@ func TestPublishedListFitsASecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("%d replicas: proxies.txt %d bytes, proxies.json %d", len(in), len(txt), len(js))
 	if n := len(txt) + len(js); n > secretLimit {
 		t.Errorf("%d replicas publish %d bytes (proxies.txt %d, proxies.json %d): over a Secret's %d", len(in), n, len(txt), len(js), secretLimit)
 	}
