@@ -25,6 +25,11 @@ type DomainEvent struct {
 	// Proxy was turned away while it did not (provider.UnavailableError):
 	// its instance can be read again now.
 	HostAnswers bool
+	// SlotFree says the Proxy's call was refused because its host had
+	// all its calls in flight (ErrHostBusy), and asking again can be
+	// answered now: a call slot freed, or the host was found not
+	// answering (and the next call is refused at once as such).
+	SlotFree bool
 }
 
 // Events delivers lifecycle events of domains named like Proxies. When the

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
@@ -128,7 +130,20 @@ func (p *Provider) noteHealth(host string, err error) {
 			p.notAnswering[host] = v
 		}
 		v.checked = now
+		// Calls that passed the gate before this verdict end now rather
+		// than at their RPCs' deadlines (minutes for a start or an
+		// upload), and the Proxies turned away as busy are woken to be
+		// refused as not answering: every Proxy of the host says so
+		// within a check, and none holds a worker on it.
+		cause := v.unavailable(host)
+		cut := slices.Collect(maps.Keys(p.calls[host]))
+		busy := slices.Collect(maps.Keys(p.busyWaiting[host]))
+		delete(p.busyWaiting, host)
 		p.mu.Unlock()
+		for _, c := range cut {
+			c.cancel(cause)
+		}
+		p.wake(host, busy, DomainEvent{SlotFree: true})
 		return
 	}
 	delete(p.notAnswering, host)
@@ -137,8 +152,14 @@ func (p *Provider) noteHealth(host string, err error) {
 		return
 	}
 	p.opts.Logger.Info("host answers its health check again; waking the Proxies turned away", "host", host, "proxies", len(v.waiting))
-	for k := range v.waiting {
-		p.send(DomainEvent{Host: host, Namespace: k.namespace, Name: k.name, HostAnswers: true})
+	p.wake(host, slices.Collect(maps.Keys(v.waiting)), DomainEvent{HostAnswers: true})
+}
+
+// wake sends ev, for host, to each of the Proxies.
+func (p *Provider) wake(host string, proxies []proxyKey, ev DomainEvent) {
+	for _, k := range proxies {
+		ev.Host, ev.Namespace, ev.Name = host, k.namespace, k.name
+		p.send(ev)
 	}
 }
 
@@ -147,6 +168,7 @@ func (p *Provider) forgetHealth(host string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.notAnswering, host)
+	delete(p.busyWaiting, host)
 }
 
 // refuseNotAnswering returns a provider.UnavailableError when host's
@@ -163,6 +185,11 @@ func (p *Provider) refuseNotAnswering(host string, hs HostSpec, waiter *provider
 	if waiter != nil {
 		v.waiting[proxyKey{waiter.Namespace, waiter.Name}] = struct{}{}
 	}
+	return v.unavailable(host)
+}
+
+// unavailable is the error of a call refused, or cut short, by v.
+func (v *notAnswering) unavailable(host string) *provider.UnavailableError {
 	return &provider.UnavailableError{
 		Place:  fmt.Sprintf("KVM host %q", host),
 		Reason: "no answer to its health checks since " + v.since.UTC().Format(time.RFC3339),

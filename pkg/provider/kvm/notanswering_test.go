@@ -207,3 +207,121 @@ func TestNotAnsweringVerdictFreshness(t *testing.T) {
 		}
 	})
 }
+
+// oneCallNoDeadlines is e's provider with one call slot per host and RPCs
+// bounded by their caller only, so a call on a stopped daemon ends when
+// something ends it, never at a deadline.
+func (e *env) oneCallNoDeadlines(clk *testclock.FakePassiveClock) *kvm.Provider {
+	return kvm.New(kvm.Options{Hosts: e.hosts, Pool: e.conns, Observer: e.rpcs, Clock: clk, CheckInterval: 30 * time.Second,
+		MaxInFlightPerHost: 1, RPCDeadlines: virt.Deadlines{Query: -1, Change: -1, Lifecycle: -1, StreamStall: -1}})
+}
+
+// nextEvent is the provider's next event, failing the test when none
+// comes within a second.
+func nextEvent(t *testing.T, prov *kvm.Provider) kvm.DomainEvent {
+	t.Helper()
+	select {
+	case ev := <-prov.Events():
+		return ev
+	case <-time.After(time.Second):
+		t.Fatal("no event")
+	}
+	return kvm.DomainEvent{}
+}
+
+// A call already under way when a health check finds its host not
+// answering ends then, not at its RPCs' deadlines (minutes for a start or
+// an upload): with the UnavailableError a refused call gets, and its Proxy
+// woken when the host answers. A Proxy turned away as busy meanwhile is
+// woken at the verdict, to be refused as not answering. Without this, a
+// Proxy whose call was under way says nothing of its host, and holds a
+// worker, for as long as its RPC's deadline.
+func TestCallUnderWayEndsAtTheVerdict(t *testing.T) {
+	for _, c := range calls {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, "hv1")
+			m := e.machine("hv1", "crawl", "p1", "uid-1")
+			if c.name != "Create" {
+				m = e.created("hv1", "crawl", "p1", "uid-1")
+			}
+			clk := testclock.NewFakePassiveClock(time.Date(2026, 12, 6, 7, 0, 0, 0, time.UTC))
+			prov := e.oneCallNoDeadlines(clk)
+			f := e.fakes["hv1"]
+			cont := f.Stop()
+			t.Cleanup(cont)
+
+			ended := make(chan error, 1)
+			go func() { ended <- c.call(prov, m) }()
+			testutil.WaitFor(t, func() bool { return f.Stopped() > 0 })
+			busy := e.machine("hv1", "crawl", "p2", "uid-2")
+			if _, err := prov.Get(context.Background(), busy); !errors.Is(err, kvm.ErrHostBusy) {
+				t.Fatalf("Get while the host's one call slot is taken = %v, want busy", err)
+			}
+
+			probeTimesOut(t, prov, "hv1")
+			select {
+			case err := <-ended:
+				var unavailable *provider.UnavailableError
+				if !errors.As(err, &unavailable) || !strings.Contains(err.Error(), `KVM host "hv1" is not answering (no answer to its health checks since 2026-12-06T07:00:00Z)`) {
+					t.Fatalf("%s under way at the verdict = %v, want the host's UnavailableError", c.name, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s under way still waits on the stopped daemon after the verdict", c.name)
+			}
+			if ev := nextEvent(t, prov); ev != (kvm.DomainEvent{Host: "hv1", Namespace: "crawl", Name: "p2", SlotFree: true}) {
+				t.Fatalf("event at the verdict %+v, want crawl/p2 woken", ev)
+			}
+			if _, err := prov.Get(context.Background(), busy); !errors.Is(err, provider.ErrUnavailable) {
+				t.Fatalf("Get of the Proxy woken = %v, want refused as not answering", err)
+			}
+
+			cont()
+			testutil.WaitFor(t, func() bool { _, err := prov.Probe(context.Background(), "hv1"); return err == nil })
+			woken := map[string]bool{}
+			for range 2 {
+				ev := nextEvent(t, prov)
+				if !ev.HostAnswers || ev.Host != "hv1" {
+					t.Fatalf("event once the host answers %+v, want HostAnswers", ev)
+				}
+				woken[ev.Name] = true
+			}
+			if !woken["p1"] || !woken["p2"] {
+				t.Fatalf("woken when the host answers: %v, want p1 (cut short) and p2 (refused)", woken)
+			}
+			testutil.WaitFor(t, func() bool { return c.call(prov, m) == nil })
+		})
+	}
+}
+
+// A Proxy turned away because its host has every call slot taken is woken
+// when one frees, one Proxy per slot.
+func TestBusyRefusalWokenWhenASlotFrees(t *testing.T) {
+	e := newEnv(t, "hv1")
+	m := e.created("hv1", "crawl", "p1", "uid-1")
+	prov := e.oneCallNoDeadlines(testclock.NewFakePassiveClock(time.Now()))
+	f := e.fakes["hv1"]
+	release := f.Block(virt.RPCDomainLookupByName)
+	t.Cleanup(release)
+	ended := make(chan error, 1)
+	go func() { _, err := prov.Get(context.Background(), m); ended <- err }()
+	testutil.WaitFor(t, func() bool { return f.Blocked(virt.RPCDomainLookupByName) > 0 })
+	for _, name := range []string{"p2", "p3"} {
+		if _, err := prov.Get(context.Background(), e.machine("hv1", "crawl", name, "uid-"+name)); !errors.Is(err, kvm.ErrHostBusy) {
+			t.Fatalf("Get of %s = %v, want busy", name, err)
+		}
+	}
+	if n := len(prov.Events()); n != 0 {
+		t.Fatalf("%d events before a slot freed", n)
+	}
+	release()
+	if err := <-ended; err != nil {
+		t.Fatal(err)
+	}
+	ev := nextEvent(t, prov)
+	if !ev.SlotFree || ev.Host != "hv1" || (ev.Name != "p2" && ev.Name != "p3") {
+		t.Fatalf("event when the slot freed %+v, want p2 or p3 woken", ev)
+	}
+	if n := len(prov.Events()); n != 0 {
+		t.Fatalf("%d more events for one free slot, want one Proxy woken", n)
+	}
+}

@@ -143,6 +143,12 @@ type Provider struct {
 	anyHost  chan struct{}            // upload slots over all hosts; nil: unbounded
 	probing  map[string]bool          // hosts with a probe still running
 	inFlight map[string]int           // per-host calls counted by MaxInFlightPerHost
+	// busyWaiting: per host, the Proxies whose call was refused as busy,
+	// woken when a call slot frees or the host is found not answering.
+	busyWaiting map[string]map[proxyKey]struct{}
+	// calls: per host, the calls in flight, cut short when a health check
+	// finds the host not answering.
+	calls map[string]map[*hostCall]struct{}
 	// notAnswering: hosts whose latest health check got no answer.
 	notAnswering map[string]*notAnswering
 }
@@ -203,6 +209,8 @@ func New(opts Options) *Provider {
 		anyHost:      anyHost,
 		probing:      map[string]bool{},
 		inFlight:     map[string]int{},
+		busyWaiting:  map[string]map[proxyKey]struct{}{},
+		calls:        map[string]map[*hostCall]struct{}{},
 		notAnswering: map[string]*notAnswering{},
 	}
 }
@@ -220,15 +228,21 @@ func (p *Provider) ForgetHost(host string) {
 	p.forgetHealth(host)
 }
 
+// hostFunc is a call's work on its host: ctx ends with the call (the
+// caller's context, or the host found not answering meanwhile).
+type hostFunc func(ctx context.Context, c virt.Client, hs HostSpec) error
+
 // withHost runs fn with an instrumented client of host, as one of the
 // host's MaxInFlightPerHost calls: with all of them taken it fails at once
-// with ErrHostBusy. A host whose health check gets no answer is not called
-// at all: the call fails at once with a provider.UnavailableError, and
-// waiter (the Proxy's Machine; nil for host-wide calls) is woken when the
-// host answers again (refuseNotAnswering). The host's current
-// configuration is (re)applied to the pool first; an unchanged one keeps
-// the link.
-func (p *Provider) withHost(ctx context.Context, host string, waiter *provider.Machine, fn func(virt.Client, HostSpec) error) error {
+// with ErrHostBusy, and waiter (the Proxy's Machine; nil for host-wide
+// calls) is woken when a slot frees or the host is found not answering. A
+// host whose health check gets no answer is not called at all: the call
+// fails at once with a provider.UnavailableError, and waiter is woken when
+// the host answers again (refuseNotAnswering); a call already under way
+// when the check finds that ends then, with the same error (answering).
+// The host's current configuration is (re)applied to the pool first; an
+// unchanged one keeps the link.
+func (p *Provider) withHost(ctx context.Context, host string, waiter *provider.Machine, fn hostFunc) error {
 	hs, err := p.opts.Hosts.Host(ctx, host)
 	if err != nil {
 		return err
@@ -237,11 +251,13 @@ func (p *Provider) withHost(ctx context.Context, host string, waiter *provider.M
 		logr.FromContextOrDiscard(ctx).V(1).Info("not calling a host that does not answer its health checks", "host", host, "err", err)
 		return err
 	}
-	if err := p.startCall(host); err != nil {
+	if err := p.startCall(host, waiter); err != nil {
 		return err
 	}
 	var rpcs virt.CallTracker
-	err = p.doSpec(ctx, ctx, host, hs, fn, virt.WithCallTracker(&rpcs))
+	err = p.answering(ctx, host, hs, waiter, func(ctx context.Context) error {
+		return p.doSpec(ctx, ctx, host, hs, func(c virt.Client, hs HostSpec) error { return fn(ctx, c, hs) }, virt.WithCallTracker(&rpcs))
+	})
 	if rpcs.Running() == 0 {
 		p.endCall(host) // nothing was abandoned: every RPC has returned
 	} else {
@@ -253,23 +269,76 @@ func (p *Provider) withHost(ctx context.Context, host string, waiter *provider.M
 	return err
 }
 
-func (p *Provider) startCall(host string) error {
+// startCall takes one of host's call slots, or notes waiter (if any) to
+// wake when one frees.
+func (p *Provider) startCall(host string, waiter *provider.Machine) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if n := p.inFlight[host]; n >= p.opts.MaxInFlightPerHost {
+		if waiter != nil {
+			if p.busyWaiting[host] == nil {
+				p.busyWaiting[host] = map[proxyKey]struct{}{}
+			}
+			p.busyWaiting[host][proxyKey{waiter.Namespace, waiter.Name}] = struct{}{}
+		}
 		return provider.Transient(fmt.Errorf("host %q %w: %d calls in flight", host, ErrHostBusy, n))
 	}
 	p.inFlight[host]++
 	return nil
 }
 
+// endCall frees one of host's call slots and wakes one Proxy turned away
+// as busy: one, since one slot freed, so a long queue is not woken all at
+// once to find the host busy again.
 func (p *Provider) endCall(host string) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.inFlight[host]--; p.inFlight[host] <= 0 {
 		delete(p.inFlight, host)
 	}
+	var wake []proxyKey
+	for k := range p.busyWaiting[host] {
+		wake = append(wake, k)
+		delete(p.busyWaiting[host], k)
+		break
+	}
+	p.mu.Unlock()
+	p.wake(host, wake, DomainEvent{SlotFree: true})
 }
+
+// answering runs call with a context that also ends when a health check
+// finds host not answering (noteHealth). A call cut short that way
+// returns the host's UnavailableError, as a call refused at the start
+// would, with waiter noted to wake when the host answers; its RPCs are
+// abandoned as at their deadline.
+func (p *Provider) answering(ctx context.Context, host string, hs HostSpec, waiter *provider.Machine, call func(context.Context) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	hc := &hostCall{cancel: cancel}
+	p.mu.Lock()
+	if p.calls[host] == nil {
+		p.calls[host] = map[*hostCall]struct{}{}
+	}
+	p.calls[host][hc] = struct{}{}
+	p.mu.Unlock()
+	err := call(ctx)
+	p.mu.Lock()
+	delete(p.calls[host], hc)
+	if len(p.calls[host]) == 0 {
+		delete(p.calls, host)
+	}
+	p.mu.Unlock()
+	var unavailable *provider.UnavailableError
+	if err != nil && errors.As(context.Cause(ctx), &unavailable) {
+		if refused := p.refuseNotAnswering(host, hs, waiter); refused != nil {
+			logr.FromContextOrDiscard(ctx).V(1).Info("call ended: its host stopped answering its health checks", "host", host, "err", err)
+			return refused
+		}
+	}
+	return err
+}
+
+// hostCall is a call in flight to a host (answering).
+type hostCall struct{ cancel context.CancelCauseFunc }
 
 // do is withHost with separate contexts for the dial and for the RPCs, and
 // without the in-flight bound.
@@ -286,7 +355,7 @@ func (p *Provider) do(dialCtx, rpcCtx context.Context, host string, fn func(virt
 // at once, as withHost refuses, while the host's health check gets no
 // answer. A KVMImage job or prune started from a cache that still shows the
 // host Ready would otherwise hang on the daemon until its deadline.
-func (p *Provider) doAnswering(ctx context.Context, host string, fn func(virt.Client, HostSpec) error) error {
+func (p *Provider) doAnswering(ctx context.Context, host string, fn hostFunc) error {
 	hs, err := p.opts.Hosts.Host(ctx, host)
 	if err != nil {
 		return err
@@ -294,7 +363,9 @@ func (p *Provider) doAnswering(ctx context.Context, host string, fn func(virt.Cl
 	if err := p.refuseNotAnswering(host, hs, nil); err != nil {
 		return err
 	}
-	return p.doSpec(ctx, ctx, host, hs, fn)
+	return p.answering(ctx, host, hs, nil, func(ctx context.Context) error {
+		return p.doSpec(ctx, ctx, host, hs, func(c virt.Client, hs HostSpec) error { return fn(ctx, c, hs) })
+	})
 }
 
 // doSpec is do with the host's spec already read.
@@ -332,7 +403,7 @@ func (p *Provider) Create(ctx context.Context, m *provider.Machine) (*provider.I
 	log := logr.FromContextOrDiscard(ctx).WithValues("host", m.Host)
 	ctx = logr.NewContext(ctx, log)
 	var inst *provider.Instance
-	err := p.withHost(ctx, m.Host, m, func(c virt.Client, hs HostSpec) error {
+	err := p.withHost(ctx, m.Host, m, func(ctx context.Context, c virt.Client, hs HostSpec) error {
 		name := domxml.DomainName(m.Namespace, m.Name)
 		dom, found, err := p.lookupOwned(c, m)
 		if err != nil {
@@ -409,7 +480,7 @@ func (p *Provider) Get(ctx context.Context, m *provider.Machine) (*provider.Inst
 		return nil, err
 	}
 	var inst *provider.Instance
-	err := p.withHost(ctx, m.Host, m, func(c virt.Client, hs HostSpec) error {
+	err := p.withHost(ctx, m.Host, m, func(ctx context.Context, c virt.Client, hs HostSpec) error {
 		dom, found, err := p.lookupOwned(c, m)
 		if err != nil {
 			return err
@@ -445,7 +516,7 @@ func (p *Provider) Delete(ctx context.Context, m *provider.Machine) error {
 		return err
 	}
 	log := logr.FromContextOrDiscard(ctx).WithValues("host", m.Host)
-	err := p.withHost(ctx, m.Host, m, func(c virt.Client, hs HostSpec) error {
+	err := p.withHost(ctx, m.Host, m, func(ctx context.Context, c virt.Client, hs HostSpec) error {
 		dom, found, err := p.lookupOwned(c, m)
 		if err != nil {
 			return err
@@ -532,7 +603,7 @@ const listConcurrency = 16
 
 func (p *Provider) listHost(ctx context.Context, host, tag string) ([]provider.Instance, error) {
 	var out []provider.Instance
-	err := p.withHost(ctx, host, nil, func(c virt.Client, _ HostSpec) error {
+	err := p.withHost(ctx, host, nil, func(_ context.Context, c virt.Client, _ HostSpec) error {
 		doms, _, err := c.ConnectListAllDomains(1, libvirt.ConnectListDomainsActive|libvirt.ConnectListDomainsInactive)
 		if err != nil {
 			return classify(err)
@@ -561,7 +632,7 @@ func (p *Provider) listHost(ctx context.Context, host, tag string) ([]provider.I
 // callers' workers).
 func (p *Provider) EnsureImage(ctx context.Context, host string, img provider.Image, progress Progress) (CachedImage, error) {
 	var out CachedImage
-	err := p.doAnswering(ctx, host, func(c virt.Client, hs HostSpec) error {
+	err := p.doAnswering(ctx, host, func(ctx context.Context, c virt.Client, hs HostSpec) error {
 		pool, err := lookupPool(c, hs.Pool)
 		if err != nil {
 			return err
@@ -747,7 +818,7 @@ func (p *Provider) imageLock(host string) *sync.RWMutex {
 // MaxUploadsPerHost's sibling rule: not counted by MaxInFlightPerHost.
 func (p *Provider) PruneImages(ctx context.Context, host string, keep func(digest string) bool) (image.PruneResult, error) {
 	var res image.PruneResult
-	err := p.doAnswering(ctx, host, func(c virt.Client, hs HostSpec) error {
+	err := p.doAnswering(ctx, host, func(ctx context.Context, c virt.Client, hs HostSpec) error {
 		pool, err := lookupPool(c, hs.Pool)
 		if errors.Is(err, ErrPoolMissing) {
 			return nil
@@ -1009,7 +1080,7 @@ func stateOf(state int32) provider.State {
 // must not block. A host that is not configured, or has no pool, holds
 // nothing.
 func (p *Provider) SweepVolumes(ctx context.Context, host string, collect func(uid string) bool) (candidates, deleted []string, err error) {
-	err = p.withHost(ctx, host, nil, func(c virt.Client, hs HostSpec) error {
+	err = p.withHost(ctx, host, nil, func(ctx context.Context, c virt.Client, hs HostSpec) error {
 		pool, err := lookupPool(c, hs.Pool)
 		if errors.Is(err, ErrPoolMissing) {
 			return nil
