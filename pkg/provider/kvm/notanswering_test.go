@@ -324,4 +324,13 @@ func TestBusyRefusalWokenWhenASlotFrees(t *testing.T) {
 	if n := len(prov.Events()); n != 0 {
 		t.Fatalf("%d more events for one free slot, want one Proxy woken", n)
 	}
+	// The other asks again on its own and gets a slot: nothing is left
+	// to wake it for.
+	other := map[string]string{"p2": "p3", "p3": "p2"}[ev.Name]
+	if _, err := prov.Get(context.Background(), e.machine("hv1", "crawl", other, "uid-"+other)); !errors.Is(err, provider.ErrNotFound) {
+		t.Fatalf("Get of %s with a slot free = %v, want its host's answer (not found)", other, err)
+	}
+	if n := len(prov.Events()); n != 0 {
+		t.Fatalf("%d events after the last Proxy turned away got a slot, want none: %+v", n, <-prov.Events())
+	}
 }

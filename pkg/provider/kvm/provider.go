@@ -274,13 +274,20 @@ func (p *Provider) withHost(ctx context.Context, host string, waiter *provider.M
 func (p *Provider) startCall(host string, waiter *provider.Machine) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if n := p.inFlight[host]; n >= p.opts.MaxInFlightPerHost {
-		if waiter != nil {
-			if p.busyWaiting[host] == nil {
-				p.busyWaiting[host] = map[proxyKey]struct{}{}
-			}
-			p.busyWaiting[host][proxyKey{waiter.Namespace, waiter.Name}] = struct{}{}
+	n := p.inFlight[host]
+	busy := n >= p.opts.MaxInFlightPerHost
+	if waiter != nil {
+		key := proxyKey{waiter.Namespace, waiter.Name}
+		switch {
+		case !busy:
+			delete(p.busyWaiting[host], key) // it has a slot: nothing to wake it for
+		case p.busyWaiting[host] == nil:
+			p.busyWaiting[host] = map[proxyKey]struct{}{key: {}}
+		default:
+			p.busyWaiting[host][key] = struct{}{}
 		}
+	}
+	if busy {
 		return provider.Transient(fmt.Errorf("host %q %w: %d calls in flight", host, ErrHostBusy, n))
 	}
 	p.inFlight[host]++
