@@ -79,7 +79,7 @@ type ProxyPoolReconciler struct {
 	// the claims of quarantined static addresses.
 	IPAM bool
 
-	// place is placeWith; unit tests refuse placements through it.
+	// place is placeReplica; unit tests refuse placements through it.
 	place func(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy, reads *placementReads) (*PlacementBlocked, error)
 
 	randMu sync.Mutex
@@ -158,7 +158,7 @@ func (r *ProxyPoolReconciler) complete() error {
 		r.APIReader = r.Publisher.reader()
 	}
 	if r.place == nil {
-		r.place = r.placeWith
+		r.place = r.placeReplica
 	}
 	if r.Publisher.BannedDomains == nil {
 		r.Publisher.BannedDomains = r.bannedDomains

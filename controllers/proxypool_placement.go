@@ -42,14 +42,11 @@ type PlacementBlocked struct{ Reason, Message string }
 //   - Nodes (kubernetes): nothing here; the Proxy controller asks the
 //     provider for a spread of the pool's instances over nodes.
 //
+// reads holds what the placements before it in the same pass read (nil:
+// read everything afresh).
+//
 // nil, nil: create it; a PlacementBlocked: do not create it now.
-func (r *ProxyPoolReconciler) placeReplica(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy) (*PlacementBlocked, error) {
-	return r.placeWith(ctx, pool, replicas, replica, nil)
-}
-
-// placeWith is placeReplica reusing what reads holds from the placements
-// before it in the same pass (nil: read everything afresh).
-func (r *ProxyPoolReconciler) placeWith(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy, reads *placementReads) (*PlacementBlocked, error) {
+func (r *ProxyPoolReconciler) placeReplica(ctx context.Context, pool *crawlv1.ProxyPool, replicas []crawlv1.Proxy, replica *crawlv1.Proxy, reads *placementReads) (*PlacementBlocked, error) {
 	switch r.Plugins.DomainOf(string(replica.Spec.Provider)) {
 	case plugin.Hosts:
 		return r.placeOnHost(ctx, pool, replicas, replica, reads)

@@ -69,7 +69,7 @@ var _ = Describe("ProxyPool placement over KVMHosts of different sizes", Ordered
 	// creates it as the pool would.
 	place := func(n int) (*crawlv1.Proxy, *PlacementBlocked) {
 		p := replicaOf(n)
-		blocked, err := r.placeReplica(ctx, pool, replicas, p)
+		blocked, err := r.placeReplica(ctx, pool, replicas, p, nil)
 		Expect(err).NotTo(HaveOccurred())
 		if blocked != nil {
 			return nil, blocked

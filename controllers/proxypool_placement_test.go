@@ -89,7 +89,7 @@ func placeBurst(t *testing.T, r *ProxyPoolReconciler, pool *crawlv1.ProxyPool, e
 	placed := map[string]int{}
 	for i := range n {
 		p := newReplicaOf(pool, len(existing)+i)
-		blocked, err := r.placeReplica(ctx, pool, replicas, p)
+		blocked, err := r.placeReplica(ctx, pool, replicas, p, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -190,7 +190,7 @@ func TestPlaceReplicaWithoutRoomOrHosts(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := placementReconciler(t, tc.objs...)
 			p := newReplicaOf(tc.pool, 0)
-			blocked, err := r.placeReplica(ctx, tc.pool, nil, p)
+			blocked, err := r.placeReplica(ctx, tc.pool, nil, p, nil)
 			if err != nil || blocked == nil || blocked.Reason != tc.reason {
 				t.Fatalf("placeReplica = %+v, %v; want %s", blocked, err, tc.reason)
 			}
@@ -227,7 +227,7 @@ func TestPlaceReplicaHostScope(t *testing.T) {
 			pool := kvmPool(tc.poolSel)
 			pool.Spec.Template.Spec.Placement = tc.template
 			p := newReplicaOf(pool, 0)
-			blocked, err := placementReconciler(t, a, b).placeReplica(ctx, pool, nil, p)
+			blocked, err := placementReconciler(t, a, b).placeReplica(ctx, pool, nil, p, nil)
 			if err != nil || blocked != nil || p.Spec.Placement.Host != tc.want || p.Spec.Placement.HostSelector != nil {
 				t.Fatalf("placeReplica = %+v, %v; host %q selector %v, want host %q", blocked, err, p.Spec.Placement.Host, p.Spec.Placement.HostSelector, tc.want)
 			}
@@ -265,7 +265,7 @@ func TestPlaceReplicaIgnoresLeavingReplicasForTheSpread(t *testing.T) {
 	leaving[1].DeletionTimestamp = ptr.To(metav1.Now())
 	r := placementReconciler(t, sizedHost("a", 8*giB), sizedHost("b", 3*giB))
 	p := newReplicaOf(pool, 0)
-	if blocked, err := r.placeReplica(context.Background(), pool, leaving, p); err != nil || blocked != nil || p.Spec.Placement.Host != "a" {
+	if blocked, err := r.placeReplica(context.Background(), pool, leaving, p, nil); err != nil || blocked != nil || p.Spec.Placement.Host != "a" {
 		t.Fatalf("placeReplica = %+v, %v, host %q; want a (most free, no replica counting)", blocked, err, p.Spec.Placement.Host)
 	}
 	// Their memory is still reserved: a has 6Gi left, so after 3 more on
@@ -290,7 +290,7 @@ func TestPlaceReplicaZones(t *testing.T) {
 	var got []string
 	for i := range 5 {
 		p := newReplicaOf(pool, i)
-		if blocked, err := r.placeReplica(ctx, pool, replicas, p); err != nil || blocked != nil {
+		if blocked, err := r.placeReplica(ctx, pool, replicas, p, nil); err != nil || blocked != nil {
 			t.Fatalf("placeReplica = %+v, %v", blocked, err)
 		}
 		got = append(got, p.Spec.Placement.Zone[len("europe-west1-"):])
@@ -302,13 +302,13 @@ func TestPlaceReplicaZones(t *testing.T) {
 	// A deleted replica's zone is free again.
 	replicas[2].DeletionTimestamp = ptr.To(metav1.Now())
 	p := newReplicaOf(pool, 9)
-	if _, err := r.placeReplica(ctx, pool, replicas, p); err != nil || p.Spec.Placement.Zone != "europe-west1-d" {
+	if _, err := r.placeReplica(ctx, pool, replicas, p, nil); err != nil || p.Spec.Placement.Zone != "europe-west1-d" {
 		t.Fatalf("zone %q, %v; want europe-west1-d", p.Spec.Placement.Zone, err)
 	}
 	// No zones listed: the template's zone.
 	pool.Spec.Placement.Zones = nil
 	p = newReplicaOf(pool, 10)
-	if _, err := r.placeReplica(ctx, pool, replicas, p); err != nil || p.Spec.Placement.Zone != "us-east1-b" {
+	if _, err := r.placeReplica(ctx, pool, replicas, p, nil); err != nil || p.Spec.Placement.Zone != "us-east1-b" {
 		t.Fatalf("zone %q, %v; want the template's", p.Spec.Placement.Zone, err)
 	}
 }
@@ -318,7 +318,7 @@ func TestPlaceReplicaKubernetesIsLeftToTheScheduler(t *testing.T) {
 		Spec: crawlv1.ProxyPoolSpec{Template: crawlv1.ProxyTemplate{Spec: crawlv1.ProxySpec{Provider: crawlv1.ProviderKubernetes}}}}
 	p := newReplicaOf(pool, 0)
 	before := p.DeepCopy()
-	if blocked, err := placementReconciler(t).placeReplica(context.Background(), pool, nil, p); err != nil || blocked != nil || p.Spec.Placement != before.Spec.Placement {
+	if blocked, err := placementReconciler(t).placeReplica(context.Background(), pool, nil, p, nil); err != nil || blocked != nil || p.Spec.Placement != before.Spec.Placement {
 		t.Fatalf("placeReplica = %+v, %v, placement %+v", blocked, err, p.Spec.Placement)
 	}
 }
@@ -483,7 +483,7 @@ func TestPlacementReadsOncePerPass(t *testing.T) {
 				}
 				for i := range 12 {
 					p := newReplicaOf(pool, i)
-					blocked, err := r.placeWith(context.Background(), pool, replicas, p, reads)
+					blocked, err := r.placeReplica(context.Background(), pool, replicas, p, reads)
 					if err != nil {
 						t.Fatal(err)
 					}

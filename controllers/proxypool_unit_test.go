@@ -297,7 +297,7 @@ func TestPoolPlacementRefusalAndTheCreateCap(t *testing.T) {
 		if refuse {
 			return &PlacementBlocked{Reason: crawlv1.PoolInsufficientCapacityReason, Message: "no host has 512Mi free"}, nil
 		}
-		return u.r.placeWith(ctx, pool, rs, p, reads)
+		return u.r.placeReplica(ctx, pool, rs, p, reads)
 	}
 	u.update(func(p *crawlv1.ProxyPool) { p.Spec.Replicas = ptr.To(int32(5)) })
 	res := u.reconcile()
