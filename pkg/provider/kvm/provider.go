@@ -255,9 +255,7 @@ func (p *Provider) withHost(ctx context.Context, host string, waiter *provider.M
 		return err
 	}
 	var rpcs virt.CallTracker
-	err = p.answering(ctx, host, hs, waiter, func(ctx context.Context) error {
-		return p.doSpec(ctx, ctx, host, hs, func(c virt.Client, hs HostSpec) error { return fn(ctx, c, hs) }, virt.WithCallTracker(&rpcs))
-	})
+	err = p.answering(ctx, host, hs, waiter, fn, virt.WithCallTracker(&rpcs))
 	if rpcs.Running() == 0 {
 		p.endCall(host) // nothing was abandoned: every RPC has returned
 	} else {
@@ -312,12 +310,12 @@ func (p *Provider) endCall(host string) {
 	p.wake(host, wake, DomainEvent{SlotFree: true})
 }
 
-// answering runs call with a context that also ends when a health check
-// finds host not answering (noteHealth). A call cut short that way
-// returns the host's UnavailableError, as a call refused at the start
-// would, with waiter noted to wake when the host answers; its RPCs are
-// abandoned as at their deadline.
-func (p *Provider) answering(ctx context.Context, host string, hs HostSpec, waiter *provider.Machine, call func(context.Context) error) error {
+// answering is doSpec (dial and RPCs on one context) with a context that
+// also ends when a health check finds host not answering (noteHealth). A
+// call cut short that way returns the host's UnavailableError, as a call
+// refused at the start would, with waiter noted to wake when the host
+// answers; its RPCs are abandoned as at their deadline.
+func (p *Provider) answering(ctx context.Context, host string, hs HostSpec, waiter *provider.Machine, fn hostFunc, opts ...virt.Option) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	hc := &hostCall{cancel: cancel}
@@ -327,7 +325,7 @@ func (p *Provider) answering(ctx context.Context, host string, hs HostSpec, wait
 	}
 	p.calls[host][hc] = struct{}{}
 	p.mu.Unlock()
-	err := call(ctx)
+	err := p.doSpec(ctx, ctx, host, hs, func(c virt.Client, hs HostSpec) error { return fn(ctx, c, hs) }, opts...)
 	p.mu.Lock()
 	delete(p.calls[host], hc)
 	if len(p.calls[host]) == 0 {
@@ -370,9 +368,7 @@ func (p *Provider) doAnswering(ctx context.Context, host string, fn hostFunc) er
 	if err := p.refuseNotAnswering(host, hs, nil); err != nil {
 		return err
 	}
-	return p.answering(ctx, host, hs, nil, func(ctx context.Context) error {
-		return p.doSpec(ctx, ctx, host, hs, func(c virt.Client, hs HostSpec) error { return fn(ctx, c, hs) })
-	})
+	return p.answering(ctx, host, hs, nil, fn)
 }
 
 // doSpec is do with the host's spec already read.
