@@ -272,6 +272,9 @@ func (r *ProxyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res 
 		holdHeartbeat(s.patcher.before.(*crawlv1.Proxy), p, r.ProbeHeartbeat)
 		// Also writes a released finalizer.
 		s.patcher.finish(ctx, p, &res, &reterr)
+		for _, fn := range s.written {
+			fn(ctx)
+		}
 	}()
 
 	if !p.DeletionTimestamp.IsZero() {

@@ -30,10 +30,12 @@ import (
 const firstProbeBackoff = 500 * time.Millisecond
 
 // reconcileHealth probes the proxy (with its credential, if it has one)
-// and sets ProxyHealthy; after a successful probe it measures the egress
-// address (measureEgress) and checks that the proxy refuses a request without credentials
-// (Secure). Both ride on the probe's own schedule: at most one probe and
-// one check per probe interval.
+// and sets ProxyHealthy; beside the probe it sends a request without
+// credentials, which sets Secure when the probe succeeds, and after a
+// successful probe it measures the egress address (measureEgress) and
+// reads the traffic counters once status is written. All ride on the
+// probe's own schedule: at most one probe and one check per probe
+// interval.
 func (r *ProxyReconciler) reconcileHealth(ctx context.Context, s *proxyScope) (ctrl.Result, error) {
 	after := r.probe(ctx, s)
 	if s.providerUnreachable {
@@ -53,8 +55,13 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 	}
 	probeCtx, probed := r.mem.startProbe(ctx, s.key)
 	defer probed()
+	// The check without credentials goes out beside the probe, not after
+	// it: Ready waits for both, and the first answers of a squid that has
+	// just started are the slow ones (seconds in a TCG guest).
+	secure := r.startSecureCheck(probeCtx, s, target)
 	res := r.Prober.Probe(probeCtx, target)
 	r.sentThrough(s.key, p, res)
+	checked := secure()
 	if probeCtx.Err() != nil && ctx.Err() == nil {
 		// A provider event about the instance came during the probe
 		// (stopped, gone, started): whatever the probe got is about the
@@ -77,7 +84,7 @@ func (r *ProxyReconciler) probe(ctx context.Context, s *proxyScope) time.Duratio
 		p.Status.EgressSource = crawlv1.EgressSourceUnknown
 	}
 	if res.OK {
-		r.probeSucceeded(probeCtx, s, target, res)
+		r.probeSucceeded(probeCtx, s, target, res, checked)
 		return r.ProbeInterval
 	}
 	return r.probeFailed(ctx, s, target, res, startsBackoff)
@@ -124,9 +131,10 @@ func holdHeartbeat(before, after *crawlv1.Proxy, heartbeat time.Duration) {
 	}
 }
 
-// probeSucceeded makes the proxy healthy, records its egress address and
-// checks Secure.
-func (r *ProxyReconciler) probeSucceeded(ctx context.Context, s *proxyScope, target proxyprobe.Target, res proxyprobe.Result) {
+// probeSucceeded makes the proxy healthy, records its egress address,
+// sets Secure from checked (the check without credentials sent beside the
+// probe) and has the traffic counters read once status is written.
+func (r *ProxyReconciler) probeSucceeded(ctx context.Context, s *proxyScope, target proxyprobe.Target, res proxyprobe.Result, checked secureCheck) {
 	p := s.proxy
 	r.endProbeBackoff(s.key)
 	p.Status.Probe.ConsecutiveFailures, p.Status.Probe.LastError = 0, ""
@@ -138,8 +146,10 @@ func (r *ProxyReconciler) probeSucceeded(ctx context.Context, s *proxyScope, tar
 	}
 	conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
 	r.measureEgress(ctx, s, target, res.EgressAddress)
-	r.checkSecure(ctx, s, target)
-	r.readTraffic(ctx, s, target)
+	r.setSecure(ctx, s, checked)
+	// After the write: the counters' three requests through the proxy are
+	// nothing Ready waits for.
+	s.afterWrite(func(ctx context.Context) { r.readTraffic(ctx, s, target) })
 }
 
 // probeFailed counts the failure and returns when to probe again: a
@@ -234,11 +244,36 @@ func probeStatusHint(p *crawlv1.Proxy, status int) string {
 	return ""
 }
 
-// checkSecure sends one request without credentials and sets Secure from
-// the answer. A managed squid with auth None is not asked: it serves
-// whoever its source list admits, by design. A check that got no answer
-// keeps the last verdict.
-func (r *ProxyReconciler) checkSecure(ctx context.Context, s *proxyScope, target proxyprobe.Target) {
+// secureCheck is the outcome of the request sent without credentials
+// beside a probe: asked false when none was sent (a managed squid with
+// auth None is not asked: it serves whoever its source list admits, by
+// design).
+type secureCheck struct {
+	asked bool
+	res   proxyprobe.Result
+}
+
+// startSecureCheck sends the request without credentials that decides
+// Secure and returns the wait for its outcome; the caller waits whatever
+// the probe says, so nothing outlives the reconcile.
+func (r *ProxyReconciler) startSecureCheck(ctx context.Context, s *proxyScope, target proxyprobe.Target) func() secureCheck {
+	p := s.proxy
+	if p.IsManaged() && proxyaccess.AuthType(p.Spec.Access) == squid.AuthNone {
+		return func() secureCheck { return secureCheck{} }
+	}
+	target.Username, target.Password = "", ""
+	done := make(chan proxyprobe.Result, 1)
+	go func() { done <- r.Prober.ProbeWithoutCredentials(ctx, target) }()
+	return func() secureCheck {
+		res := <-done
+		r.sentThrough(s.key, p, res)
+		return secureCheck{asked: true, res: res}
+	}
+}
+
+// setSecure sets Secure from the check sent beside a successful probe. A
+// check that got no answer keeps the last verdict.
+func (r *ProxyReconciler) setSecure(ctx context.Context, s *proxyScope, checked secureCheck) {
 	p := s.proxy
 	set := func(status metav1.ConditionStatus, reason, msg string) {
 		if status == metav1.ConditionFalse && reason == crawlv1.ProxyOpenProxyReason && !conditions.IsFalse(p, crawlv1.SecureCondition) {
@@ -246,14 +281,12 @@ func (r *ProxyReconciler) checkSecure(ctx context.Context, s *proxyScope, target
 		}
 		conditions.Set(p, metav1.Condition{Type: crawlv1.SecureCondition, Status: status, Reason: reason, Message: msg})
 	}
-	if p.IsManaged() && proxyaccess.AuthType(p.Spec.Access) == squid.AuthNone {
+	if !checked.asked {
 		set(metav1.ConditionFalse, crawlv1.ProxySourceListOnlyReason, fmt.Sprintf(
 			"auth type None: only spec.access.allowedSourceCIDRs (%s) guards this proxy", strings.Join(p.Spec.Access.AllowedSourceCIDRs, ", ")))
 		return
 	}
-	target.Username, target.Password = "", ""
-	res := r.Prober.ProbeWithoutCredentials(ctx, target)
-	r.sentThrough(s.key, p, res)
+	res := checked.res
 	switch res.StatusCode {
 	case http.StatusProxyAuthRequired:
 		set(metav1.ConditionTrue, crawlv1.ProxyAuthRequiredReason, "a request without credentials was refused with 407")

@@ -48,6 +48,16 @@ type proxyScope struct {
 	// instance last seen running; the next reconcile comes within the
 	// provision poll interval to ask again.
 	providerUnreachable bool
+
+	// written: work that waits for nothing in status and so runs after
+	// Reconcile's patch, not before it (afterWrite).
+	written []func(context.Context)
+}
+
+// afterWrite runs fn once Reconcile has written the Proxy, so that what
+// status waits for is not held up by it.
+func (s *proxyScope) afterWrite(fn func(context.Context)) {
+	s.written = append(s.written, fn)
 }
 
 func newProxyScope(ctx context.Context, c client.Client, p *crawlv1.Proxy) *proxyScope {

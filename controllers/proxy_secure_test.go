@@ -362,10 +362,10 @@ func TestProbeAndSecureOutcomes(t *testing.T) {
 		wantPhase crawlv1.ProxyPhase
 		// condition type → status, reason, message part
 		want      map[string][3]string
-		wantCheck bool // a request without credentials was sent
+		wantCheck bool // a request without credentials was sent (beside every probe)
 	}{{
-		name:   "407 to the probe: ProbeAuthFailed",
-		access: managedAccess(),
+		name:   "407 to the probe: ProbeAuthFailed, Secure not judged",
+		access: managedAccess(), wantCheck: true,
 		probe: func(proxyprobe.Target) proxyprobe.Result {
 			return proxyprobe.Result{Through: true, StatusCode: http.StatusProxyAuthRequired, Err: errString("GET http://probe/ through 10.0.0.5:3128: status 407, want 2xx")}
 		},
@@ -375,8 +375,8 @@ func TestProbeAndSecureOutcomes(t *testing.T) {
 			crawlv1.ReadyCondition:        {"False", crawlv1.ProxyProbeAuthFailedReason, "status 407"},
 		},
 	}, {
-		name:   "403 to the probe: the manager's source must be admitted",
-		access: managedAccess(),
+		name:   "403 to the probe: the manager's source must be admitted, Secure not judged",
+		access: managedAccess(), wantCheck: true,
 		probe: func(proxyprobe.Target) proxyprobe.Result {
 			return proxyprobe.Result{Through: true, StatusCode: http.StatusForbidden, Err: errString("status 403, want 2xx")}
 		},
@@ -434,6 +434,11 @@ func TestProbeAndSecureOutcomes(t *testing.T) {
 			}
 			if checked := len(e.prober.checked) > 0; checked != tc.wantCheck {
 				t.Fatalf("request without credentials sent: %v, want %v", checked, tc.wantCheck)
+			}
+			if _, judged := tc.want[crawlv1.SecureCondition]; !judged && tc.wantPhase != crawlv1.ProxyReady {
+				if c := conditions.Get(p, crawlv1.SecureCondition); c == nil || c.Message != "checked once the proxy serves" {
+					t.Fatalf("Secure %+v after a failed probe: the check beside it must not be judged", c)
+				}
 			}
 			if tc.access != nil && tc.access.Auth.Type == crawlv1.ProxyAuthNone {
 				if sq := e.prov.created[0].Squid; sq.Auth.Type != squid.AuthNone || p.Status.CredentialsSecretRef != nil || e.secret("p-proxy-credentials") != nil {
@@ -531,3 +536,65 @@ func TestEgressAddressFollowsTheProbe(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// TestReadyWaitsOnlyForTheProbeAndTheCheck: Ready waits for one round of
+// requests through the proxy, the probe and the check without credentials
+// sent together, and the traffic counters are read after the write that
+// makes the Proxy Ready. A squid that has just started answers its first
+// requests slowly (a second each in a TCG guest), and its first Ready
+// used to wait for five in a row.
+func TestReadyWaitsOnlyForTheProbeAndTheCheck(t *testing.T) {
+	checkSent := make(chan struct{})
+	var once sync.Once
+	prober := &answerProber{
+		probe: func(proxyprobe.Target) proxyprobe.Result {
+			select {
+			case <-checkSent:
+				return proxyprobe.Result{OK: true, Through: true, StatusCode: http.StatusNoContent, Latency: time.Millisecond}
+			case <-time.After(2 * time.Second):
+				return proxyprobe.Result{Through: true, Err: errString("the check without credentials was not sent while the probe waited for its answer")}
+			}
+		},
+		unauth: func(tg proxyprobe.Target) proxyprobe.Result {
+			once.Do(func() { close(checkSent) })
+			return requiresAuth{}.ProbeWithoutCredentials(context.Background(), tg)
+		},
+	}
+	e := newSecureEnv(t, secureProxy(managedAccess()), prober)
+	stats := &readyAtRead{t: t, c: e.r.Client, key: e.key}
+	e.r.Stats = stats
+
+	p, _ := e.reconcile()
+	if p.Status.Phase != crawlv1.ProxyReady {
+		t.Fatalf("phase %s, want Ready (ProxyHealthy: %s)", p.Status.Phase, conditions.GetMessage(p, crawlv1.ProxyHealthyCondition))
+	}
+	wantCond(t, p, crawlv1.SecureCondition, metav1.ConditionTrue, crawlv1.ProxyAuthRequiredReason, "407")
+	if len(stats.readyAtRead) != 1 {
+		t.Fatalf("counters read %d times in one reconcile, want 1", len(stats.readyAtRead))
+	}
+	if !stats.readyAtRead[0] {
+		t.Fatal("the traffic counters were read before the write that makes the Proxy Ready")
+	}
+}
+
+// readyAtRead is a StatsReader that notes, at each reading, whether the
+// stored Proxy is Ready.
+type readyAtRead struct {
+	t           *testing.T
+	c           client.Client
+	key         client.ObjectKey
+	readyAtRead []bool
+}
+
+func (r *readyAtRead) ReadStats(ctx context.Context, _ proxyprobe.Target) (squid.Counters, error) {
+	p := &crawlv1.Proxy{}
+	if err := r.c.Get(ctx, r.key, p); err != nil {
+		r.t.Errorf("get the Proxy at the reading: %v", err)
+	}
+	r.readyAtRead = append(r.readyAtRead, conditions.IsTrue(p, crawlv1.ReadyCondition))
+	return squid.Counters{}, nil
+}
+
+func (r *readyAtRead) ReadUpstream(context.Context, proxyprobe.Target) (squid.UpstreamCounts, error) {
+	return squid.UpstreamCounts{}, nil
+}

@@ -96,7 +96,10 @@ const (
 )
 
 // readTraffic reads the counters of a healthy managed squid, on the
-// probe's schedule (one reading per probe interval at most).
+// probe's schedule (one reading per probe interval at most), after the
+// status write: nothing in status waits for it. Every request the
+// operator sent through the proxy in this reconcile has its answer by
+// then, so the reading's own-request count is exact.
 func (r *ProxyReconciler) readTraffic(ctx context.Context, s *proxyScope, target proxyprobe.Target) {
 	if s.stats == nil || r.Stats == nil {
 		return
