@@ -34,7 +34,7 @@ func PasswordFile(users ...Auth) ([]byte, error) {
 			return nil, fmt.Errorf("auth: user %q twice in one password file", a.Username)
 		}
 		seen[a.Username] = true
-		hash, err := bcrypt.GenerateFromPassword([]byte(a.Password), bcrypt.DefaultCost)
+		hash, err := bcrypt.GenerateFromPassword([]byte(a.Password), PasswordHashCost)
 		if err != nil {
 			return nil, fmt.Errorf("hashing the proxy password: %w", err)
 		}
@@ -42,6 +42,18 @@ func PasswordFile(users ...Auth) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// PasswordHashCost is the bcrypt cost of PasswordFile's hashes: 5, what
+// htpasswd -B writes by default. squid's helper checks a credential at
+// its first request, again at each credentialsttl, and for every wrong
+// password sent, so the cost is paid on the serving path: Go's
+// bcrypt.DefaultCost (10) took 60 ms a check natively and over a second
+// in a TCG guest, where it was most of the first answer's latency. The
+// hash guards only a leaked password file against offline guessing, and
+// every password is at least MinPasswordLength characters (generated
+// ones 32 random, about 190 bits), against which 32 times fewer rounds
+// change nothing practical.
+const PasswordHashCost = 5
 
 // PasswordUsers are the users c's password file holds: the clients' Basic
 // credential and the operator's Stats one, when set; none means squid needs

@@ -1,6 +1,7 @@
 package squid
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -8,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/crypto/bcrypt"
 
 	"crawl.example.com/proxy-operator/pkg/squid/squidtest"
 )
@@ -76,5 +79,51 @@ func TestBasicNCSAAuthAcceptsBcrypt(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// BenchmarkBasicNCSAAuthCheck is the CPU squid's helper spends on one
+// credential check (a client's first request, each credentialsttl, every
+// wrong password), with PasswordFile's hash and, as the baseline in the
+// same run, one at Go's bcrypt.DefaultCost (what PasswordFile wrote
+// before): the real helper, b.N checks through one process.
+func BenchmarkBasicNCSAAuthCheck(b *testing.B) {
+	squidtest.Binary(b)
+	for _, cost := range []int{PasswordHashCost, bcrypt.DefaultCost} {
+		b.Run(fmt.Sprintf("cost=%d", cost), func(b *testing.B) {
+			pw := GeneratePassword()
+			hash, err := bcrypt.GenerateFromPassword([]byte(pw), cost)
+			if err != nil {
+				b.Fatal(err)
+			}
+			path := filepath.Join(b.TempDir(), "passwd")
+			if err := os.WriteFile(path, fmt.Appendf(nil, "%s:%s\n", testUser, hash), 0o600); err != nil {
+				b.Fatal(err)
+			}
+			line := []byte(rfc1738Escape(testUser) + " " + rfc1738Escape(pw) + "\n")
+			cmd := exec.Command(DefaultAuthHelper, path)
+			in, err := cmd.StdinPipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				b.Fatalf("%s: %v", DefaultAuthHelper, err)
+			}
+			defer func() { _ = in.Close(); _ = cmd.Wait() }()
+			answers := bufio.NewReader(out)
+			b.ResetTimer()
+			for range b.N {
+				if _, err := in.Write(line); err != nil {
+					b.Fatal(err)
+				}
+				if a, err := answers.ReadString('\n'); err != nil || !strings.HasPrefix(a, "OK") {
+					b.Fatalf("helper answered %q, %v; want OK", a, err)
+				}
+			}
+		})
 	}
 }
