@@ -461,6 +461,9 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, s *proxyScope) (c
 			Message: err.Error() + "; deletion waits for it, or set annotation " + crawlv1.SkipCleanupAnnotation + "=true to release without cleanup"})
 		return ctrl.Result{RequeueAfter: dependencyPoll}, nil
 	}
+	if errors.Is(err, provider.ErrBusy) {
+		return waitBusy(ctx, err)
+	}
 	if err != nil {
 		var idErr *provider.IdentityError
 		if errors.As(err, &idErr) || provider.Class(err) == provider.ClassPermanent {

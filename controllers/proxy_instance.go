@@ -57,6 +57,9 @@ func (r *ProxyReconciler) readRecorded(ctx context.Context, s *proxyScope) (ctrl
 		return r.rebuild(ctx, p)
 	case errors.Is(err, provider.ErrUnavailable):
 		return r.hostNotAnswering(s, err)
+	case errors.Is(err, provider.ErrBusy) && !conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition):
+		// A Create now would be turned away too.
+		return waitBusy(ctx, err)
 	case err != nil && provider.Class(err) == provider.ClassTransient && conditions.IsTrue(p, crawlv1.InstanceProvisionedCondition):
 		// The provider could not be asked (host busy, link down, call
 		// deadline): that says nothing about an instance last seen
@@ -99,6 +102,8 @@ func (r *ProxyReconciler) createInstance(ctx context.Context, s *proxyScope) (ct
 	switch {
 	case errors.Is(err, provider.ErrUnavailable):
 		return r.hostNotAnswering(s, err)
+	case errors.Is(err, provider.ErrBusy):
+		return waitBusy(ctx, err)
 	case err != nil:
 		return r.fail(p, reasonFor(err), err)
 	}
@@ -109,11 +114,28 @@ func (r *ProxyReconciler) createInstance(ctx context.Context, s *proxyScope) (ct
 		return r.rebuild(ctx, p)
 	case errors.Is(err, provider.ErrUnavailable):
 		return r.hostNotAnswering(s, err)
+	case errors.Is(err, provider.ErrBusy):
+		return waitBusy(ctx, err)
 	case err != nil:
 		return r.fail(p, reasonFor(err), err)
 	}
 	s.instance = inst
 	return ctrl.Result{}, nil
+}
+
+// busyRetry is how soon a Proxy turned away by a busy provider asks
+// again if no event has woken it first.
+const busyRetry = 5 * time.Second
+
+// waitBusy handles a call the provider turned away as busy
+// (provider.ErrBusy): flow control, not a failure. Nothing about the
+// instance changed, so status stays as it is, and no error goes back to
+// the controller: no backoff that doubles at each refusal and no error
+// log per refusal. The provider wakes the Proxy when a call slot frees;
+// busyRetry is the safety net.
+func waitBusy(ctx context.Context, err error) (ctrl.Result, error) {
+	logf.FromContext(ctx).V(1).Info("provider busy; waiting for a call slot", "err", err.Error())
+	return ctrl.Result{RequeueAfter: busyRetry}, nil
 }
 
 // get reads s's instance.

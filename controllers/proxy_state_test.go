@@ -110,6 +110,9 @@ func stopped(*provider.Machine) (*provider.Instance, error) {
 // check got no answer.
 var errNotAnswering = fmt.Errorf("get: %w", &provider.UnavailableError{Place: `KVM host "hv1"`, Reason: "no answer to its health checks since 2026-12-05T05:47:11Z"})
 
+// errBusy is the kvm provider's refusal at its per-host call limit.
+var errBusy = provider.Transient(fmt.Errorf("host %q %w: 4 calls in flight", "hv1", provider.ErrBusy))
+
 func failWith(err error) func(*provider.Machine) (*provider.Instance, error) {
 	return func(*provider.Machine) (*provider.Instance, error) { return nil, err }
 }
@@ -358,6 +361,37 @@ func TestProxyStateMachine(t *testing.T) {
 		steps: []step{{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
 			wantReason: crawlv1.ProxyTransientErrorReason, wantMsg: "apiserver timeout", wantErr: true}},
 	}, {
+		// A host at its call limit is flow control: no error (no backoff
+		// doubling at each refusal, no error log), status as it was; the
+		// provider wakes the Proxy when a slot frees.
+		name: "provider busy on Create: waits without an error, status untouched, created once it takes the call",
+		prov: &scriptedProvider{get: running(stateAddress), create: func() func(*provider.Machine) (*provider.Instance, error) {
+			n := 0
+			return func(m *provider.Machine) (*provider.Instance, error) {
+				if n++; n == 1 {
+					return nil, errBusy
+				}
+				return running(stateAddress)(m)
+			}
+		}()},
+		steps: []step{
+			{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
+				wantReason: conditions.NotYetReportedReason, wantRequeue: busyRetry},
+			{wantCalls: []string{"Create", "Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
+				wantReason: crawlv1.ProxyReadyReason, wantRequeue: time.Second},
+		},
+		wantCond: map[string]string{crawlv1.InstanceProvisionedCondition: crawlv1.ProxyReadyReason},
+	}, {
+		name: "waiting for its address, provider busy on Get: keeps WaitingForAddress, no Create, no error",
+		setup: func(p *crawlv1.Proxy) {
+			recorded(p)
+			conditions.Set(p, metav1.Condition{Type: crawlv1.InstanceProvisionedCondition, Status: metav1.ConditionFalse, Reason: crawlv1.ProxyWaitingForAddressReason, Message: "running, no routable IPv4 address yet"})
+		},
+		prov: &scriptedProvider{get: failWith(errBusy)},
+		steps: []step{{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyProvisioning, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyWaitingForAddressReason, wantMsg: "no routable IPv4 address yet", wantRequeue: busyRetry}},
+		wantCond: map[string]string{crawlv1.InstanceProvisionedCondition: crawlv1.ProxyWaitingForAddressReason},
+	}, {
 		name: "no capacity where the instance goes: retried, and said so (a pool tries its other zones first)",
 		prov: &scriptedProvider{create: failWith(provider.NoCapacity(errors.New("ZONE_RESOURCE_POOL_EXHAUSTED in us-central1-a")))},
 		steps: []step{{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
@@ -406,6 +440,13 @@ func TestProxyStateMachine(t *testing.T) {
 		steps: []step{{wantCalls: []string{"Delete"}, wantPhase: crawlv1.ProxyDeleting, wantReady: metav1.ConditionFalse,
 			wantReason: crawlv1.ProxyDeletingReason, wantMsg: "deleting instance " + stateProviderID, wantErr: true}},
 		wantCond: map[string]string{crawlv1.DeletionBlockedCondition: crawlv1.ProxyTransientErrorReason},
+	}, {
+		name:  "delete on a busy provider: Deleting, waits without an error, nothing blocked",
+		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },
+		prov:  &scriptedProvider{delete: func(*provider.Machine) error { return errBusy }},
+		steps: []step{{wantCalls: []string{"Delete"}, wantPhase: crawlv1.ProxyDeleting, wantReady: metav1.ConditionFalse,
+			wantReason: crawlv1.ProxyDeletingReason, wantMsg: "deleting instance " + stateProviderID, wantRequeue: busyRetry}},
+		wantNoCond: []string{crawlv1.DeletionBlockedCondition},
 	}, {
 		name:  "delete on a host that does not answer: DeletionBlocked HostNotAnswering, no error to back off from",
 		setup: func(p *crawlv1.Proxy) { recorded(p); deleting(p) },

@@ -37,10 +37,10 @@ var _ = Describe("a KVM host whose libvirtd stops answering lookups", Ordered, f
 		created := time.Now()
 		createProxy(ns, "wedged", h.name, image)
 		want := fmt.Sprintf("libvirt %s on host %s did not answer within %s", virt.RPCDomainLookupByName, h.name, virt.DefaultQueryDeadline)
-		// Every condition seen on the way: abandoned lookups hold the
-		// host's call slots until they return, so once 4 are held later
-		// reconciles fail at once as "busy" and the deadline's message is
-		// overwritten. A failure says what the reconcile reported instead.
+		// Every condition seen on the way (abandoned lookups hold the
+		// host's call slots until they return, and later reconciles are
+		// turned away as busy, which leaves the condition as it was). A
+		// failure says what the reconcile reported instead.
 		var seen []string
 		last := ""
 		// Generous for a loaded machine, and far below the call's 10

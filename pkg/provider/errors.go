@@ -24,6 +24,12 @@ var (
 	// transient and says nothing about the instance. UnavailableError
 	// carries the place and why.
 	ErrUnavailable = errors.New("unavailable")
+	// ErrBusy: the provider turned the call away because the place the
+	// instance lives in (a KVM host) has all the calls in flight it
+	// allows, and wakes the Proxy with an event when one ends. Flow
+	// control, not a failure: transient, and it says nothing about the
+	// instance.
+	ErrBusy = errors.New("busy")
 )
 
 // ErrorClass is the outcome of Class.

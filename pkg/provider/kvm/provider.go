@@ -163,8 +163,9 @@ const DefaultMaxUploads = 16
 const DefaultMaxInFlightPerHost = 4
 
 // ErrHostBusy: the host already has MaxInFlightPerHost calls in flight
-// (matched with errors.Is; the error is transient).
-var ErrHostBusy = errors.New("busy")
+// (matched with errors.Is; the error is transient). It is the provider
+// contract's ErrBusy: the Proxy is woken when a slot frees.
+var ErrHostBusy = provider.ErrBusy
 
 var _ provider.Provider = (*Provider)(nil)
 
