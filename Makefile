@@ -96,7 +96,7 @@ test-e2e-node: ## The real one-node cluster alone (root, offline): up, a pod Run
 
 .PHONY: test-e2e-cluster
 test-e2e-cluster: ## The operator installed into a real one-node cluster built on this machine (root, offline): webhooks, metrics, squid pods, pool deletion; always torn down.
-	test/e2e/cluster/run.sh
+	flock /tmp/node.lock test/e2e/cluster/run.sh
 
 .PHONY: test-e2e-kind
 test-e2e-kind: ## The e2e suite against the operator deployed in kind (Docker, internet and a LAN hypervisor; see test/e2e/kind/run.sh).
