@@ -326,6 +326,23 @@ func deleteAndWait(ctx context.Context, p *crawlv1.Proxy) {
 	Eventually(gone(k8s, p)).WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(500 * time.Millisecond).Should(Succeed())
 }
 
+// deleteAllAndWait deletes every Proxy of keys at once and waits until all
+// are gone: the manager deletes them side by side, as it would a fleet.
+func deleteAllAndWait(ctx context.Context, keys []client.ObjectKey) {
+	GinkgoHelper()
+	for _, k := range keys {
+		Expect(client.IgnoreNotFound(k8s.Delete(ctx, &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}))).To(Succeed())
+	}
+	Eventually(func(ctx context.Context) error {
+		for _, k := range keys {
+			if err := e2eutil.Gone(ctx, k8s, &crawlv1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}).WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(500 * time.Millisecond).Should(Succeed())
+}
+
 // gone polls until obj no longer exists.
 func gone(c client.Client, obj client.Object) func(context.Context) error {
 	return func(ctx context.Context) error { return e2eutil.Gone(ctx, c, obj.DeepCopyObject().(client.Object)) }
@@ -497,11 +514,26 @@ func inventory(ctx context.Context) e2eutil.Inventory {
 func checkOneDomain(ctx context.Context, p *crawlv1.Proxy, dom string) e2eutil.Inventory {
 	GinkgoHelper()
 	inv := inventory(ctx)
-	Expect(domainsOf(inv, string(p.UID))).To(Equal([]string{dom}), "exactly one domain carries the Proxy's UID")
+	checkOneDomainIn(inv, p, dom)
+	return inv
+}
+
+// checkEachHasOneDomain is checkOneDomain for every Proxy of keys against
+// one inventory (taking one costs seconds on a busy host).
+func checkEachHasOneDomain(ctx context.Context, keys []client.ObjectKey) {
+	GinkgoHelper()
+	inv := inventory(ctx)
+	for _, k := range keys {
+		checkOneDomainIn(inv, getProxy(ctx, k), domxml.DomainName(k.Namespace, k.Name))
+	}
+}
+
+func checkOneDomainIn(inv e2eutil.Inventory, p *crawlv1.Proxy, dom string) {
+	GinkgoHelper()
+	Expect(domainsOf(inv, string(p.UID))).To(Equal([]string{dom}), "exactly one domain carries the Proxy's UID: %s", p.Name)
 	_, wantUUID, err := provider.ParseKVMProviderID(p.Status.ProviderID)
 	Expect(err).NotTo(HaveOccurred())
-	Expect(inv.Domains[dom].UUID).To(Equal(wantUUID))
-	return inv
+	Expect(inv.Domains[dom].UUID).To(Equal(wantUUID), "the domain %s is the one %s's providerID names", dom, p.Name)
 }
 
 // domainsOf names the domains whose metadata carries uid.

@@ -907,9 +907,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return nil
 		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
-		for _, k := range keys {
-			checkOneDomain(ctx, getProxy(ctx, k), domxml.DomainName(k.Namespace, k.Name))
-		}
+		checkEachHasOneDomain(ctx, keys)
 
 		// Host B's latency before the wedge.
 		base := roundTrips(ctx, hostB.Name, "squid-b-before", 2, time.Time{})
@@ -969,9 +967,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		row.recovered(thawed, converged, fmt.Sprintf("SIGCONT → all %d Proxies of host A read again, same instances", onA))
 		stopSampling()
 		histAfter := reconcileBuckets(ctx)
-		for _, k := range keys {
-			checkOneDomain(ctx, getProxy(ctx, k), domxml.DomainName(k.Namespace, k.Name))
-		}
+		checkEachHasOneDomain(ctx, keys)
 
 		// The figures.
 		duringRecorded, duringDeleted := slowest(during)
@@ -999,10 +995,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		}
 
 		// Everything goes; host B keeps nothing of its Proxies.
-		for _, k := range keys {
-			deleteAndWait(ctx, getProxy(ctx, k))
-		}
-		deleteAndWait(ctx, getProxy(ctx, servingKey))
+		deleteAllAndWait(ctx, append(keys, servingKey))
 		refs, err := e2eutil.ProxyRefs(ctx, k8s)
 		Expect(err).NotTo(HaveOccurred())
 		invB, err := e2eutil.TakeInventory(ctx, b, e2eutil.HostBPool)
