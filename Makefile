@@ -95,7 +95,7 @@ test-e2e-node: ## The real one-node cluster alone (root, offline): up, a pod Run
 	flock /tmp/node.lock test/e2e/cluster/node-smoke.sh
 
 .PHONY: test-e2e-cluster
-test-e2e-cluster: ## The operator installed into a real one-node cluster built on this machine (root, offline): webhooks, metrics, squid pods, pool deletion; always torn down.
+test-e2e-cluster: ## The operator installed into a real one-node cluster built on this machine (root, offline): webhooks, metrics, squid pods, pool deletion, a kvm Proxy on the test hypervisor from the pod network; always torn down.
 	flock /tmp/node.lock test/e2e/cluster/run.sh
 
 .PHONY: test-e2e-kind

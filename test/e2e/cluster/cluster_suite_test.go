@@ -52,6 +52,14 @@ type env struct {
 	PodCIDR      string // NODE_POD_CIDR
 	NodeSH       string // NODE_SH
 	StateDir     string // NODE_STATE_DIR
+	// LinkNode is the node's end of the veth pair to the test hypervisor
+	// (CLUSTER_LINK_NODE): where the suite's requests to its guests come
+	// from.
+	LinkNode string
+	// KVM is the test hypervisor as the manager pods reach it (the
+	// KVM_TEST_* variables of hypervisor.sh env, its address and
+	// known_hosts those of the veth's far end).
+	KVM e2eutil.Config
 }
 
 var (
@@ -89,9 +97,13 @@ var _ = BeforeSuite(func() {
 		ManagerImage: get("CLUSTER_MANAGER_IMAGE"), SquidImage: get("CLUSTER_SQUID_IMAGE"),
 		Kubeconfig: get("NODE_KUBECONFIG"), NodeIP: get("NODE_IP"), NodeName: get("NODE_NAME"),
 		PodCIDR: get("NODE_POD_CIDR"), NodeSH: get("NODE_SH"), StateDir: get("NODE_STATE_DIR"),
+		LinkNode: get("CLUSTER_LINK_NODE"),
 	}
 	Expect(missing).To(BeEmpty(), "`make test-e2e-cluster` (test/e2e/cluster/run.sh) provides these")
-	_, err := exec.LookPath("kubectl")
+	var err error
+	cfg.KVM, err = e2eutil.FromEnv()
+	Expect(err).NotTo(HaveOccurred(), "the test hypervisor (run.sh: hypervisor.sh env, with the veth's address)")
+	_, err = exec.LookPath("kubectl")
 	Expect(err).NotTo(HaveOccurred(), "kubectl on PATH (run.sh puts the node's own first)")
 
 	// The user's commands (steps.go) and kubectl below talk to this cluster.

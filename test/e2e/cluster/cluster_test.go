@@ -28,11 +28,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
+	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kubernetes"
+	"crawl.example.com/proxy-operator/pkg/provider/kvm/domxml"
 	"crawl.example.com/proxy-operator/test/e2e/e2eutil"
 )
 
@@ -277,6 +280,7 @@ var _ = Describe("the operator installed into a real cluster", Ordered, Label("c
 			Expect(err).NotTo(HaveOccurred())
 			_, err = kubectl(ctx, install, "-n", managerNS, "rollout", "status", "deployment/"+managerDeploy, "--timeout=5m")
 			Expect(err).NotTo(HaveOccurred())
+			peerNode(ctx)
 			start := time.Now()
 			_, err = nodeSH(ctx, "kubelet", "stop")
 			Expect(err).NotTo(HaveOccurred())
@@ -380,40 +384,9 @@ var _ = Describe("the operator installed into a real cluster", Ordered, Label("c
 		pods := watchAll(ctx, &corev1.PodList{})
 		configMaps := watchAll(ctx, &corev1.ConfigMapList{})
 		proxies := watchAll(ctx, &crawlv1.ProxyList{})
-		lease := &coordinationv1.Lease{}
-		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: managerNS, Name: leaseName}, lease)).To(Succeed())
-		Expect(lease.Spec.HolderIdentity).NotTo(BeNil())
-		Expect(lease.Spec.LeaseDurationSeconds).NotTo(BeNil())
-		Expect(lease.Spec.RenewTime).NotTo(BeNil())
-		leader, _, _ := strings.Cut(*lease.Spec.HolderIdentity, "_")
-		duration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
-
-		Expect(applyYAML(ctx, proxyYAML(name, accessYAML(nodeSource)))).To(Succeed())
-		start := time.Now()
-		_, err := kubectl(ctx, install, "-n", managerNS, "delete", "pod", leader, "--wait=false")
-		Expect(err).NotTo(HaveOccurred())
-		// The leader does not release the lease on its way out: another
-		// replica takes it once it expires. client-go's candidates count the
-		// duration from when they saw the last renewal, and look every
-		// retry period (2 s) with jitter factor 1.2 (up to 4.4 s): so within
-		// the duration plus two such periods of the old leader's last renewal.
-		var holder string
-		lastRenew, acquired := lease.Spec.RenewTime.Time, time.Time{}
-		Eventually(func(g Gomega) {
-			l := &coordinationv1.Lease{}
-			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(lease), l)).To(Succeed())
-			g.Expect(l.Spec.HolderIdentity).NotTo(BeNil())
-			holder, _, _ = strings.Cut(*l.Spec.HolderIdentity, "_")
-			if holder == leader && l.Spec.RenewTime != nil {
-				lastRenew = l.Spec.RenewTime.Time
-			}
-			g.Expect(holder).NotTo(Equal(leader))
-			g.Expect(l.Spec.AcquireTime).NotTo(BeNil())
-			acquired = l.Spec.AcquireTime.Time
-		}).WithContext(ctx).WithTimeout(duration + time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		record("leader_deleted_to_new_leader", time.Since(start))
-		record("leader_last_renewal_to_new_leader", acquired.Sub(lastRenew))
-		Expect(acquired.Sub(lastRenew)).To(BeNumerically("<=", duration+2*4400*time.Millisecond), "new leader %s", holder)
+		start, acquired := failLeader(ctx, install, "", func() {
+			Expect(applyYAML(ctx, proxyYAML(name, accessYAML(nodeSource)))).To(Succeed())
+		})
 
 		p := waitProxyReady(ctx, name, 2*time.Minute)
 		record("leader_deleted_to_proxy_ready", time.Since(start))
@@ -440,8 +413,116 @@ var _ = Describe("the operator installed into a real cluster", Ordered, Label("c
 			return e2eutil.Gone(ctx, k8s, &crawlv1.Proxy{ObjectMeta: p.ObjectMeta})
 		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
 		wantNothingLeftOf(ctx, uid)
-		_, err = kubectl(ctx, install, "-n", managerNS, "rollout", "status", "deployment/"+managerDeploy, "--timeout=5m")
+		_, err := kubectl(ctx, install, "-n", managerNS, "rollout", "status", "deployment/"+managerDeploy, "--timeout=5m")
 		Expect(err).NotTo(HaveOccurred())
+	})
+
+	Describe("a kvm Proxy on the test hypervisor, reached from the pod network", Ordered, func() {
+		var (
+			objs *e2eutil.Objects
+			host e2eutil.Host
+		)
+
+		AfterAll(func(ctx SpecContext) {
+			if objs == nil {
+				return
+			}
+			// The image's volume goes with its KVMImage, while the host
+			// still answers; the host's finalizer needs its Secret.
+			for _, o := range []client.Object{objs.Image, objs.Host, objs.Secret} {
+				Expect(client.IgnoreNotFound(k8s.Delete(ctx, o))).To(Succeed())
+				Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, o) }).
+					WithContext(ctx).WithTimeout(cfg.KVM.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
+			}
+		})
+
+		It("has its KVMHost Ready and its KVMImage verified: the manager pods reach the hypervisor's sshd, and libvirt through it", func(ctx SpecContext) {
+			kc := cfg.KVM
+			host = e2eutil.NewHost(kc)
+			// Served on the origin's address: the manager pod downloads it,
+			// checks its sha256 and uploads it into the host's pool.
+			img, err := e2eutil.ServeImage(kc.ImagePath, net.JoinHostPort(originIP, "0"), "")
+			Expect(err).NotTo(HaveOccurred())
+			defer func() { _ = img.Close() }()
+			objs, err = e2eutil.NewObjects(kc, "pxcl-"+e2eutil.RunID(), managerNS, img.URL, img.Checksum)
+			Expect(err).NotTo(HaveOccurred())
+			start := time.Now()
+			for _, o := range []client.Object{objs.Secret, objs.Host, objs.Image} {
+				Expect(k8s.Create(ctx, o)).To(Succeed())
+			}
+			Eventually(func(ctx context.Context) error {
+				_, err := e2eutil.HostReady(ctx, k8s, objs.Host.Name)
+				return err
+			}).WithContext(ctx).WithTimeout(kc.HostReadyTimeout).WithPolling(time.Second).Should(Succeed())
+			record("kvm_host_ready", time.Since(start))
+			out, err := kubectl(ctx, install, "get", "kvmhosts")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(out).To(MatchRegexp(`(?m)^`+objs.Host.Name+`\s+True\b`), "kubectl get kvmhosts shows it Ready")
+			Eventually(func(ctx context.Context) error {
+				_, err := e2eutil.ImageVerified(ctx, k8s, objs.Image.Name, objs.Host.Name)
+				return err
+			}).WithContext(ctx).WithTimeout(kc.ImageTimeout).WithPolling(time.Second).Should(Succeed())
+			record("kvm_image_verified", time.Since(start))
+			Expect(img.Requests()).To(BeNumerically(">=", 1), "the manager downloaded the image from the suite's server")
+		})
+
+		It("survives losing its leader while a kvm Proxy is being created: one VM, started once, Ready once, serving; nothing left once deleted", func(ctx SpecContext) {
+			Expect(objs).NotTo(BeNil(), "the KVMHost and KVMImage of the spec before")
+			proxies := watchAll(ctx, &crawlv1.ProxyList{})
+			p := objs.NewProxy("kvm-failover", 1, "512Mi")
+			p.Namespace = testNS
+			// The suite's requests come from the node's end of the veth;
+			// the manager's probe from its pod (--probe-source-cidrs).
+			p.Spec.Access = &crawlv1.ProxyAccess{
+				AllowedSourceCIDRs:           []string{cfg.LinkNode + "/32"},
+				AllowedDestinationExceptions: []string{originIP + "/32"},
+				AllowedPorts:                 []int32{80},
+			}
+			start, _ := failLeader(ctx, install, "kvm_", func() { Expect(k8s.Create(ctx, p)).To(Succeed()) })
+
+			got := waitProxyReady(ctx, p.Name, cfg.KVM.ProxyReadyTimeout)
+			record("kvm_leader_deleted_to_proxy_ready", time.Since(start))
+			Expect(got.Status.ProviderID).To(HavePrefix("kvm://"+objs.Host.Name+"/"), "on the test hypervisor")
+			Expect(conditions.IsTrue(got, crawlv1.SecureCondition)).To(BeTrue(), e2eutil.CondString(got, crawlv1.SecureCondition))
+			wantServes(ctx, got)
+			Consistently(func(g Gomega) {
+				g.Expect(conditions.IsTrue(getProxy(ctx, p.Name), crawlv1.ReadyCondition)).To(BeTrue())
+			}).WithContext(ctx).WithTimeout(10 * time.Second).WithPolling(time.Second).Should(Succeed())
+			uid := string(got.UID)
+			Expect(readyTransitions(proxies.seen(), uid)).To(Equal(1), "times the Proxy became Ready")
+
+			// The hypervisor's own account: one domain carries the Proxy's
+			// UID, the one its providerID names, and qemu started it once
+			// (libvirt's per-domain log has a line at every start).
+			dom := domxml.DomainName(testNS, p.Name)
+			inv, err := e2eutil.TakeInventory(ctx, host, cfg.KVM.Pool)
+			Expect(err).NotTo(HaveOccurred())
+			var doms []string
+			for name, d := range inv.Domains {
+				if d.Metadata != nil && d.Metadata.UID == uid {
+					doms = append(doms, name)
+				}
+			}
+			Expect(doms).To(Equal([]string{dom}), "domains carrying the Proxy's UID")
+			_, wantUUID, err := provider.ParseKVMProviderID(got.Status.ProviderID)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(inv.Domains[dom].UUID).To(Equal(wantUUID))
+			starts, err := host.Run(ctx, "grep", "-c", "starting up", "/var/log/libvirt/qemu/"+dom+".log")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(strings.TrimSpace(starts)).To(Equal("1"), "times qemu started %s", dom)
+
+			Expect(k8s.Delete(ctx, got)).To(Succeed())
+			Eventually(func(ctx context.Context) error { return e2eutil.Gone(ctx, k8s, got) }).
+				WithContext(ctx).WithTimeout(cfg.KVM.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
+			inv, err = e2eutil.TakeInventory(ctx, host, cfg.KVM.Pool)
+			Expect(err).NotTo(HaveOccurred())
+			refs, err := e2eutil.ProxyRefs(ctx, k8s)
+			Expect(err).NotTo(HaveOccurred())
+			audit := inv.Audit(refs, e2eutil.Foreign{})
+			Expect(audit.Leaks()).To(BeZero(), "left on the host: %s", audit)
+			_, err = kubectl(ctx, install, "-n", managerNS, "rollout", "status", "deployment/"+managerDeploy, "--timeout=5m")
+			Expect(err).NotTo(HaveOccurred())
+		})
 	})
 
 	It("never met an RBAC denial: the generated role covers what the manager did", func(ctx SpecContext) {
@@ -519,6 +600,105 @@ func readyTransitions(objs []client.Object, uid string) int {
 		ready = now
 	}
 	return n
+}
+
+// peerNode keeps a second Node Ready until the spec ends, as the other
+// nodes of a real cluster are when one is lost. With every Node NotReady
+// the node lifecycle controller enters "master disruption mode" (it
+// assumes the control plane lost the network, not the nodes), takes the
+// NoExecute taints off and evicts nothing; on this one-node cluster the
+// squid pod was then evicted only when the tainting pass won a race with
+// that decision. The peer is a Node object whose Lease the suite renews,
+// with no kubelet, no addresses and a taint no pod tolerates.
+func peerNode(ctx context.Context) {
+	GinkgoHelper()
+	const peer = "pxnode-peer"
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: peer},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{
+			Key: "crawl.example.com/e2e-peer", Effect: corev1.TaintEffectNoSchedule,
+		}}},
+	}
+	Expect(k8s.Create(ctx, node)).To(Succeed())
+	now := metav1.Now()
+	node.Status.Conditions = []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		LastHeartbeatTime: now, LastTransitionTime: now,
+	}}
+	Expect(k8s.Status().Update(ctx, node)).To(Succeed())
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-node-lease", Name: peer},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity: ptr.To(peer), LeaseDurationSeconds: ptr.To(int32(40)),
+			RenewTime: &metav1.MicroTime{Time: time.Now()},
+		},
+	}
+	Expect(k8s.Create(ctx, lease)).To(Succeed())
+	renew, stop := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-renew.Done():
+				return
+			case <-time.After(2 * time.Second):
+			}
+			l := &coordinationv1.Lease{}
+			if k8s.Get(renew, client.ObjectKeyFromObject(lease), l) == nil {
+				l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+				_ = k8s.Update(renew, l)
+			}
+		}
+	}()
+	DeferCleanup(func(ctx SpecContext) {
+		stop()
+		<-done
+		Expect(client.IgnoreNotFound(k8s.Delete(ctx, lease))).To(Succeed())
+		Expect(client.IgnoreNotFound(k8s.Delete(ctx, node))).To(Succeed())
+	})
+}
+
+// failLeader runs create, deletes the leading manager pod right after it,
+// and waits for the other replica to take the Lease. The leader does not
+// release it on its way out: another replica takes it once it expires.
+// client-go's candidates count the duration from when they saw the last
+// renewal, and look every retry period (2 s) with jitter factor 1.2 (up to
+// 4.4 s): so within the duration plus two such periods of the old leader's
+// last renewal. It records the figures under prefix and returns when the
+// leader was deleted and when the new one acquired the Lease.
+func failLeader(ctx context.Context, dir, prefix string, create func()) (deleted, acquired time.Time) {
+	GinkgoHelper()
+	lease := &coordinationv1.Lease{}
+	Expect(k8s.Get(ctx, client.ObjectKey{Namespace: managerNS, Name: leaseName}, lease)).To(Succeed())
+	Expect(lease.Spec.HolderIdentity).NotTo(BeNil())
+	Expect(lease.Spec.LeaseDurationSeconds).NotTo(BeNil())
+	Expect(lease.Spec.RenewTime).NotTo(BeNil())
+	leader, _, _ := strings.Cut(*lease.Spec.HolderIdentity, "_")
+	duration := time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second
+
+	create()
+	deleted = time.Now()
+	_, err := kubectl(ctx, dir, "-n", managerNS, "delete", "pod", leader, "--wait=false")
+	Expect(err).NotTo(HaveOccurred())
+	var holder string
+	lastRenew := lease.Spec.RenewTime.Time
+	Eventually(func(g Gomega) {
+		l := &coordinationv1.Lease{}
+		g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(lease), l)).To(Succeed())
+		g.Expect(l.Spec.HolderIdentity).NotTo(BeNil())
+		holder, _, _ = strings.Cut(*l.Spec.HolderIdentity, "_")
+		if holder == leader && l.Spec.RenewTime != nil {
+			lastRenew = l.Spec.RenewTime.Time
+		}
+		g.Expect(holder).NotTo(Equal(leader))
+		g.Expect(l.Spec.AcquireTime).NotTo(BeNil())
+		acquired = l.Spec.AcquireTime.Time
+	}).WithContext(ctx).WithTimeout(duration + time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+	record(prefix+"leader_deleted_to_new_leader", time.Since(deleted))
+	record(prefix+"leader_last_renewal_to_new_leader", acquired.Sub(lastRenew))
+	Expect(acquired.Sub(lastRenew)).To(BeNumerically("<=", duration+2*4400*time.Millisecond), "new leader %s", holder)
+	return deleted, acquired
 }
 
 // managerTolerations keeps the manager pods on a NotReady, unreachable
