@@ -620,12 +620,18 @@ func peerNode(ctx context.Context) {
 		}}},
 	}
 	Expect(k8s.Create(ctx, node)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		Expect(client.IgnoreNotFound(k8s.Delete(ctx, node))).To(Succeed())
+	})
+	// A merge patch, not an update: the node lifecycle controller writes
+	// the new Node too (its taints), so an update can meet a conflict.
+	base := node.DeepCopy()
 	now := metav1.Now()
 	node.Status.Conditions = []corev1.NodeCondition{{
 		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
 		LastHeartbeatTime: now, LastTransitionTime: now,
 	}}
-	Expect(k8s.Status().Update(ctx, node)).To(Succeed())
+	Expect(k8s.Status().Patch(ctx, node, client.MergeFrom(base))).To(Succeed())
 	lease := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-node-lease", Name: peer},
 		Spec: coordinationv1.LeaseSpec{
@@ -634,6 +640,9 @@ func peerNode(ctx context.Context) {
 		},
 	}
 	Expect(k8s.Create(ctx, lease)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		Expect(client.IgnoreNotFound(k8s.Delete(ctx, lease))).To(Succeed())
+	})
 	renew, stop := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() {
@@ -644,6 +653,8 @@ func peerNode(ctx context.Context) {
 				return
 			case <-time.After(2 * time.Second):
 			}
+			// A conflict or a slow API server only delays this renewal to
+			// the next one; the Lease lasts 40 s and the grace is 20 s.
 			l := &coordinationv1.Lease{}
 			if k8s.Get(renew, client.ObjectKeyFromObject(lease), l) == nil {
 				l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
@@ -651,11 +662,9 @@ func peerNode(ctx context.Context) {
 			}
 		}
 	}()
-	DeferCleanup(func(ctx SpecContext) {
+	DeferCleanup(func() {
 		stop()
 		<-done
-		Expect(client.IgnoreNotFound(k8s.Delete(ctx, lease))).To(Succeed())
-		Expect(client.IgnoreNotFound(k8s.Delete(ctx, node))).To(Succeed())
 	})
 }
 
