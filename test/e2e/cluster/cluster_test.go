@@ -127,6 +127,13 @@ var _ = Describe("the operator installed into a real cluster", Ordered, Label("c
 			_, err := step(ctx, install, s)
 			Expect(err).NotTo(HaveOccurred())
 		}
+		// The webhook Service answers once kube-proxy has programmed it,
+		// which can be a moment after the rollout: until then the API
+		// server's call is refused (a server-side dry run calls the
+		// webhooks and stores nothing).
+		Eventually(func(ctx context.Context) error {
+			return applyYAML(ctx, proxyYAML("admitted", accessYAML("10.0.0.1")), "--dry-run=server")
+		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
 		// Refused by the validating webhook (the CRD schema allows it): its
 		// message, field by field.
 		err := applyYAML(ctx, proxyYAML("refused", accessYAML("10.0.0.1")+`
@@ -823,15 +830,15 @@ subjects:
 `
 }
 
-// applyYAML is `kubectl apply -f -` with doc as input.
-func applyYAML(ctx context.Context, doc string) error {
+// applyYAML is `kubectl apply -f -` with doc as input, and flags.
+func applyYAML(ctx context.Context, doc string, flags ...string) error {
 	f, err := os.CreateTemp(cfg.Artifacts, "apply-*.yaml")
 	if err != nil {
 		return err
 	}
 	_, _ = f.WriteString(doc)
 	_ = f.Close()
-	_, err = kubectl(ctx, cfg.Artifacts, "apply", "-f", f.Name())
+	_, err = kubectl(ctx, cfg.Artifacts, append([]string{"apply", "-f", f.Name()}, flags...)...)
 	return err
 }
 
