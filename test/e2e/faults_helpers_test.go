@@ -530,21 +530,10 @@ func checkEachHasOneDomain(ctx context.Context, keys []client.ObjectKey) {
 
 func checkOneDomainIn(inv e2eutil.Inventory, p *crawlv1.Proxy, dom string) {
 	GinkgoHelper()
-	Expect(domainsOf(inv, string(p.UID))).To(Equal([]string{dom}), "exactly one domain carries the Proxy's UID: %s", p.Name)
+	Expect(inv.DomainsOf(string(p.UID))).To(Equal([]string{dom}), "exactly one domain carries the Proxy's UID: %s", p.Name)
 	_, wantUUID, err := provider.ParseKVMProviderID(p.Status.ProviderID)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(inv.Domains[dom].UUID).To(Equal(wantUUID), "the domain %s is the one %s's providerID names", dom, p.Name)
-}
-
-// domainsOf names the domains whose metadata carries uid.
-func domainsOf(inv e2eutil.Inventory, uid string) []string {
-	var out []string
-	for name, d := range inv.Domains {
-		if d.Metadata != nil && d.Metadata.UID == uid {
-			out = append(out, name)
-		}
-	}
-	return out
 }
 
 // volumesOf lists pool's volumes named for uid.

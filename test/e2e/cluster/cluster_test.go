@@ -504,13 +504,7 @@ var _ = Describe("the operator installed into a real cluster", Ordered, Label("c
 			dom := domxml.DomainName(testNS, p.Name)
 			inv, err := e2eutil.TakeInventory(ctx, host, cfg.KVM.Pool)
 			Expect(err).NotTo(HaveOccurred())
-			var doms []string
-			for name, d := range inv.Domains {
-				if d.Metadata != nil && d.Metadata.UID == uid {
-					doms = append(doms, name)
-				}
-			}
-			Expect(doms).To(Equal([]string{dom}), "domains carrying the Proxy's UID")
+			Expect(inv.DomainsOf(uid)).To(Equal([]string{dom}), "domains carrying the Proxy's UID")
 			_, wantUUID, err := provider.ParseKVMProviderID(got.Status.ProviderID)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(inv.Domains[dom].UUID).To(Equal(wantUUID))

@@ -185,6 +185,18 @@ func (a Audit) ForeignString() string {
 	return fmt.Sprintf("%d (%s)", len(a.ForeignTouched), strings.Join(a.ForeignTouched, "; "))
 }
 
+// DomainsOf names the domains whose metadata carries uid, sorted.
+func (inv Inventory) DomainsOf(uid string) []string {
+	var out []string
+	for name, d := range inv.Domains {
+		if d.Metadata != nil && d.Metadata.UID == uid {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // Audit compares the inventory with the Proxies that exist (of every
 // install sharing the host) and the foreign objects.
 func (inv Inventory) Audit(proxies []ProxyRef, foreign Foreign) Audit {

@@ -104,3 +104,18 @@ func TestParseInventoryIncomplete(t *testing.T) {
 		t.Fatal("an inventory cut short must be an error, not an empty host")
 	}
 }
+
+func TestDomainsOf(t *testing.T) {
+	inv := Inventory{Domains: map[string]DomainRecord{
+		"ns.b":       {Metadata: &domxml.Metadata{UID: uidA}},
+		"ns.a":       {Metadata: &domxml.Metadata{UID: uidA}},
+		"ns.other":   {Metadata: &domxml.Metadata{UID: uidGone}},
+		"ns.foreign": {},
+	}}
+	if got, want := inv.DomainsOf(uidA), []string{"ns.a", "ns.b"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("DomainsOf(uidA) = %v, want %v", got, want)
+	}
+	if got := inv.DomainsOf("no-such-uid"); len(got) != 0 {
+		t.Errorf("DomainsOf(no-such-uid) = %v, want none", got)
+	}
+}
