@@ -95,7 +95,7 @@ func TestWedgedLookupEndsTheCallAtTheLookupDeadline(t *testing.T) {
 			if provider.Class(err) != provider.ClassTransient || !strings.Contains(err.Error(), want) {
 				t.Fatalf("%s = %v (class %s); want a transient error saying %q", tt.name, err, provider.Class(err), want)
 			}
-			if !errors.As(err, new(*virt.DeadlineError)) || errors.Is(err, kvm.ErrHostBusy) || ctx.Err() != nil {
+			if !errors.As(err, new(*virt.DeadlineError)) || errors.Is(err, provider.ErrBusy) || ctx.Err() != nil {
 				t.Fatalf("%s = %v; want the lookup's own deadline, not busy or the caller's", tt.name, err)
 			}
 		})
@@ -123,8 +123,8 @@ func TestRPCAbandonedAtItsDeadlineKeepsTheHostBusy(t *testing.T) {
 	}
 
 	err := result(t, async(func() error { _, err := prov.Get(context.Background(), stuck); return err }), "second Get")
-	if !errors.Is(err, kvm.ErrHostBusy) || provider.Class(err) != provider.ClassTransient {
-		t.Fatalf("second Get while the abandoned lookup runs = %v, want a transient ErrHostBusy", err)
+	if !errors.Is(err, provider.ErrBusy) || provider.Class(err) != provider.ClassTransient {
+		t.Fatalf("second Get while the abandoned lookup runs = %v, want a transient provider.ErrBusy", err)
 	}
 	if n := f.Blocked(virt.RPCDomainLookupByName); n != 1 {
 		t.Fatalf("%d lookups hang on the host, want only the abandoned one", n)

@@ -26,7 +26,7 @@ type DomainEvent struct {
 	// its instance can be read again now.
 	HostAnswers bool
 	// SlotFree says the Proxy's call was refused because its host had
-	// all its calls in flight (ErrHostBusy), and asking again can be
+	// all its calls in flight (provider.ErrBusy), and asking again can be
 	// answered now: a call slot freed, or the host was found not
 	// answering (and the next call is refused at once as such).
 	SlotFree bool

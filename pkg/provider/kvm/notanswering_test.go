@@ -254,7 +254,7 @@ func TestCallUnderWayEndsAtTheVerdict(t *testing.T) {
 			go func() { ended <- c.call(prov, m) }()
 			testutil.WaitFor(t, func() bool { return f.Stopped() > 0 })
 			busy := e.machine("hv1", "crawl", "p2", "uid-2")
-			if _, err := prov.Get(context.Background(), busy); !errors.Is(err, kvm.ErrHostBusy) {
+			if _, err := prov.Get(context.Background(), busy); !errors.Is(err, provider.ErrBusy) {
 				t.Fatalf("Get while the host's one call slot is taken = %v, want busy", err)
 			}
 
@@ -306,7 +306,7 @@ func TestBusyRefusalWokenWhenASlotFrees(t *testing.T) {
 	go func() { _, err := prov.Get(context.Background(), m); ended <- err }()
 	testutil.WaitFor(t, func() bool { return f.Blocked(virt.RPCDomainLookupByName) > 0 })
 	for _, name := range []string{"p2", "p3"} {
-		if _, err := prov.Get(context.Background(), e.machine("hv1", "crawl", name, "uid-"+name)); !errors.Is(err, kvm.ErrHostBusy) {
+		if _, err := prov.Get(context.Background(), e.machine("hv1", "crawl", name, "uid-"+name)); !errors.Is(err, provider.ErrBusy) {
 			t.Fatalf("Get of %s = %v, want busy", name, err)
 		}
 	}

@@ -110,7 +110,7 @@ type Options struct {
 	MaxUploads int
 	// MaxInFlightPerHost bounds the Create, Get, Delete and ListByTag calls
 	// in flight to one host; beyond it they fail at once with a transient
-	// ErrHostBusy instead of waiting, so a host whose libvirtd hangs holds
+	// provider.ErrBusy instead of waiting, so a host whose libvirtd hangs holds
 	// at most this many of the callers' workers. A call whose RPC was
 	// abandoned (at the RPC's deadline or the caller's) counts until that
 	// RPC really returns. Health probes and image caching (EnsureImage)
@@ -161,11 +161,6 @@ const DefaultMaxUploads = 16
 // DefaultMaxInFlightPerHost is a quarter of the manager's default 16 Proxy
 // workers: one hung host can stall no more than that share of them.
 const DefaultMaxInFlightPerHost = 4
-
-// ErrHostBusy: the host already has MaxInFlightPerHost calls in flight
-// (matched with errors.Is; the error is transient). It is the provider
-// contract's ErrBusy: the Proxy is woken when a slot frees.
-var ErrHostBusy = provider.ErrBusy
 
 var _ provider.Provider = (*Provider)(nil)
 
@@ -235,7 +230,7 @@ type hostFunc func(ctx context.Context, c virt.Client, hs HostSpec) error
 
 // withHost runs fn with an instrumented client of host, as one of the
 // host's MaxInFlightPerHost calls: with all of them taken it fails at once
-// with ErrHostBusy, and waiter (the Proxy's Machine; nil for host-wide
+// with provider.ErrBusy, and waiter (the Proxy's Machine; nil for host-wide
 // calls) is woken when a slot frees or the host is found not answering. A
 // host whose health check gets no answer is not called at all: the call
 // fails at once with a provider.UnavailableError, and waiter is woken when
@@ -287,7 +282,7 @@ func (p *Provider) startCall(host string, waiter *provider.Machine) error {
 		}
 	}
 	if busy {
-		return provider.Transient(fmt.Errorf("host %q %w: %d calls in flight", host, ErrHostBusy, n))
+		return provider.Transient(fmt.Errorf("host %q %w: %d calls in flight", host, provider.ErrBusy, n))
 	}
 	p.inFlight[host]++
 	return nil

@@ -741,9 +741,9 @@ func TestHostBusyFailsFastBeyondMaxInFlight(t *testing.T) {
 		go func() { _, err := prov.Get(context.Background(), stuck); done <- err }()
 		select {
 		case err := <-done:
-			if !errors.Is(err, kvm.ErrHostBusy) || provider.Class(err) != provider.ClassTransient ||
+			if !errors.Is(err, provider.ErrBusy) || provider.Class(err) != provider.ClassTransient ||
 				!strings.Contains(err.Error(), `host "hv1" busy: 2 calls in flight`) {
-				t.Fatalf("third call on the hung host: %v; want a transient ErrHostBusy", err)
+				t.Fatalf("third call on the hung host: %v; want a transient provider.ErrBusy", err)
 			}
 			if d := time.Since(start); d > time.Second {
 				t.Fatalf("third call took %s, want at once", d)
