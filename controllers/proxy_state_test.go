@@ -117,6 +117,18 @@ func failWith(err error) func(*provider.Machine) (*provider.Instance, error) {
 	return func(*provider.Machine) (*provider.Instance, error) { return nil, err }
 }
 
+// firstThen answers the first k calls with first and every later one with
+// then: a provider whose answer changes after a repair or a retry.
+func firstThen(k int, first, then func(*provider.Machine) (*provider.Instance, error)) func(*provider.Machine) (*provider.Instance, error) {
+	n := 0
+	return func(m *provider.Machine) (*provider.Instance, error) {
+		if n++; n <= k {
+			return first(m)
+		}
+		return then(m)
+	}
+}
+
 // okProber: every proxy answers, and refuses a request without
 // credentials.
 type okProber struct{ requiresAuth }
@@ -245,15 +257,7 @@ func TestProxyStateMachine(t *testing.T) {
 	}, {
 		name:  "instance recorded but stopped: Get, Create starts it, Get",
 		setup: recorded,
-		prov: &scriptedProvider{create: running(stateAddress), get: func() func(*provider.Machine) (*provider.Instance, error) {
-			n := 0
-			return func(m *provider.Machine) (*provider.Instance, error) {
-				if n++; n == 1 {
-					return stopped(m)
-				}
-				return running(stateAddress)(m)
-			}
-		}()},
+		prov:  &scriptedProvider{create: running(stateAddress), get: firstThen(1, stopped, running(stateAddress))},
 		steps: []step{{wantCalls: []string{"Get", "Create", "Get"}, wantPhase: crawlv1.ProxyReady, wantReady: metav1.ConditionTrue,
 			wantReason: crawlv1.ProxyReadyReason, wantRequeue: time.Second}},
 	}, {
@@ -270,15 +274,7 @@ func TestProxyStateMachine(t *testing.T) {
 			conditions.Set(p, metav1.Condition{Type: crawlv1.ProxyHealthyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyProbeSucceededReason})
 			conditions.Set(p, metav1.Condition{Type: crawlv1.ReadyCondition, Status: metav1.ConditionTrue, Reason: crawlv1.ProxyReadyReason})
 		},
-		prov: &scriptedProvider{create: running(stateAddress), get: func() func(*provider.Machine) (*provider.Instance, error) {
-			n := 0
-			return func(m *provider.Machine) (*provider.Instance, error) {
-				if n++; n <= 2 {
-					return stopped(m)
-				}
-				return running(stateAddress)(m)
-			}
-		}()},
+		prov: &scriptedProvider{create: running(stateAddress), get: firstThen(2, stopped, running(stateAddress))},
 		steps: []step{
 			{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyProvisioning, wantReady: metav1.ConditionFalse,
 				wantReason: crawlv1.ProxyInstanceNotRunningReason, wantMsg: "instance was found Stopped; starting it", wantRequeue: time.Millisecond},
@@ -288,15 +284,7 @@ func TestProxyStateMachine(t *testing.T) {
 	}, {
 		name:  "recorded instance NotFound: forgotten and rebuilt",
 		setup: recorded,
-		prov: &scriptedProvider{create: running(stateAddress), get: func() func(*provider.Machine) (*provider.Instance, error) {
-			n := 0
-			return func(m *provider.Machine) (*provider.Instance, error) {
-				if n++; n == 1 {
-					return nil, provider.NotFoundf("pod gone")
-				}
-				return running(stateAddress)(m)
-			}
-		}()},
+		prov:  &scriptedProvider{create: running(stateAddress), get: firstThen(1, failWith(provider.NotFoundf("pod gone")), running(stateAddress))},
 		steps: []step{
 			{wantCalls: []string{"Get"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
 				wantReason: crawlv1.ProxyInstanceMissingReason, wantMsg: "rebuilding", wantRequeue: -1},
@@ -332,15 +320,7 @@ func TestProxyStateMachine(t *testing.T) {
 		wantCondMsg: map[string]string{crawlv1.InstanceProvisionedCondition: "running on node1", crawlv1.HostUnavailableCondition: `KVM host "hv1" is not answering`},
 	}, {
 		name: "no instance yet on a host that does not answer: waits without an error, created once it answers",
-		prov: &scriptedProvider{get: running(stateAddress), create: func() func(*provider.Machine) (*provider.Instance, error) {
-			n := 0
-			return func(m *provider.Machine) (*provider.Instance, error) {
-				if n++; n == 1 {
-					return nil, errNotAnswering
-				}
-				return running(stateAddress)(m)
-			}
-		}()},
+		prov: &scriptedProvider{get: running(stateAddress), create: firstThen(1, failWith(errNotAnswering), running(stateAddress))},
 		steps: []step{
 			{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
 				wantReason: crawlv1.ProxyHostNotAnsweringReason, wantMsg: `KVM host "hv1" is not answering`, wantRequeue: dependencyPoll},
@@ -365,15 +345,7 @@ func TestProxyStateMachine(t *testing.T) {
 		// doubling at each refusal, no error log), status as it was; the
 		// provider wakes the Proxy when a slot frees.
 		name: "provider busy on Create: waits without an error, status untouched, created once it takes the call",
-		prov: &scriptedProvider{get: running(stateAddress), create: func() func(*provider.Machine) (*provider.Instance, error) {
-			n := 0
-			return func(m *provider.Machine) (*provider.Instance, error) {
-				if n++; n == 1 {
-					return nil, errBusy
-				}
-				return running(stateAddress)(m)
-			}
-		}()},
+		prov: &scriptedProvider{get: running(stateAddress), create: firstThen(1, failWith(errBusy), running(stateAddress))},
 		steps: []step{
 			{wantCalls: []string{"Create"}, wantPhase: crawlv1.ProxyPending, wantReady: metav1.ConditionFalse,
 				wantReason: conditions.NotYetReportedReason, wantRequeue: busyRetry},
