@@ -45,91 +45,15 @@ import (
 // write, on a loaded machine.
 const eventSlack = 5 * time.Second
 
-// faultRow is one line of faults.md.
+// faultRow is the fault suite's row of faults.md: the shared row and the
+// extra storage pool a fault's audit must cover.
 type faultRow struct {
-	N                       int
-	Fault, Invariant        string
-	Survived                bool
-	Detect, Recover         time.Duration
-	DetectNote, RecoverNote string
-	ProxiesLost             []string
-	Audit                   e2eutil.Audit
-	AuditErr                string
-	// Touched lists objects of another install the fault changed.
-	Touched   []string
-	Notes     []string
+	e2eutil.FaultRow
 	extraPool string
 }
 
-func (r *faultRow) note(format string, args ...any) {
-	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
-}
-
-// detected records the time to detect: from the fault to at, the first
-// state that showed it.
-func (r *faultRow) detected(from, at time.Time, note string) {
-	r.Detect, r.DetectNote = at.Sub(from), note
-}
-
-// recovered records the time to recover: from the repair (or the fault,
-// for faults the operator repairs itself) to at.
-func (r *faultRow) recovered(from, at time.Time, note string) {
-	r.Recover, r.RecoverNote = at.Sub(from), note
-}
-
-const faultsHeader = "| # | fault | invariant checked | survived | time to detect | time to recover | Proxies lost | instances / volumes / NVRAM leaked | foreign objects touched | notes |\n" +
-	"| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-
-func (r *faultRow) markdown() string {
-	dur := func(d time.Duration, note string) string {
-		if d == 0 {
-			return "n/a"
-		}
-		s := e2eutil.Seconds(d)
-		if note != "" {
-			s += " (" + note + ")"
-		}
-		return s
-	}
-	survived := "yes"
-	if !r.Survived {
-		survived = "**no**"
-	}
-	lost := fmt.Sprint(len(r.ProxiesLost))
-	if len(r.ProxiesLost) > 0 {
-		lost += " (" + strings.Join(r.ProxiesLost, ", ") + ")"
-	}
-	leaked, touched := r.Audit.String(), r.Audit.ForeignString()
-	if r.AuditErr != "" {
-		leaked, touched = "not audited: "+r.AuditErr, "not audited"
-	}
-	if len(r.Touched) > 0 {
-		touched = fmt.Sprintf("%s; other install's: %d (%s)", touched, len(r.Touched), strings.Join(r.Touched, "; "))
-	}
-	cell := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "|", `\|`), "\n", " ") }
-	return "| " + strings.Join([]string{fmt.Sprint(r.N), cell(r.Fault), cell(r.Invariant), survived,
-		cell(dur(r.Detect, r.DetectNote)), cell(dur(r.Recover, r.RecoverNote)), cell(lost), cell(leaked), cell(touched),
-		cell(strings.Join(r.Notes, "; "))}, " | ") + " |\n"
-}
-
-// writeFaultRow appends r to E2E_ARTIFACTS/faults.md (with the header
-// first).
-func writeFaultRow(r *faultRow) error {
-	path := filepath.Join(artifacts, "faults.md")
-	_, err := os.Stat(path)
-	f, ferr := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if ferr != nil {
-		return ferr
-	}
-	defer f.Close()
-	if errors.Is(err, os.ErrNotExist) {
-		if _, err := f.WriteString(faultsHeader); err != nil {
-			return err
-		}
-	}
-	_, err = f.WriteString(r.markdown())
-	return err
-}
+// writeFaultRow appends r to E2E_ARTIFACTS/faults.md.
+func writeFaultRow(r *faultRow) error { return e2eutil.WriteFaultRow(artifacts, &r.FaultRow) }
 
 func orGone(state string) string {
 	if state == "" {
@@ -216,13 +140,13 @@ func detectDown(ctx context.Context, o *e2eutil.Observer, from time.Time, seen s
 		}
 		return "+" + e2eutil.Seconds(t.Sub(from))
 	}
-	r.note("after the fault: domain seen down %s (polled %q at %s, stopped event %s), started again (event) %s, Ready=False %s",
+	r.Note("after the fault: domain seen down %s (polled %q at %s, stopped event %s), started again (event) %s, Ready=False %s",
 		since(down), polled.Value, since(polled.At), since(ev), since(restarted), since(notReady.At))
-	r.detected(down, notReady.At, seen+" → Ready=False ("+notReady.Detail+")")
+	r.Detected(down, notReady.At, seen+" → Ready=False ("+notReady.Detail+")")
 	beyond = notReady.At.Sub(ev)
-	r.note("Ready=False %s after libvirt's stopped event reached the test", e2eutil.Seconds(beyond))
+	r.Note("Ready=False %s after libvirt's stopped event reached the test", e2eutil.Seconds(beyond))
 	lie = o.Timeline().Overlap(e2eutil.SigReady, "True", e2eutil.SigServing, "fail", from, notReady.At)
-	r.note("Ready=True while the test's requests failed: %s", e2eutil.Seconds(lie))
+	r.Note("Ready=True while the test's requests failed: %s", e2eutil.Seconds(lie))
 	return notReady, beyond, lie
 }
 
@@ -233,7 +157,7 @@ func recoverServing(ctx context.Context, key client.ObjectKey, o *e2eutil.Observ
 	GinkgoHelper()
 	ready := waitProxyReady(ctx, key)
 	back := waitBack(ctx, o, notReady)
-	r.recovered(fault, back, note)
+	r.Recovered(fault, back, note)
 	return ready
 }
 
@@ -244,7 +168,7 @@ func recoverServing(ctx context.Context, key client.ObjectKey, o *e2eutil.Observ
 func checkReadyFollowsServing(o *e2eutil.Observer, notReady time.Time, beyond time.Duration, r *faultRow) {
 	GinkgoHelper()
 	early := readyBeforeServing(o, notReady)
-	r.note("Ready=True before the proxy served again: %s", e2eutil.Seconds(early))
+	r.Note("Ready=True before the proxy served again: %s", e2eutil.Seconds(early))
 	Expect(beyond).To(BeNumerically("<=", eventSlack), "Ready=False within %s of the domain's stopped event; it took %s", eventSlack, beyond)
 	Expect(early).To(BeNumerically("<=", servingSlack), "Ready=True only once the proxy serves again; it was Ready %s before", early)
 }
@@ -308,7 +232,7 @@ func checkServedThrough(o *e2eutil.Observer, from, to time.Time, r *faultRow) {
 	tl := o.Timeline()
 	failing := tl.Held(e2eutil.SigServing, "fail", from, to)
 	notReady := tl.Held(e2eutil.SigReady, "False", from, to)
-	r.note("running proxy during the fault: requests failing %s, Ready=False %s", e2eutil.Seconds(failing), e2eutil.Seconds(notReady))
+	r.Note("running proxy during the fault: requests failing %s, Ready=False %s", e2eutil.Seconds(failing), e2eutil.Seconds(notReady))
 	Expect(failing).To(BeZero(), "the running proxy kept serving")
 	Expect(notReady).To(BeZero(), "the running proxy stayed Ready")
 }
@@ -459,7 +383,7 @@ func hostReady(c *metav1.Condition) bool { return c.Status == metav1.ConditionTr
 func detectHost(ctx context.Context, from time.Time, timeout time.Duration, pred func(*metav1.Condition) bool, note string, r *faultRow) *metav1.Condition {
 	GinkgoHelper()
 	at, c := waitHostReason(ctx, objs.Host.Name, timeout, pred)
-	r.detected(from, at, note)
+	r.Detected(from, at, note)
 	return c
 }
 
@@ -469,7 +393,7 @@ func detectHost(ctx context.Context, from time.Time, timeout time.Duration, pred
 func hostHealed(ctx context.Context, repaired time.Time, timeout time.Duration, note string, r *faultRow) {
 	GinkgoHelper()
 	at, _ := waitHostReason(ctx, objs.Host.Name, timeout, hostReady)
-	r.recovered(repaired, at, note)
+	r.Recovered(repaired, at, note)
 	Expect(op.Alive(ctx)).To(Succeed(), "healed without a manager restart")
 }
 

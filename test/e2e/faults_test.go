@@ -57,7 +57,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 
 	// begin opens the row of fault n and notes which Proxies are Ready.
 	begin := func(ctx context.Context, n int, fault, invariant string) {
-		row = &faultRow{N: n, Fault: fault, Invariant: invariant}
+		row = &faultRow{FaultRow: e2eutil.FaultRow{N: n, Fault: fault, Invariant: invariant}}
 		readyBefore = readyProxies(ctx, k8s)
 	}
 	// beginOnMain opens the row of a fault done to (or beside) the booted
@@ -153,7 +153,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			r.Audit = inv.Audit(refs, foreign)
 		}
 		Expect(writeFaultRow(r)).To(Succeed())
-		GinkgoWriter.Printf("fault row: %s\n", r.markdown())
+		GinkgoWriter.Printf("fault row: %s\n", r.Markdown())
 	}, NodeTimeout(3*time.Minute))
 
 	AfterAll(func(ctx SpecContext) {
@@ -192,7 +192,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			msg = hs.Message
 			return nil
 		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.detected(created, time.Now(), "KVMImage created → host entry Failed")
+		row.Detected(created, time.Now(), "KVMImage created → host entry Failed")
 		Expect(msg).To(ContainSubstring("checksum mismatch"))
 		Expect(msg).To(ContainSubstring(strings.TrimPrefix(v.Checksum, "sha256:")), "the reason names the expected digest")
 		// The Proxy on it either waits or tries the image itself and fails
@@ -245,9 +245,9 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return nil
 		}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Succeed(), "neither a corrupt upload nor a marker is left")
-		row.note("downloads of the corrupt image: %d (the KVMImage's, and the Proxy's own Create, which does not consult the KVMImage's verdict)", v.Requests())
+		row.Note("downloads of the corrupt image: %d (the KVMImage's, and the Proxy's own Create, which does not consult the KVMImage's verdict)", v.Requests())
 		got := getProxy(ctx, client.ObjectKeyFromObject(p))
-		row.note("Proxy on it: %s, %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.ReadyCondition))
+		row.Note("Proxy on it: %s, %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.ReadyCondition))
 		Expect(k8s.Delete(ctx, got)).To(Succeed())
 		Eventually(gone(k8s, p)).WithContext(ctx).WithTimeout(cfg.DeleteTimeout).WithPolling(time.Second).Should(Succeed())
 
@@ -255,7 +255,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		fixed := time.Now()
 		updateWithRetry(ctx, client.ObjectKeyFromObject(img), func(cur *crawlv1.KVMImage) { cur.Spec.URL = v.URL })
 		Eventually(imageVerified(k8s, img.Name, objs.Host.Name)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
-		row.recovered(fixed, time.Now(), "spec.url fixed → Verified")
+		row.Recovered(fixed, time.Now(), "spec.url fixed → Verified")
 		vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(vols).To(ContainElements(v.Volume, v.Volume+".sha256"))
@@ -281,7 +281,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return nil
 		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.detected(created, time.Now(), "Proxy created → Failed/ForeignInstance")
+		row.Detected(created, time.Now(), "Proxy created → Failed/ForeignInstance")
 		got := getProxy(ctx, key)
 		Expect(got.Status.ProviderID).To(BeEmpty(), "a foreign domain is never recorded as the Proxy's instance")
 		Expect(conditions.GetMessage(got, crawlv1.InstanceProvisionedCondition)).To(ContainSubstring("no proxy-operator metadata"))
@@ -296,7 +296,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return nil
 		}).WithContext(ctx).WithTimeout(2 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.note("DeletionBlocked=True/ForeignInstance %s after delete", e2eutil.Seconds(time.Since(deleted)))
+		row.Note("DeletionBlocked=True/ForeignInstance %s after delete", e2eutil.Seconds(time.Since(deleted)))
 		// Blocked it stays, across orphan sweeps, and the domain is left
 		// exactly as it was.
 		hold := max(2*cfg.GCInterval+5*time.Second, 15*time.Second)
@@ -307,7 +307,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return foreignIntact(ctx, foreign)
 		}).WithContext(ctx).WithTimeout(hold).WithPolling(3 * time.Second).Should(Succeed())
-		row.note("held blocked %s with the domain untouched", e2eutil.Seconds(hold))
+		row.Note("held blocked %s with the domain untouched", e2eutil.Seconds(hold))
 
 		skip := time.Now()
 		Eventually(func(ctx context.Context) error {
@@ -319,7 +319,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			return k8s.Update(ctx, cur)
 		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(time.Second).Should(Succeed())
 		Eventually(gone(k8s, p)).WithContext(ctx).WithTimeout(time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.recovered(skip, time.Now(), "skip-cleanup → Proxy released")
+		row.Recovered(skip, time.Now(), "skip-cleanup → Proxy released")
 		Expect(foreignIntact(ctx, foreign)).To(Succeed())
 	}, NodeTimeout(10*time.Minute))
 
@@ -341,17 +341,17 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		// Restored however the spec ends, before the row's inventory.
 		defer func() { _ = hv.StartSSHD(context.WithoutCancel(ctx)) }()
 		window := getProxy(ctx, key).Status.ProviderID == ""
-		row.note("every sshd SIGKILLed %s after the domain was defined (then stop-sshd, %s in all); providerID then recorded: %v",
+		row.Note("every sshd SIGKILLed %s after the domain was defined (then stop-sshd, %s in all); providerID then recorded: %v",
 			e2eutil.Seconds(stopping.Sub(defined)), e2eutil.Seconds(stopped.Sub(stopping)), !window)
 		if !window {
-			row.note("window missed: the Create had already finished")
+			row.Note("window missed: the Create had already finished")
 		}
 		detectHost(ctx, stopping, 2*time.Minute, hostFailedWith(crawlv1.HostTCPUnreachableReason), "sshd killed → KVMHost TCPUnreachable", row)
 		time.Sleep(time.Until(stopped.Add(10 * time.Second)))
 		Expect(hv.StartSSHD(ctx)).To(Succeed())
 		started := time.Now()
 		Eventually(instanceRecorded(key)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.recovered(started, time.Now(), "sshd started → providerID recorded")
+		row.Recovered(started, time.Now(), "sshd started → providerID recorded")
 
 		got := getProxy(ctx, key)
 		uid := string(got.UID)
@@ -364,7 +364,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 				defines++
 			}
 		}
-		row.note("libvirt saw %d define(s) of the domain", defines)
+		row.Note("libvirt saw %d define(s) of the domain", defines)
 		Expect(defines).To(Equal(1), "the domain was defined once, not again after the outage")
 
 		deleteAndWait(ctx, got)
@@ -386,15 +386,15 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		killed := time.Now()
 		Expect(lop.Kill()).To(Succeed())
 		got := getProxy(ctx, mainKey())
-		row.note("killed %s after the domain was defined; providerID then in status: %v", e2eutil.Seconds(killed.Sub(defined)), got.Status.ProviderID != "")
+		row.Note("killed %s after the domain was defined; providerID then in status: %v", e2eutil.Seconds(killed.Sub(defined)), got.Status.ProviderID != "")
 		if got.Status.ProviderID != "" {
-			row.note("window missed: status was already written")
+			row.Note("window missed: status was already written")
 		}
 		Expect(lop.Restart(ctx)).To(Succeed())
 		restarted := time.Now()
-		row.note("manager restarted in %s", e2eutil.Seconds(restarted.Sub(killed)))
+		row.Note("manager restarted in %s", e2eutil.Seconds(restarted.Sub(killed)))
 		ready := waitProxyReady(ctx, mainKey())
-		row.recovered(restarted, time.Now(), "manager restarted → Ready")
+		row.Recovered(restarted, time.Now(), "manager restarted → Ready")
 		mainProxy = ready
 
 		checkOneDomain(ctx, ready, mainDomain())
@@ -403,7 +403,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			return err
 		}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
 		b := recordBoot("main", obs, created)
-		row.note("boot: %s", b)
+		row.Note("boot: %s", b)
 		Expect(op.Alive(ctx)).To(Succeed())
 
 		// The faults that follow check that the running proxy keeps
@@ -412,7 +412,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		settle := time.Now()
 		code, out, err := e2eutil.GuestExec(ctx, hv, mainDomain(), "/usr/bin/cloud-init", "status", "--wait")
 		Expect(err).NotTo(HaveOccurred())
-		row.note("cloud-init done %s after Ready (exit %d: %s)", e2eutil.Seconds(time.Since(settle)), code, lastLine(out))
+		row.Note("cloud-init done %s after Ready (exit %d: %s)", e2eutil.Seconds(time.Since(settle)), code, lastLine(out))
 		waitServing(ctx, obs)
 	}, NodeTimeout(25*time.Minute))
 
@@ -435,7 +435,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		defer func() { _ = lh.Libvirtd(context.WithoutCancel(ctx), "cont") }()
 		bound := cfg.CheckInterval + cfg.CheckTimeout + statusSlack
 		c := detectHost(ctx, stopped, 2*bound, hostFailedWith(crawlv1.HostTimeoutReason), "SIGSTOP → KVMHost Timeout", row)
-		row.note("Timeout: %q", c.Message)
+		row.Note("Timeout: %q", c.Message)
 		Expect(row.Detect).To(BeNumerically("<=", bound), "within checkInterval %s + checkTimeout %s (+%s)", cfg.CheckInterval, cfg.CheckTimeout, statusSlack)
 
 		// During the wedge: host B changes reason, a new Proxy on it is
@@ -443,7 +443,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(fake.Answer()).To(Succeed())
 		answered := time.Now()
 		atB, cB := waitHostReason(ctx, hostB.Name, time.Minute, hostWithReason(crawlv1.HostSSHHandshakeFailedReason))
-		row.note("host B re-checked during the wedge: TCPUnreachable → %s in %s", cB.Reason, e2eutil.Seconds(atB.Sub(answered)))
+		row.Note("host B re-checked during the wedge: TCPUnreachable → %s in %s", cB.Reason, e2eutil.Seconds(atB.Sub(answered)))
 		pB := objs.NewProxy("squid-on-b", 1, "512Mi")
 		pB.Spec.Placement.Host = hostB.Name
 		pB.Annotations = map[string]string{crawlv1.SkipCleanupAnnotation: "true"} // nothing will exist on B
@@ -456,7 +456,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return nil
 		}).WithContext(ctx).WithTimeout(30 * time.Second).WithPolling(100 * time.Millisecond).Should(Succeed())
-		row.note("a Proxy on host B reconciled %s after creation during the wedge (%s)", e2eutil.Seconds(time.Since(pbCreated)),
+		row.Note("a Proxy on host B reconciled %s after creation during the wedge (%s)", e2eutil.Seconds(time.Since(pbCreated)),
 			e2eutil.CondString(getProxy(ctx, client.ObjectKeyFromObject(pB)), crawlv1.InstanceProvisionedCondition))
 		deleteAndWait(ctx, getProxy(ctx, client.ObjectKeyFromObject(pB)))
 
@@ -478,12 +478,12 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		rotated := time.Now()
 		newPub, err := lh.RotateHostKey(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		row.note("rotation (new key, sshd and sessions restarted) took %s", e2eutil.Seconds(time.Since(rotated)))
+		row.Note("rotation (new key, sshd and sessions restarted) took %s", e2eutil.Seconds(time.Since(rotated)))
 		newFP := fingerprint([]byte(newPub))
 		Expect(newFP).NotTo(Equal(oldFP))
 		c := detectHost(ctx, rotated, 2*time.Minute, hostFailedWith(crawlv1.HostSSHHandshakeFailedReason), "rotation → KVMHost SSHHandshakeFailed", row)
 		Expect(c.Message).To(And(ContainSubstring(oldFP), ContainSubstring(newFP)), "the reason names the key presented and the key expected")
-		row.note("reason: %q", c.Message)
+		row.Note("reason: %q", c.Message)
 		// Stays refused across several checks.
 		Consistently(func(ctx context.Context) error {
 			_, err := e2eutil.HostReason(ctx, k8s, objs.Host.Name, metav1.ConditionFalse, crawlv1.HostSSHHandshakeFailedReason)
@@ -498,7 +498,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		objs.Secret.Data[crawlv1.KnownHostsKey] = kh
 		updateWithRetry(ctx, client.ObjectKeyFromObject(objs.Secret), func(s *corev1.Secret) { s.Data[crawlv1.KnownHostsKey] = kh })
 		updated := time.Now()
-		row.note("refused logins in sshd's log between rotation and the update: %d accepted", countMatches(sshdLog, offset, "Accepted publickey"))
+		row.Note("refused logins in sshd's log between rotation and the update: %d accepted", countMatches(sshdLog, offset, "Accepted publickey"))
 		hostHealed(ctx, updated, 2*time.Minute, "Secret updated → KVMHost Ready", row)
 		checkServedThrough(obs, rotated, time.Now(), row)
 	}, NodeTimeout(10*time.Minute))
@@ -530,14 +530,14 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return nil
 		}).WithContext(ctx).WithTimeout(2 * cfg.CheckInterval).WithPolling(500 * time.Millisecond).Should(Succeed())
-		row.note("KVMHost over %s after the deletion, on the established link: %v", e2eutil.Seconds(2*cfg.CheckInterval), seen)
+		row.Note("KVMHost over %s after the deletion, on the established link: %v", e2eutil.Seconds(2*cfg.CheckInterval), seen)
 
 		redial := time.Now()
 		Expect(hv.StopSSHD(ctx)).To(Succeed())
 		Expect(hv.StartSSHD(ctx)).To(Succeed())
 		c := detectHost(ctx, redial, 2*time.Minute, hostFailedWith(crawlv1.HostSSHMaterialMissingReason), "link cut (Secret gone) → KVMHost SSHMaterialMissing", row)
 		Expect(c.Message).To(ContainSubstring(objs.Secret.Name), "the reason names the Secret")
-		row.note("reason: %q", c.Message)
+		row.Note("reason: %q", c.Message)
 
 		recreated := objs.Secret.DeepCopy()
 		recreated.ResourceVersion, recreated.UID = "", ""
@@ -566,10 +566,10 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(lh.Libvirtd(ctx, "kill")).To(Succeed())
 		defer func() { _ = lh.Libvirtd(context.WithoutCancel(ctx), "start") }()
 		v.SetRate(0)
-		row.note("killed with %d of %d bytes in the pool", fileSize(local), v.Size)
+		row.Note("killed with %d of %d bytes in the pool", fileSize(local), v.Size)
 		at, c := waitHostReason(ctx, objs.Host.Name, time.Minute, hostNotReady)
-		row.detected(killed, at, "SIGKILL → KVMHost "+c.Reason)
-		row.note("KVMHost: %s %q", c.Reason, c.Message)
+		row.Detected(killed, at, "SIGKILL → KVMHost "+c.Reason)
+		row.Note("KVMHost: %s %q", c.Reason, c.Message)
 		// While libvirtd is down: the partial file has no marker, and the
 		// Proxy has no overlay (it waits for the image).
 		Expect(fileSize(lh.LocalPath(filepath.Join(pool, v.Volume+".sha256")))).To(BeNumerically("<", 0), "no marker for a partial volume")
@@ -579,7 +579,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		started := time.Now()
 		Expect(lh.Libvirtd(ctx, "start")).To(Succeed())
 		Eventually(imageVerified(k8s, img.Name, objs.Host.Name)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.recovered(started, time.Now(), "libvirtd started → image Verified")
+		row.Recovered(started, time.Now(), "libvirtd started → image Verified")
 		waitHostReason(ctx, objs.Host.Name, time.Minute, hostReady)
 
 		vols, err := e2eutil.Volumes(ctx, hv, cfg.Pool)
@@ -587,7 +587,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(e2eutil.Present(vols, []string{v.Volume, v.Volume + ".sha256"})).To(HaveLen(2))
 		Expect(fileSHA256(local)).To(Equal(v.Checksum), "the verified volume holds the image's bytes")
 		cached := countMatches(lop.LogPath(), 0, `"Image cached".*`+regexp.QuoteMeta(v.Volume))
-		row.note("downloads of the image: %d; uploads completed (\"Image cached\"): %d", v.Requests(), cached)
+		row.Note("downloads of the image: %d; uploads completed (\"Image cached\"): %d", v.Requests(), cached)
 		Expect(cached).To(Equal(1), "verified exactly once")
 
 		// The Proxy that waited gets an overlay on the verified volume.
@@ -614,7 +614,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		ready := recoverServing(ctx, mainKey(), obs, destroyed, notReady.At, "destroy → Ready and serving again", row)
 		Expect(ready.Status.ProviderID).To(Equal(before), "the same domain, started again")
 		b := recordBoot("restart-after-destroy", obs, destroyed)
-		row.note("restart: %s", b)
+		row.Note("restart: %s", b)
 		checkReadyFollowsServing(obs, notReady.At, beyond, row)
 	}, NodeTimeout(15*time.Minute))
 
@@ -643,9 +643,9 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(inv.Domains[mainDomain()].UUID).To(Equal(newUUID))
 		Expect(volumesOf(inv, cfg.Pool, uid)).To(ConsistOf(domxml.DiskVolumeName(uid), domxml.SeedVolumeName(uid)))
 		Expect(inv.NVRAM).To(ContainElement(mainDomain() + "_VARS.fd"))
-		row.note("old UUID %s, new %s", oldUUID, newUUID)
+		row.Note("old UUID %s, new %s", oldUUID, newUUID)
 		b := recordBoot("rebuild-after-undefine", obs, undefined)
-		row.note("rebuild: %s", b)
+		row.Note("rebuild: %s", b)
 		checkReadyFollowsServing(obs, notReady.At, beyond, row)
 	}, NodeTimeout(15*time.Minute))
 
@@ -680,10 +680,10 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			}
 			return nil
 		}).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
-		row.detected(created, time.Now(), "KVMHost created → KVMImage says the pool is full")
-		row.note("KVMImage on the small pool: %q", imgMsg)
+		row.Detected(created, time.Now(), "KVMHost created → KVMImage says the pool is full")
+		row.Note("KVMImage on the small pool: %q", imgMsg)
 		got := getProxy(ctx, key)
-		row.note("Proxy: %s, %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
+		row.Note("Proxy: %s, %s", got.Status.Phase, e2eutil.CondString(got, crawlv1.InstanceProvisionedCondition))
 		Expect(got.Status.ProviderID).To(BeEmpty())
 		// Every KVMImage tries every Ready host, each retrying every 30 s:
 		// between their attempts the pool must be empty again.
@@ -695,7 +695,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		Expect(err).NotTo(HaveOccurred())
 		freed := time.Now()
 		Eventually(instanceRecorded(key)).WithContext(ctx).WithTimeout(5 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
-		row.recovered(freed, time.Now(), "space returned → domain created")
+		row.Recovered(freed, time.Now(), "space returned → domain created")
 		// Every KVMImage (fault 4's too) caches itself on the new host: once
 		// all are verified no upload is left in flight for the audit to
 		// take for a leak.
@@ -779,7 +779,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		slices.Sort(row.Touched)
 		endA, endB := domainLists(ctx, op), domainLists(ctx, b)
 		sweepsA, sweepsB := endA-listsA, endB-listsB
-		row.note("over %s: install A listed all domains %.0f times (counter %.0f → %.0f, manager pid %d), install B %.0f times (%.0f → %.0f) (sweeps and health checks)",
+		row.Note("over %s: install A listed all domains %.0f times (counter %.0f → %.0f, manager pid %d), install B %.0f times (%.0f → %.0f) (sweeps and health checks)",
 			e2eutil.Seconds(window), sweepsA, listsA, endA, lop.PID(), sweepsB, listsB, endB)
 		Expect(sweepsA).To(BeNumerically(">=", 3))
 		Expect(sweepsB).To(BeNumerically(">=", 3))
@@ -865,7 +865,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			return nil
 		}).WithContext(ctx).WithTimeout(cfg.ProxyReadyTimeout).WithPolling(time.Second).Should(Succeed())
 		waitServing(ctx, obsB)
-		row.note("host B: KVMHost %s, libvirt socket %s, pool %s, bridge %s; its serving Proxy booted in %s", hostB.Name, socket, e2eutil.HostBPool, bridge,
+		row.Note("host B: KVMHost %s, libvirt socket %s, pool %s, bridge %s; its serving Proxy booted in %s", hostB.Name, socket, e2eutil.HostBPool, bridge,
 			e2eutil.Seconds(time.Since(obsB.Started())))
 
 		// Host A's Proxies: idle domains the test defines with the
@@ -912,7 +912,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		// Host B's latency before the wedge.
 		base := roundTrips(ctx, hostB.Name, "squid-b-before", 2, time.Time{})
 		baseRecorded, baseDeleted := slowest(base)
-		row.note("host B before the wedge: create → recorded ≤ %s, delete → gone ≤ %s (%d round trips)", e2eutil.Seconds(baseRecorded), e2eutil.Seconds(baseDeleted), len(base))
+		row.Note("host B before the wedge: create → recorded ≤ %s, delete → gone ≤ %s (%d round trips)", e2eutil.Seconds(baseRecorded), e2eutil.Seconds(baseDeleted), len(base))
 
 		// The wedge, and a wave of reconciles of every Proxy on the host.
 		wctx, stopSampling := context.WithCancel(ctx)
@@ -926,7 +926,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		poke(ctx, keys)
 		bound := cfg.CheckInterval + cfg.CheckTimeout + statusSlack
 		c := detectHost(ctx, stopped, 2*bound, hostFailedWith(crawlv1.HostTimeoutReason), "SIGSTOP → KVMHost Timeout", row)
-		row.note("host A: %q", c.Message)
+		row.Note("host A: %q", c.Message)
 		Eventually(func(ctx context.Context) error {
 			for _, k := range keys {
 				got := getProxy(ctx, k)
@@ -940,7 +940,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			return nil
 		}).WithContext(ctx).WithTimeout(bound + time.Minute).WithPolling(time.Second).Should(Succeed())
 		turnedAway := time.Now()
-		row.note("every Proxy of host A said HostNotAnswering %s after SIGSTOP", e2eutil.Seconds(turnedAway.Sub(stopped)))
+		row.Note("every Proxy of host A said HostNotAnswering %s after SIGSTOP", e2eutil.Seconds(turnedAway.Sub(stopped)))
 		during := roundTrips(ctx, hostB.Name, "squid-b-during", 0, stopped.Add(wedge-30*time.Second))
 		time.Sleep(time.Until(stopped.Add(wedge)))
 		thawed := time.Now()
@@ -964,7 +964,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 			return nil
 		}).WithContext(ctx).WithTimeout(2*bound + time.Minute).WithPolling(time.Second).Should(Succeed())
 		converged := time.Now()
-		row.recovered(thawed, converged, fmt.Sprintf("SIGCONT → all %d Proxies of host A read again, same instances", onA))
+		row.Recovered(thawed, converged, fmt.Sprintf("SIGCONT → all %d Proxies of host A read again, same instances", onA))
 		stopSampling()
 		histAfter := reconcileBuckets(ctx)
 		checkEachHasOneDomain(ctx, keys)
@@ -974,9 +974,9 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		gap := longestGap(probed(), stopped, thawed)
 		le, n := slowestBucket(histBefore, histAfter)
 		workers := busiest()
-		row.note("host B during the wedge: %d round trips, slowest create → recorded %s, delete → gone %s; its serving Proxy probed at most %s apart",
+		row.Note("host B during the wedge: %d round trips, slowest create → recorded %s, delete → gone %s; its serving Proxy probed at most %s apart",
 			len(during), e2eutil.Seconds(duringRecorded), e2eutil.Seconds(duringDeleted), e2eutil.Seconds(gap))
-		row.note("SIGSTOP → all settled: %.0f Proxy reconciles, every one ≤ %gs; at most %.0f of 16 Proxy workers busy at once", n, le, workers)
+		row.Note("SIGSTOP → all settled: %.0f Proxy reconciles, every one ≤ %gs; at most %.0f of 16 Proxy workers busy at once", n, le, workers)
 		record("fault13_b_create_before", baseRecorded, "(slowest create → instance recorded on host B before the wedge)")
 		record("fault13_b_create_during", duringRecorded, "(slowest create → instance recorded on host B during the wedge)")
 		record("fault13_b_delete_before", baseDeleted, "(slowest delete → gone on host B before the wedge)")
@@ -1001,7 +1001,7 @@ var _ = Describe("faults on a real KVM host", Ordered, ContinueOnFailure, Label(
 		invB, err := e2eutil.TakeInventory(ctx, b, e2eutil.HostBPool)
 		Expect(err).NotTo(HaveOccurred())
 		auditB := invB.Audit(refs, e2eutil.Foreign{})
-		row.note("host B after: %s", auditB.String())
+		row.Note("host B after: %s", auditB.String())
 		Expect(auditB.Leaks()).To(BeZero(), "host B: %s", auditB.String())
 	}, NodeTimeout(45*time.Minute))
 })
