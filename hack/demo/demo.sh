@@ -55,7 +55,7 @@ set -e
 e2e_build_manager
 e2e_envtest_assets
 e2e_guest_image
-(cd "$E2E_ROOT" && go build -o bin/demo/demo ./hack/demo)
+(cd "$E2E_ROOT" && e2e_go build -o bin/demo/demo ./hack/demo)
 set +e
 
 if [ "$ONCE" = 1 ]; then

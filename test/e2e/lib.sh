@@ -13,9 +13,16 @@ E2E_INFRA=$E2E_ROOT/test/e2e/infra
 # recipe, so a changed recipe builds a new one and an unchanged one is reused.
 # It lives in the user's cache directory, outside the clone, so every clone on
 # the machine (CI's fresh ones included) shares it.
-E2E_IMAGE_DIR=${E2E_IMAGE_DIR:-${PROXY_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/proxy-operator}/e2e-images}
+E2E_CACHE=${PROXY_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/proxy-operator}
+E2E_IMAGE_DIR=${E2E_IMAGE_DIR:-$E2E_CACHE/e2e-images}
 E2E_TAG=${E2E_TAG:-e2e}
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+
+# e2e_go ARGS: go, in the one build configuration of every binary these
+# scripts build (the manager, the suites): the image's, static
+# (CGO_ENABLED=0, as the Dockerfile builds it). A second configuration
+# would compile every package the manager imports once more.
+e2e_go() { CGO_ENABLED=0 go "$@"; }
 
 e2e_log() { echo "$E2E_TAG: $*" >&2; }
 e2e_die() {
@@ -44,7 +51,7 @@ e2e_require_root() {
 
 # e2e_build_manager: bin/manager (make build does the same).
 e2e_build_manager() {
-	(cd "$E2E_ROOT" && go build -o bin/manager .) || e2e_die "building the manager failed"
+	(cd "$E2E_ROOT" && e2e_go build -o bin/manager .) || e2e_die "building the manager failed"
 }
 
 # e2e_envtest_assets: exports KUBEBUILDER_ASSETS (kube-apiserver + etcd;

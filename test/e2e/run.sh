@@ -90,7 +90,7 @@ e2e_build_manager
 e2e_envtest_assets
 e2e_guest_image
 e2e_log "compiling the suite"
-(cd "$E2E_ROOT" && go test -c -tags=e2e -o bin/e2e.test ./test/e2e)
+(cd "$E2E_ROOT" && e2e_go test -c -tags=e2e -o bin/e2e.test ./test/e2e)
 set +e
 
 RC=1

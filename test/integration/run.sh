@@ -14,7 +14,7 @@ E2E_TAG=itest
 source "$(dirname "${BASH_SOURCE[0]}")/../e2e/lib.sh"
 
 run_test() {
-	(cd "$E2E_ROOT" && go test -tags=integration -count=1 -timeout=30m -v ./test/integration/...)
+	(cd "$E2E_ROOT" && e2e_go test -tags=integration -count=1 -timeout=30m -v ./test/integration/...)
 }
 
 if [ -n "${KVM_TEST_ADDRESS:-}" ]; then
@@ -30,7 +30,7 @@ mkdir -p "$OUT"
 T0=$(e2e_now)
 set -e
 e2e_guest_image
-(cd "$E2E_ROOT" && go test -c -tags=integration -o /dev/null ./test/integration) # compile errors before the hypervisor starts
+(cd "$E2E_ROOT" && e2e_go test -c -tags=integration -o /dev/null ./test/integration) # compile errors before the hypervisor starts
 set +e
 
 RC=1

@@ -45,9 +45,9 @@ timed() { e2e_timed "$RUN/timings.txt" "$@"; }
 set -e
 timed node_assets eval 'ASSETS=$("$E2E_ROOT/hack/node-assets.sh")'
 # Static, as in the Dockerfile: the image has no libc.
-timed manager_build eval '(cd "$E2E_ROOT" && CGO_ENABLED=0 go build -o "$OUT/manager" .)'
+timed manager_build eval '(cd "$E2E_ROOT" && e2e_go build -o "$OUT/manager" .)'
 timed images eval 'eval "$("$HERE/images.sh" "$OUT/images" "$ASSETS" "$OUT/manager")"'
-timed suite_build eval '(cd "$E2E_ROOT" && go test -c -tags=e2e -o "$OUT/cluster.test" ./test/e2e/cluster)'
+timed suite_build eval '(cd "$E2E_ROOT" && e2e_go test -c -tags=e2e -o "$OUT/cluster.test" ./test/e2e/cluster)'
 timed guest_image e2e_guest_image
 set +e
 

@@ -174,7 +174,7 @@ if [ -z "${KVM_TEST_IMAGE_URL:-}" ]; then
 fi
 
 # 6. the suite, against the cluster (no local control plane or manager)
-(cd "$E2E_ROOT" && go test -c -tags=e2e -o bin/e2e.test ./test/e2e)
+(cd "$E2E_ROOT" && e2e_go test -c -tags=e2e -o bin/e2e.test ./test/e2e)
 # shellcheck disable=SC2086 # E2E_GINKGO_FLAGS is a list of flags
 E2E_KUBECONFIG=$OUT/kubeconfig E2E_ARTIFACTS=$RUN \
 	"$E2E_ROOT/bin/e2e.test" -test.v -test.timeout=40m -ginkgo.v -ginkgo.label-filter=e2e ${E2E_GINKGO_FLAGS:-} 2>&1 | tee -i "$RUN/e2e.log"
