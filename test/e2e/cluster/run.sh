@@ -18,6 +18,9 @@
 #   5. always: the node and the hypervisor torn down (node.sh down,
 #      hypervisor.sh down) and checked for leftovers.
 #
+# --build-only: step 1 alone, into E2E_OUT (every cache it fills is the
+# user's, so a later run finds them warm); no node, no hypervisor.
+#
 # Exit code: the suite's (1 also when teardown left something behind).
 # Artifacts: $E2E_OUT/run-<time>/ (suite.log, timings.txt, the install
 # directory, cluster dumps and pod logs on failure) and
@@ -27,6 +30,15 @@
 # E2E_GINKGO_FLAGS, IMG (proxy-operator:dev).
 set -uo pipefail
 E2E_TAG=cluster
+BUILD_ONLY=
+case "${1:-}" in
+--build-only) BUILD_ONLY=1 ;;
+"") ;;
+*)
+	echo "usage: $0 [--build-only]" >&2
+	exit 2
+	;;
+esac
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 e2e_require_root
@@ -43,13 +55,24 @@ T0=$(e2e_now)
 timed() { e2e_timed "$RUN/timings.txt" "$@"; }
 
 set -e
+# Step 1 holds a lock in the user cache: `.ci/run` starts it ahead
+# (--build-only, at the lowest priority, while `make test` runs), and the
+# stage then waits for it rather than compiling the same packages beside it.
+mkdir -p "$E2E_CACHE"
+exec 8>"$E2E_CACHE/.cluster-build.lock"
+timed build_lock flock 8
 timed node_assets eval 'ASSETS=$("$E2E_ROOT/hack/node-assets.sh")'
 # Static, as in the Dockerfile: the image has no libc.
 timed manager_build eval '(cd "$E2E_ROOT" && e2e_go build -o "$OUT/manager" .)'
 timed images eval 'eval "$("$HERE/images.sh" "$OUT/images" "$ASSETS" "$OUT/manager")"'
 timed suite_build eval '(cd "$E2E_ROOT" && e2e_go test -c -tags=e2e -o "$OUT/cluster.test" ./test/e2e/cluster)'
 timed guest_image e2e_guest_image
+exec 8>&-
 set +e
+if [ "$BUILD_ONLY" ]; then
+	e2e_log "built (--build-only): $(e2e_since "$T0") s"
+	exit 0
+fi
 
 # link_hypervisor joins the node's network namespace and the hypervisor's
 # as a LAN joins a cluster to its KVM hosts: a veth pair (LINK_NODE the
