@@ -20,8 +20,9 @@ export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
 # e2e_go ARGS: go, in the one build configuration of every binary these
 # scripts build (the manager, the suites): the image's, static
-# (CGO_ENABLED=0, as the Dockerfile builds it). A second configuration
-# would compile every package the manager imports once more.
+# (CGO_ENABLED=0, as the Dockerfile builds it), which make vet and make
+# build use too. A second configuration would compile every package the
+# manager imports once more.
 e2e_go() { CGO_ENABLED=0 go "$@"; }
 
 e2e_log() { echo "$E2E_TAG: $*" >&2; }
