@@ -4,7 +4,30 @@
 # or fails twice. A failure with no input written is Go's fuzz coordinator
 # missing its own -fuzztime deadline under CPU load ("context deadline
 # exceeded", golang/go#75804, fixed in go1.27): that target runs once more.
+#
+# hack/fuzz.sh --build-only TARGET...: compiles each package's instrumented
+# test binary into the build cache and runs nothing. Fuzzing instruments every
+# package a target imports (Kubernetes' libraries too), so on an empty cache
+# the first target of a package spends minutes compiling before its FUZZTIME
+# starts; .ci/run does this ahead, at low priority, beside `make test`.
+# Either mode holds bin/.fuzz.lock for its whole run, so a build still going
+# when the fuzz run starts is waited for, not compiled twice at once.
 set -euo pipefail
+mkdir -p bin
+exec 7>bin/.fuzz.lock
+flock 7
+
+if [ "${1:-}" = --build-only ]; then
+	shift
+	out=$(mktemp -d)
+	trap 'rm -rf "$out"' EXIT
+	for pkg in $(printf '%s\n' "${@%%:*}" | sort -u); do
+		echo "fuzz: building $pkg (instrumented)"
+		go test -c -fuzz=. -o "$out/fuzz.test" "$pkg"
+	done
+	exit 0
+fi
+
 fuzztime=${FUZZTIME:-30s}
 for t in "$@"; do
 	pkg=${t%%:*} fn=${t##*:}
