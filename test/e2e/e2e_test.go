@@ -258,6 +258,18 @@ var _ = Describe("a Proxy on a real KVM host", Ordered, Label("e2e"), func() {
 		recordBoot("proxy", obs, created)
 	}, NodeTimeout(20*time.Minute))
 
+	It("boots a guest whose cloud-init finds every config it was given valid: the image's, the operator's user-data and vendor-data", func(ctx SpecContext) {
+		Expect(ready).NotTo(BeNil())
+		// cloud-init validates the merged config against its schema in each
+		// stage and, when it fails, only logs a warning and goes on: a key
+		// it ignores would go unnoticed. The squid serving means the init
+		// stage (the first to validate) has run.
+		const warning = "Invalid cloud-config provided"
+		code, out, err := e2eutil.GuestExec(ctx, hv, domain(), "/bin/grep", "-h", "-A2", warning, "/var/log/cloud-init.log")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(code).To(Equal(1), "grep exit %d (0: cloud-init logged %q; 2: no log):\n%s", code, warning, out)
+	}, NodeTimeout(2*time.Minute))
+
 	It("generates the Proxy's credential: a Secret it owns, with a long random password and a ready-to-use URL", func(ctx SpecContext) {
 		Expect(ready).NotTo(BeNil())
 		ref := ready.Status.CredentialsSecretRef

@@ -160,8 +160,10 @@ datasource_list: [ NoCloud, None ]
 locale: C.UTF-8
 # hostname -> 127.0.1.1 in /etc/hosts: squid resolves its own name at start.
 manage_etc_hosts: true
-# No openssh-server in this image: don't try to make host keys.
-ssh_genkeytypes: []
+# No openssh-server in this image: make no host keys. An ssh_keys map,
+# even empty, is cloud-init's documented way to generate none
+# (ssh_genkeytypes: [] does the same but fails its schema, minItems 1).
+ssh_keys: {}
 EOF
 
 # Networking: systemd-networkd. cloud-init renders its own .network file (it
