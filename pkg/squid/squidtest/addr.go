@@ -29,10 +29,18 @@ func AddLoopbackAddress(t testing.TB, addr netip.Addr) {
 	}
 	// The kernel installs an IPv6 address's local route from a workqueue,
 	// even with NODAD, so on a loaded machine a connect right after
-	// RTM_NEWADDR can find no route. A UDP connect looks the route up
-	// without sending anything.
+	// RTM_NEWADDR can find no route: wait until a TCP connection to the
+	// address goes through. Not a UDP connect, which looks the route up
+	// without sending anything: on this project's CI kernel (6.18), about
+	// one IPv6 address in twenty probed that way lost its route a second
+	// later, for good ("network is unreachable"; none of 48 probed by TCP).
+	l, err := net.Listen("tcp", netip.AddrPortFrom(addr, 0).String())
+	if err != nil {
+		t.Fatalf("listening on %s: %v", addr, err)
+	}
+	defer l.Close()
 	testutil.WaitFor(t, func() bool {
-		c, err := net.Dial("udp", netip.AddrPortFrom(addr, 9).String())
+		c, err := net.Dial("tcp", l.Addr().String())
 		if err == nil {
 			c.Close()
 		}
