@@ -3,6 +3,9 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,6 +192,58 @@ func TestPodStuckTerminatingOnNotReadyNodeIsReplaced(t *testing.T) {
 	}
 }
 
+// --kubernetes-stuck-deletion-after reaches the provider: a pod stuck past
+// the flag's bound (and short of the default) is written off, one short of
+// it is not, and a bound that is not positive is refused by name.
+func TestStuckDeletionAfterFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args        []string
+		stuckFor    time.Duration
+		writtenOff  bool
+		validateErr bool
+	}{
+		{nil, DefaultStuckDeletionAfter - 30*time.Second, false, false},
+		{nil, DefaultStuckDeletionAfter + 30*time.Second, true, false},
+		{[]string{"--kubernetes-stuck-deletion-after=30s"}, 45 * time.Second, true, false},
+		{[]string{"--kubernetes-stuck-deletion-after=30s"}, 15 * time.Second, false, false},
+		{[]string{"--kubernetes-stuck-deletion-after=0"}, 0, false, true},
+		{[]string{"--kubernetes-stuck-deletion-after=-1m"}, 0, false, true},
+	} {
+		t.Run(fmt.Sprintf("%q stuck %v", tc.args, tc.stuckFor), func(t *testing.T) {
+			o := Options{SquidImage: "example.test/squid@sha256:" + strings.Repeat("0", 64)}
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			o.BindFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := o.Validate()
+			if tc.validateErr {
+				if err == nil || !strings.Contains(err.Error(), "--kubernetes-stuck-deletion-after") {
+					t.Fatalf("Validate = %v, want an error naming --kubernetes-stuck-deletion-after", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			m := machine()
+			pod := newProvider(newFake(t)).pod(m, podKey(m), 0, false)
+			pod.Spec.NodeName = "node-a"
+			since := metav1.NewTime(time.Now().Add(-tc.stuckFor))
+			pod.DeletionTimestamp, pod.Finalizers = &since, []string{"test/keep"}
+			c := newFake(t, pod, notReadyNode("node-a"))
+			p := New(c, o).(*Provider)
+			if tc.writtenOff {
+				replaced(t, c, p, m, pod.Name)
+				return
+			}
+			if inst, err := p.Get(context.Background(), m); err != nil || inst.State != provider.StateDeleting {
+				t.Fatalf("Get = %+v, %v; want Deleting (not written off yet)", inst, err)
+			}
+		})
+	}
+}
+
 func TestTerminatingPodIsNotWrittenOffEarly(t *testing.T) {
 	ready := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
 		Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
@@ -198,14 +253,20 @@ func TestTerminatingPodIsNotWrittenOffEarly(t *testing.T) {
 		name  string
 		since metav1.Time
 		node  *corev1.Node
+		phase corev1.PodPhase
 	}{
-		{"long past, node Ready", long, ready},
-		{"recent, node NotReady", recent, notReadyNode("node-a")},
+		{"long past, node Ready", long, ready, corev1.PodRunning},
+		{"recent, node NotReady", recent, notReadyNode("node-a"), corev1.PodRunning},
+		// The kubelet's last status write before it removes a deleted
+		// pod: squid exited 0 on SIGTERM.
+		{"recent, Succeeded on its way out", recent, ready, corev1.PodSucceeded},
+		{"recent, Failed on its way out", recent, ready, corev1.PodFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := machine()
 			pod := newProvider(newFake(t)).pod(m, podKey(m), 0, false)
 			pod.Spec.NodeName = "node-a"
+			pod.Status.Phase = tc.phase
 			pod.DeletionTimestamp, pod.Finalizers = &tc.since, []string{"test/keep"}
 			p := newProvider(newFake(t, pod, tc.node))
 			inst, err := p.Get(context.Background(), m)

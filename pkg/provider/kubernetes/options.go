@@ -175,6 +175,8 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Func("kubernetes-dns-pod-labels",
 		"Labels of the cluster DNS pods (k=v,k=v) in --kubernetes-dns-namespace (default "+labels.Set(DefaultDNSPodLabels).String()+").",
 		labelsFlag(&o.DNSPodLabels))
+	fs.DurationVar(&o.StuckDeletionAfter, "kubernetes-stuck-deletion-after", DefaultStuckDeletionAfter,
+		"How long past its deletion deadline a squid pod on a NotReady or missing node may stay Terminating before it is written off and replaced under a new name (the node lifecycle controller has already waited its tolerationSeconds). The pod itself is never force-deleted.")
 	fs.Func("kubernetes-dns-cidrs",
 		"Comma-separated CIDRs of DNS servers squid reaches by address, on port 53 only (NodeLocal DNSCache: 169.254.20.10/32).",
 		cidrFlag(&o.DNSCIDRs))
@@ -185,10 +187,16 @@ var squidImageDigest = regexp.MustCompile(`@sha256:[0-9a-f]{64}$`)
 
 // Validate refuses flags the provider could only fail on later, or that
 // weaken it without being asked to: a squid image named by tag alone,
-// which the tag's owner can replace under every squid pod.
+// which the tag's owner can replace under every squid pod, and a stuck
+// deletion bound of zero or less.
 func (o *Options) Validate() error {
 	if !o.AllowSquidImageTag && o.SquidImage != "" && !squidImageDigest.MatchString(o.SquidImage) {
 		return fmt.Errorf("--kubernetes-squid-image %q has no digest: pin the image you vetted (name@sha256:<64 hex>), or accept a tag with --kubernetes-squid-image-allow-tag", o.SquidImage)
+	}
+	// Zero Options mean the default (New), but a flag given as 0 asks for
+	// something New would silently not do.
+	if o.StuckDeletionAfter <= 0 {
+		return fmt.Errorf("--kubernetes-stuck-deletion-after %v: want a positive duration (default %v)", o.StuckDeletionAfter, DefaultStuckDeletionAfter)
 	}
 	return nil
 }

@@ -91,12 +91,18 @@ func incarnation(pod *corev1.Pod) int {
 	return n
 }
 
-// gone says why pod will never serve again, or "" while it may.
+// gone says why pod will never serve again and must be replaced under a
+// new name, or "" while it may serve or is about to go by itself.
 func (p *Provider) gone(ctx context.Context, pod *corev1.Pod) string {
-	if why := terminated(pod); why != "" {
-		return why
+	if pod.DeletionTimestamp == nil {
+		// Evicted or its node shut down: kept until pod garbage collection.
+		return terminated(pod)
 	}
-	if pod.DeletionTimestamp == nil || time.Since(pod.DeletionTimestamp.Time) < p.opts.StuckDeletionAfter {
+	// Being deleted: a terminal phase is the kubelet's last status write on
+	// the way out (squid exits 0 on SIGTERM), and the pod is removed right
+	// after, so its name is reused once it has gone. Only a pod stuck past
+	// the bound on a node that is NotReady or gone is written off.
+	if time.Since(pod.DeletionTimestamp.Time) < p.opts.StuckDeletionAfter {
 		return ""
 	}
 	if pod.Spec.NodeName == "" {
