@@ -100,6 +100,11 @@ type ProxyReconciler struct {
 	ProviderCallTimeout time.Duration
 	// Events from providers (e.g. libvirt lifecycle) that requeue a Proxy.
 	Events <-chan event.GenericEvent
+	// WatchPods: the kubernetes provider is enabled, and a change of one of
+	// its squid pods requeues the pod's Proxy at once (proxyOfPod). The
+	// manager's cache should hold only the provider's pods
+	// (kubernetes.CacheByObject), as main.go's does.
+	WatchPods bool
 	// PortWatch, when set, watches the port of each Proxy in its first-probe
 	// backoff and sends the Proxy on PortOpen when the port accepts, so the
 	// real probe runs at once instead of at the next backoff step. Setup
@@ -150,6 +155,9 @@ func (r *ProxyReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Opt
 	}
 	if r.Events != nil {
 		b = b.WatchesRawSource(source.Channel(r.Events, &handler.EnqueueRequestForObject{}))
+	}
+	if r.WatchPods {
+		b = b.Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.proxyOfPod), builder.WithPredicates(squidPodChanged))
 	}
 	if r.PortOpen != nil {
 		b = b.WatchesRawSource(source.Channel(r.PortOpen, &handler.EnqueueRequestForObject{}))

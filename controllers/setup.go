@@ -347,6 +347,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Deps) (*Wiring, error) {
 		ProviderCallTimeout:        d.Proxy.ProviderCallTimeout,
 		Egress:                     d.Proxy.Egress,
 		Echoer:                     d.Proxy.Echoer,
+		WatchPods:                  slices.Contains(d.Registry.Enabled(), kubernetes.Name),
 	}
 	w.Proxy.PortWatch, w.Proxy.PortOpen = newPortWatch(ctx, d.Proxy.PortWatch, w.Proxy.notePortOpened)
 	ipam, err := ServesIPAM(mgr)

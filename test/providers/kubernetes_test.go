@@ -17,6 +17,7 @@ import (
 	crawlv1 "crawl.example.com/proxy-operator/api/v1alpha1"
 	"crawl.example.com/proxy-operator/pkg/provider"
 	"crawl.example.com/proxy-operator/pkg/provider/kubernetes"
+	"crawl.example.com/proxy-operator/test/harness"
 )
 
 var _ = Describe("kubernetes provider", func() {
@@ -154,6 +155,57 @@ var _ = Describe("kubernetes provider", func() {
 		kubeletFinishTermination(next)
 		Expect(podExists(next)).To(BeFalse())
 		Expect(configMapExists(first)).To(BeFalse(), "ConfigMap left behind")
+	})
+
+	It("recreates a deleted squid pod at once, not at the Proxy's next probe or resync", func() {
+		// Probes and resyncs an hour apart: only the pod's own events can
+		// bring the Proxy back within the spec's seconds.
+		harness.Replace(&mgr, startManager, managerConfig{slowRequeues: true})
+		ns := newNamespace()
+		p := createProxy(ns, "deleted", crawlv1.ProviderKubernetes)
+		key := podKey(p)
+		startPod(p, "10.244.1.20")
+		waitProxyPhase(ns, "deleted", crawlv1.ProxyReady, 15*time.Second)
+		first := waitPod(key)
+
+		// Deleted by someone: marked (it is bound), squid stopped by its
+		// kubelet, whose last status write says Succeeded (squid exits 0
+		// on SIGTERM), then removed. A terminal pod on its way out is not
+		// one gone for good: no replacement under a new name meanwhile.
+		Expect(k8sClient.Delete(ctx, first)).To(Succeed())
+		Eventually(func() error {
+			pod := &corev1.Pod{}
+			if err := k8sClient.Get(ctx, key, pod); err != nil {
+				return err
+			}
+			pod.Status.Phase = corev1.PodSucceeded
+			for i := range pod.Status.Conditions {
+				pod.Status.Conditions[i].Status = corev1.ConditionFalse
+			}
+			return k8sClient.Status().Update(ctx, pod)
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+		next := types.NamespacedName{Namespace: ns, Name: kubernetes.PodName(p.Name, string(p.UID), 1)}
+		Consistently(func() bool { return podExists(next) }).WithTimeout(2*time.Second).WithPolling(100*time.Millisecond).
+			Should(BeFalse(), "a pod being deleted was replaced under a new name")
+		kubeletFinishTermination(key)
+		Eventually(func(g Gomega) {
+			pod := &corev1.Pod{}
+			g.Expect(k8sClient.Get(ctx, key, pod)).To(Succeed())
+			g.Expect(pod.UID).NotTo(Equal(first.UID))
+		}).WithTimeout(15*time.Second).WithPolling(100*time.Millisecond).Should(Succeed(), "the pod was not recreated under its recorded name")
+
+		// Ready again on its replacement.
+		schedule(key)
+		kubeletRun(key, "10.244.1.21", true)
+		Eventually(func(g Gomega) {
+			p := getProxy(ns, "deleted")
+			g.Expect(p.Status.Phase).To(Equal(crawlv1.ProxyReady), describe(p))
+			g.Expect(p.Status.Address).To(Equal("10.244.1.21"))
+		}).WithTimeout(15 * time.Second).Should(Succeed())
+
+		deleteProxy(ns, "deleted")
+		waitProxyGone(ns, "deleted", 15*time.Second)
+		kubeletFinishTermination(key)
 	})
 
 	It("releases a Proxy with skip-cleanup and leaves its pod and ConfigMap running", func() {

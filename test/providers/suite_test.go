@@ -91,6 +91,9 @@ type managerConfig struct {
 	// registryBackoff, when set, replaces the registry's retry backoff
 	// after a failed construction.
 	registryBackoff time.Duration
+	// slowRequeues, when set, gives a Ready Proxy its next probe and
+	// resync only after an hour: nothing but a watch wakes it sooner.
+	slowRequeues bool
 }
 
 // startManager starts a manager wired like main.go with providers
@@ -113,7 +116,11 @@ func startManager(mc managerConfig) *harness.Manager[*controllers.Wiring] {
 			mc.gcp = fakeGCP
 		}
 		registry.Register(gcp.Name, mc.gcp)
-		return suiteDeps(registry)
+		d := suiteDeps(registry)
+		if mc.slowRequeues {
+			d.Proxy.ProbeInterval, d.Proxy.ResyncInterval = time.Hour, time.Hour
+		}
+		return d
 	})
 }
 
