@@ -283,7 +283,7 @@ var _ = Describe("the operator installed into a real cluster", Ordered, Label("c
 			// ServiceAccount token a minute after its deletion deadline, so
 			// no manager would be left to replace the squid pod. So here
 			// they tolerate the node's loss.
-			_, err := kubectl(ctx, install, "-n", managerNS, "patch", "deployment", managerDeploy, "--type=strategic", "-p", managerTolerations)
+			_, err := kubectl(ctx, install, "-n", managerNS, "patch", "deployment", managerDeploy, "--type=json", "-p", nodeLostPatch)
 			Expect(err).NotTo(HaveOccurred())
 			_, err = kubectl(ctx, install, "-n", managerNS, "rollout", "status", "deployment/"+managerDeploy, "--timeout=5m")
 			Expect(err).NotTo(HaveOccurred())
@@ -307,7 +307,8 @@ var _ = Describe("the operator installed into a real cluster", Ordered, Label("c
 			DeferCleanup(comeBack)
 			// NotReady, tainted, the pod evicted (tolerationSeconds 10 on this
 			// node) and stuck terminating: the provider writes it off after
-			// StuckDeletionAfter and creates the next incarnation.
+			// --kubernetes-stuck-deletion-after (nodeLostPatch) and creates
+			// the next incarnation.
 			replacement := kubernetes.PodName(name, string(getProxy(ctx, name).UID), 1)
 			Eventually(func(g Gomega) {
 				pod := &corev1.Pod{}
@@ -739,11 +740,16 @@ func failLeader(ctx context.Context, dir, prefix string, create func()) leaderCh
 	return c
 }
 
-// managerTolerations keeps the manager pods on a NotReady, unreachable
-// node (the node-lost spec), without the 10 s the cluster gives others.
-const managerTolerations = `{"spec":{"template":{"spec":{"tolerations":[
+// nodeLostPatch, for the node-lost spec (one rollout): the manager pods
+// stay on a NotReady, unreachable node, without the 10 s the cluster gives
+// others; and a squid pod stuck terminating there is written off 30 s past
+// its deadline instead of the default 2 minutes, a wait that shows nothing
+// more (TestStuckDeletionAfterFlag covers the flag).
+const nodeLostPatch = `[
+{"op":"add","path":"/spec/template/spec/tolerations","value":[
 {"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute"},
-{"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute"}]}}}}`
+{"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute"}]},
+{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--kubernetes-stuck-deletion-after=30s"}]`
 
 // overlay is my-install/kustomization.yaml: config/certs-selfsigned with
 // two replicas and this cluster's flags (docs/getting-started.md shows the
