@@ -20,10 +20,11 @@ import (
 // probe or resync. Their Proxy is their controller owner.
 
 // squidPodChanged passes the pod events that change what the provider's
-// Get reports: deletion, and updates of the deletion mark, phase, address,
-// readiness or restarts. Creations are the controller's own (or the
-// cache's first list, when every Proxy is queued anyway); kubelet's other
-// status writes change nothing a Proxy shows.
+// Get reports (kubernetes.InstanceChanged: deletion, phase, address,
+// readiness, restarts, why it is not running), and deletions. Creations
+// are the controller's own (or the cache's first list, when every Proxy is
+// queued anyway); kubelet's other status writes change nothing a Proxy
+// shows.
 var squidPodChanged = predicate.Funcs{
 	CreateFunc:  func(event.CreateEvent) bool { return false },
 	DeleteFunc:  func(event.DeleteEvent) bool { return true },
@@ -31,34 +32,8 @@ var squidPodChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		old, okOld := e.ObjectOld.(*corev1.Pod)
 		cur, okCur := e.ObjectNew.(*corev1.Pod)
-		if !okOld || !okCur {
-			return false
-		}
-		return podView(old) != podView(cur)
+		return okOld && okCur && kubernetes.InstanceChanged(old, cur)
 	},
-}
-
-// podSummary is what of a pod the provider's Get turns into the instance
-// a Proxy shows.
-type podSummary struct {
-	deleting bool
-	phase    corev1.PodPhase
-	podIP    string
-	ready    corev1.ConditionStatus
-	restarts int32
-}
-
-func podView(p *corev1.Pod) podSummary {
-	s := podSummary{deleting: p.DeletionTimestamp != nil, phase: p.Status.Phase, podIP: p.Status.PodIP}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			s.ready = c.Status
-		}
-	}
-	for _, c := range p.Status.ContainerStatuses {
-		s.restarts += c.RestartCount
-	}
-	return s
 }
 
 // proxyOfPod maps a squid pod to its Proxy, marked dirty (its instance is

@@ -18,7 +18,8 @@ func TestSquidPodChanged(t *testing.T) {
 		return &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "crawl", Name: "proxy-a-1234abcd", ResourceVersion: "1"},
 			Status: corev1.PodStatus{
-				Phase: corev1.PodRunning, PodIP: "10.244.0.5",
+				// Dual-stack, IPv6 primary: the provider reports the IPv4.
+				Phase: corev1.PodRunning, PodIP: "fd00::5", PodIPs: []corev1.PodIP{{IP: "fd00::5"}, {IP: "10.244.0.5"}},
 				Conditions:        []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
 				ContainerStatuses: []corev1.ContainerStatus{{Name: "squid", Ready: true}},
 			},
@@ -37,7 +38,7 @@ func TestSquidPodChanged(t *testing.T) {
 		{"labels changed", func(p *corev1.Pod) { p.Labels = map[string]string{"a": "b"} }, false},
 		{"marked for deletion", func(p *corev1.Pod) { p.DeletionTimestamp = &now }, true},
 		{"evicted", func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }, true},
-		{"address changed", func(p *corev1.Pod) { p.Status.PodIP = "10.244.0.6" }, true},
+		{"address changed", func(p *corev1.Pod) { p.Status.PodIPs[1].IP = "10.244.0.6" }, true},
 		{"readiness lost", func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse }, true},
 		{"squid restarted", func(p *corev1.Pod) { p.Status.ContainerStatuses[0].RestartCount = 1 }, true},
 	} {

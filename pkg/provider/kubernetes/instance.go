@@ -61,6 +61,14 @@ func instance(pod *corev1.Pod) *provider.Instance {
 	return out
 }
 
+// InstanceChanged says whether an update of a pod changes the instance the
+// provider reports for it (state, address, node, message: deletion, phase,
+// readiness, restarts, why it is not running): the updates its Proxy must
+// see at once, decided by the same mapping Get uses.
+func InstanceChanged(old, cur *corev1.Pod) bool {
+	return *instance(old) != *instance(cur)
+}
+
 func podReady(pod *corev1.Pod) bool {
 	for _, c := range pod.Status.Conditions {
 		if c.Type == corev1.PodReady {
